@@ -1,0 +1,144 @@
+// kvo::OffloadedStaticCache: a statically allocated K/V cache whose full length lives in pinned
+// host memory, streamed layer by layer through a ring of device staging buffers.
+//
+// The per-step protocol (every caller follows it; the model in model/ does too):
+//
+//   cache.begin_step(n);                 // n[s] >= 0 new tokens for each slot s
+//   for (int layer = 0; layer < layers; ++layer) {
+//     LayerView view = cache.acquire(layer, stream);   // stream waits until the prefix is there
+//     cache.append(layer, s, k_rows, v_rows, count, stream);  // once or more per slot, until
+//                                                              // count adds up to n[s]
+//     ... attention over rows [0, view.lengths[s] + view.new_tokens[s]) on `stream` ...
+//     cache.release(layer, stream);      // caller's work on this layer is enqueued
+//   }
+//   cache.end_step();                    // lengths[s] += n[s]
+//
+// Nothing here blocks the host on the CUDA backend: acquire makes `stream` wait on an event,
+// release records one. Copies run on the cache's own H2D and D2H streams. Only the valid prefix
+// of each streamed layer moves host->device, and only the rows appended in the step move back.
+//
+// Threading: one thread at a time calls into one cache. Streams: `stream` is a cudaStream_t on
+// the CUDA backend (nullptr is the legacy default stream); on the host backend it is nullptr
+// (the calling thread itself, synchronous) or a stream made by create_stream().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvoffload/config.hpp"
+#include "kvoffload/error.hpp"
+#include "kvoffload/plan.hpp"
+#include "kvoffload/types.hpp"
+
+namespace kvo {
+
+// A non-owning view of one layer's K and V on the device, valid from acquire until release.
+// Layout NHD per slot: k[slot][token][kv_head][head_dim]; strides are in elements.
+struct LayerView {
+  int layer = 0;
+  bool resident = false;  // kept whole on the device (no copies)
+  void* k = nullptr;      // [slots][max_seq][kv_heads][head_dim]
+  void* v = nullptr;      // same layout as k
+  std::int64_t slot_stride = 0;
+  std::int64_t token_stride = 0;
+  std::int64_t head_stride = 0;
+  int slots = 0;
+  int max_seq = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  DType dtype = DType::kBF16;
+  // Host arrays of `slots` entries, owned by the cache, valid until end_step:
+  const std::int32_t* lengths = nullptr;     // rows valid before this step
+  const std::int32_t* new_tokens = nullptr;  // rows this step appends
+
+  std::size_t element_size() const { return dtype_size(dtype); }
+  void* k_row(int slot, int token) const { return row(k, slot, token); }
+  void* v_row(int slot, int token) const { return row(v, slot, token); }
+
+ private:
+  void* row(void* base, int slot, int token) const {
+    return static_cast<char*>(base) +
+           (slot * slot_stride + static_cast<std::int64_t>(token) * token_stride) *
+               static_cast<std::int64_t>(element_size());
+  }
+};
+
+struct CacheStats {
+  std::uint64_t steps = 0;                // committed by end_step
+  std::uint64_t h2d_bytes_total = 0;      // prefetched prefixes, exact
+  std::uint64_t d2h_bytes_total = 0;      // written-back new rows, exact
+  std::uint64_t h2d_bytes_last_step = 0;  // prefetches made for the last committed step
+  std::uint64_t d2h_bytes_last_step = 0;  // write-backs of the last committed step
+  double acquire_wait_s = 0;              // time acquire's waits held the caller's stream
+  std::uint64_t prefetch_reissues = 0;    // prefetches discarded by abort_step
+  CachePlan plan;                         // planned (and allocated) bytes per purpose
+  std::uint64_t device_allocations = 0;   // device allocations made; fixed after construction
+};
+
+class OffloadedStaticCache {
+ public:
+  // Plans, allocates every device and host byte, and starts the copy streams.
+  // Throws kvo::Error: kInvalidArgument for a bad config, kOutOfMemory when the plan does not
+  // fit the budget (naming the missing bytes) or an allocation fails (naming its size),
+  // kDevice when the CUDA backend was asked for and no device is usable.
+  explicit OffloadedStaticCache(const CacheConfig& config);
+  // Waits for in-flight copies, then frees everything. Never throws.
+  ~OffloadedStaticCache();
+  OffloadedStaticCache(const OffloadedStaticCache&) = delete;
+  OffloadedStaticCache& operator=(const OffloadedStaticCache&) = delete;
+  OffloadedStaticCache(OffloadedStaticCache&&) noexcept;
+  OffloadedStaticCache& operator=(OffloadedStaticCache&&) noexcept;
+
+  // REQUIRES: no step open; new_tokens.size() == slots; 0 <= n[s]; length(s) + n[s] <= max_seq.
+  void begin_step(const std::vector<std::int32_t>& new_tokens);
+  // REQUIRES: a step is open; `layer` is the next layer of the step; no layer is held.
+  LayerView acquire(int layer, void* stream = nullptr);
+  // Copies `count` rows of K and of V for `slot`, each [count][kv_heads][head_dim] contiguous in
+  // device memory (host memory on the host backend), to the slot's next free rows, ordered on
+  // `stream`. The inputs must stay valid until that stream has executed the copy.
+  // REQUIRES: `layer` is held; rows appended to `slot` in this layer stay <= new_tokens[slot].
+  void append(int layer, int slot, const void* k_rows, const void* v_rows, int count,
+              void* stream = nullptr);
+  // REQUIRES: `layer` is held and every slot has all its new_tokens appended.
+  void release(int layer, void* stream = nullptr);
+  // REQUIRES: a step is open and every layer was released.
+  void end_step();
+  // Ends an open step without committing it: lengths stay as they were, the held layer (if any)
+  // is given back (its buffer is reused only after `stream` has passed this call), and what was
+  // prefetched is re-issued by the next begin_step. Waits on the host for the copy streams.
+  void abort_step(void* stream = nullptr);
+
+  // Between steps only.
+  void reset_slot(int slot);                   // length 0
+  void truncate_slot(int slot, int length);    // REQUIRES: 0 <= length <= length(slot)
+  int length(int slot) const;
+  bool in_step() const;
+
+  CacheStats stats() const;
+  const CacheConfig& config() const;
+  BackendKind backend() const;
+  // A caller region planned with the cache (CacheConfig::reserved). Throws for an unknown name.
+  void* reserved(const std::string& name) const;
+
+  // Stream helpers that work on both backends, for callers without their own runtime and for
+  // tests: create_stream gives a cudaStream_t on CUDA, an asynchronous worker on the host.
+  void* create_stream();
+  void destroy_stream(void* stream) noexcept;
+  // Runs fn(arg) on `stream` after the work enqueued before it (cudaLaunchHostFunc on CUDA).
+  void launch_host_func(void* stream, void (*fn)(void*), void* arg);
+  void synchronize_stream(void* stream);
+  // Host waits until every copy the cache issued has completed.
+  void synchronize();
+  // Blocking copies between host and device memory (device to host, host to device).
+  void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes);
+  void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvo

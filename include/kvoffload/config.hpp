@@ -1,0 +1,64 @@
+// kvo::CacheConfig: everything an OffloadedStaticCache is built from. Start from the defaults
+// (a Llama-3-8B-shaped cache of 4096 tokens, one slot, bf16) and change what differs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvoffload/types.hpp"
+
+namespace kvo {
+
+// Let the planner choose the number of resident layers: as many as the budget holds.
+inline constexpr int kAutoResidentLayers = -1;
+
+// A region of device memory a caller wants planned and allocated together with the cache
+// (weights, activations, input rows for append): it is counted against the same budget and
+// handed out by OffloadedStaticCache::reserved(name). Aligned to 256 bytes.
+struct ReservedRegion {
+  std::string name;
+  std::uint64_t bytes = 0;
+};
+
+// Options that only the host backend reads.
+struct HostBackendOptions {
+  // Each copy (and each host function on a stream made by create_stream) first sleeps a
+  // uniformly drawn 0..max_delay_us microseconds on its worker thread, so that any missing
+  // ordering in the schedule shows up as wrong data. 0 disables it.
+  std::uint32_t max_delay_us = 0;
+  std::uint64_t delay_seed = 0;
+};
+
+struct CacheConfig {
+  // Shape of the cache: K and V are each [layer][slot][token][kv_head][head_dim].
+  int layers = 32;
+  int kv_heads = 8;
+  int head_dim = 128;
+  int max_seq = 4096;  // tokens per slot, statically allocated
+  int slots = 1;       // sequences decoded together (the batch)
+  DType dtype = DType::kBF16;
+
+  // Layers [0, resident_layers) stay whole on the device and never move; the rest are streamed
+  // through ring_depth staging buffers. kAutoResidentLayers: as many as device_budget holds.
+  // When the streamed layers are no more than ring_depth, every layer is kept resident.
+  int resident_layers = kAutoResidentLayers;
+  int ring_depth = 2;
+
+  // Device bytes the whole plan (resident layers + staging ring + reserved regions) must fit.
+  // 0: on CUDA, the device's free memory when the cache is created; on the host backend,
+  // unlimited.
+  std::uint64_t device_budget = 0;
+
+  // Caller regions planned and allocated with the cache.
+  std::vector<ReservedRegion> reserved;
+
+  BackendKind backend = BackendKind::kAuto;
+  int device = 0;  // CUDA device ordinal
+  HostBackendOptions host;
+};
+
+// Throws kvo::Error(kInvalidArgument) naming the first field that is out of range.
+void validate(const CacheConfig& config);
+
+}  // namespace kvo

@@ -1,0 +1,13 @@
+// The C++ API of kvoffload, in one include.
+#pragma once
+
+#include "kvoffload/cache.hpp"
+#include "kvoffload/config.hpp"
+#include "kvoffload/error.hpp"
+#include "kvoffload/plan.hpp"
+#include "kvoffload/types.hpp"
+
+namespace kvo {
+// "MAJOR.MINOR.PATCH" of the library that is linked.
+const char* version();
+}  // namespace kvo

@@ -1,0 +1,38 @@
+// Element types and backends: the small vocabulary shared by every public header.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace kvo {
+
+// Storage type of K and V. The cache moves bytes and never converts, so only the size matters
+// to it; the name is for views, tools and errors.
+enum class DType { kF32, kF16, kBF16 };
+
+std::size_t dtype_size(DType dtype);
+const char* dtype_name(DType dtype);
+// Accepts "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16". Throws kvo::Error otherwise.
+DType parse_dtype(const std::string& name);
+
+// Where "device" memory lives and who moves the bytes.
+// kCuda: a GPU; kHost: worker threads over host memory (no GPU needed); kAuto: kCuda when a GPU
+// is usable and the library was built with CUDA, else kHost.
+enum class BackendKind { kAuto, kCuda, kHost };
+
+const char* backend_name(BackendKind kind);
+// Accepts "auto", "cuda", "host". Throws kvo::Error otherwise.
+BackendKind parse_backend(const std::string& name);
+
+// Number of usable CUDA devices; 0 when built without CUDA or when no driver/device is present.
+int cuda_device_count();
+
+// Parses a byte size such as "24GiB", "512MiB", "1.5GB", "4096" (bytes). Binary (KiB, MiB, GiB,
+// TiB) and decimal (KB, MB, GB, TB) units; throws kvo::Error for negative, malformed or
+// overflowing sizes, naming the text it could not read.
+std::uint64_t parse_size(const std::string& text);
+// "16.00 GiB", "512.0 KiB", "123 B": for messages and summaries.
+std::string format_bytes(std::uint64_t bytes);
+
+}  // namespace kvo

@@ -1,0 +1,127 @@
+// Config validation and the device-memory plan.
+#include "kvoffload/plan.hpp"
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include "kvoffload/error.hpp"
+#include "offload/checked_math.hpp"
+
+namespace kvo {
+
+namespace {
+
+Error invalid(const std::string& what) { return Error(ErrorCode::kInvalidArgument, what); }
+
+void require_positive(int value, const char* name) {
+  if (value <= 0) {
+    throw invalid(std::string("CacheConfig.") + name + " must be positive, got " +
+                  std::to_string(value));
+  }
+}
+
+std::uint64_t reserved_bytes(const CacheConfig& config) {
+  std::uint64_t total = 0;
+  for (const ReservedRegion& region : config.reserved) {
+    total = offload::checked_add(total, offload::align_up(region.bytes, offload::kDeviceAlignment),
+                                 "reserved device regions");
+  }
+  return total;
+}
+
+std::uint64_t tensor_bytes(const CacheConfig& config) {
+  using offload::checked_mul;
+  const std::uint64_t row = checked_mul(
+      checked_mul(static_cast<std::uint64_t>(config.kv_heads),
+                  static_cast<std::uint64_t>(config.head_dim), "row bytes"),
+      dtype_size(config.dtype), "row bytes");
+  const std::uint64_t rows = checked_mul(static_cast<std::uint64_t>(config.slots),
+                                         static_cast<std::uint64_t>(config.max_seq), "rows");
+  return offload::align_up(checked_mul(rows, row, "tensor bytes"), offload::kDeviceAlignment);
+}
+
+int effective_resident(const CacheConfig& config, int resident) {
+  return config.layers - resident <= config.ring_depth ? config.layers : resident;
+}
+
+}  // namespace
+
+void validate(const CacheConfig& config) {
+  require_positive(config.layers, "layers");
+  require_positive(config.kv_heads, "kv_heads");
+  require_positive(config.head_dim, "head_dim");
+  require_positive(config.max_seq, "max_seq");
+  require_positive(config.slots, "slots");
+  require_positive(config.ring_depth, "ring_depth");
+  if (config.resident_layers != kAutoResidentLayers &&
+      (config.resident_layers < 0 || config.resident_layers > config.layers)) {
+    throw invalid("CacheConfig.resident_layers must be between 0 and layers (" +
+                  std::to_string(config.layers) + ") or kAutoResidentLayers, got " +
+                  std::to_string(config.resident_layers));
+  }
+  if (config.device < 0) {
+    throw invalid("CacheConfig.device must be >= 0, got " + std::to_string(config.device));
+  }
+  std::set<std::string> names;
+  for (const ReservedRegion& region : config.reserved) {
+    if (region.name.empty()) throw invalid("a reserved device region needs a name");
+    if (!names.insert(region.name).second) {
+      throw invalid("the reserved device region '" + region.name + "' is listed twice");
+    }
+  }
+  (void)tensor_bytes(config);  // throws if the shape overflows 64 bits
+  (void)reserved_bytes(config);
+}
+
+std::uint64_t plan_device_bytes(const CacheConfig& config, int resident_layers) {
+  const int resident = effective_resident(config, resident_layers);
+  const int buffers = resident == config.layers ? config.layers : resident + config.ring_depth;
+  const std::uint64_t layer = 2 * tensor_bytes(config);
+  return offload::checked_add(
+      offload::checked_mul(layer, static_cast<std::uint64_t>(buffers), "device bytes"),
+      reserved_bytes(config), "device bytes");
+}
+
+CachePlan plan_cache(const CacheConfig& config, std::uint64_t budget) {
+  validate(config);
+  int resident = config.resident_layers;
+  if (resident == kAutoResidentLayers) {
+    resident = config.layers;
+    if (budget != 0) {
+      while (resident > 0 && plan_device_bytes(config, resident) > budget) --resident;
+    }
+  }
+  const std::uint64_t need = plan_device_bytes(config, resident);
+  if (budget != 0 && need > budget) {
+    throw Error(ErrorCode::kOutOfMemory,
+                "the cache needs " + format_bytes(need) + " of device memory (" +
+                    std::to_string(effective_resident(config, resident)) +
+                    " resident layers, a ring of " + std::to_string(config.ring_depth) +
+                    ", reserved regions) but the budget is " + format_bytes(budget) +
+                    ": missing " + format_bytes(need - budget) +
+                    ". Raise the budget, or lower max_seq, slots, ring_depth or resident_layers");
+  }
+
+  CachePlan plan;
+  plan.layers = config.layers;
+  plan.resident_layers = effective_resident(config, resident);
+  plan.streamed_layers = config.layers - plan.resident_layers;
+  plan.ring_depth = plan.streamed_layers == 0 ? 0 : config.ring_depth;
+  plan.row_bytes = static_cast<std::uint64_t>(config.kv_heads) * config.head_dim *
+                   dtype_size(config.dtype);
+  plan.tensor_bytes = tensor_bytes(config);
+  plan.layer_bytes = 2 * plan.tensor_bytes;
+  plan.resident_bytes = plan.layer_bytes * static_cast<std::uint64_t>(plan.resident_layers);
+  plan.staging_bytes = plan.layer_bytes * static_cast<std::uint64_t>(plan.ring_depth);
+  plan.reserved_bytes = reserved_bytes(config);
+  plan.device_bytes = need;
+  plan.host_bytes = plan.layer_bytes * static_cast<std::uint64_t>(plan.streamed_layers);
+  plan.budget = budget;
+  if (plan.resident_bytes + plan.staging_bytes + plan.reserved_bytes != plan.device_bytes) {
+    throw Error(ErrorCode::kInternal, "device plan does not add up");
+  }
+  return plan;
+}
+
+}  // namespace kvo

@@ -1,0 +1,252 @@
+#include "prefetch/cuda_backend.hpp"
+
+#include <string>
+
+#include "kvoffload/error.hpp"
+#include "prefetch/cuda_check.hpp"
+
+namespace kvo::prefetch {
+
+void cuda_check(cudaError_t status, const char* call, const char* file, int line) {
+  if (status == cudaSuccess) return;
+  cudaGetLastError();  // clear a sticky-free error so that later calls are not blamed for it
+  const ErrorCode code =
+      status == cudaErrorMemoryAllocation ? ErrorCode::kOutOfMemory : ErrorCode::kDevice;
+  throw Error(code, std::string(call) + " failed: " + cudaGetErrorName(status) + " (" +
+                        cudaGetErrorString(status) + ") at " + file + ":" + std::to_string(line));
+}
+
+namespace {
+
+// Makes `device` current for one scope and puts the caller's device back.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
+      if (cudaSetDevice(device) == cudaSuccess) restore_ = true;
+    }
+  }
+  ~DeviceGuard() {
+    if (restore_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
+cudaStream_t as_stream(StreamHandle stream) { return static_cast<cudaStream_t>(stream); }
+cudaEvent_t as_event(EventHandle event) { return static_cast<cudaEvent_t>(event); }
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device) : device_(device) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    throw Error(ErrorCode::kDevice, std::string("no usable CUDA device (") +
+                                        cudaGetErrorString(status) +
+                                        "); use the host backend (--backend host)");
+  }
+  if (device < 0 || device >= count) {
+    throw Error(ErrorCode::kInvalidArgument, "CUDA device " + std::to_string(device) +
+                                                 " does not exist (found " +
+                                                 std::to_string(count) + ")");
+  }
+  DeviceGuard guard(device_);
+  KVO_CUDA_CHECK(cudaSetDevice(device_));
+  for (StallProbe& probe : probes_) {
+    KVO_CUDA_CHECK(cudaEventCreate(&probe.start));
+    KVO_CUDA_CHECK(cudaEventCreate(&probe.end));
+  }
+}
+
+CudaBackend::~CudaBackend() {
+  DeviceGuard guard(device_);
+  for (StallProbe& probe : probes_) {
+    if (probe.start != nullptr) cudaEventDestroy(probe.start);
+    if (probe.end != nullptr) cudaEventDestroy(probe.end);
+  }
+}
+
+void* CudaBackend::alloc_device(std::size_t bytes) {
+  DeviceGuard guard(device_);
+  void* ptr = nullptr;
+  const cudaError_t status = cudaMalloc(&ptr, bytes);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    std::size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    throw Error(ErrorCode::kOutOfMemory,
+                "cudaMalloc of " + format_bytes(bytes) + " failed (" + cudaGetErrorString(status) +
+                    "); the device has " + format_bytes(free_bytes) + " free of " +
+                    format_bytes(total_bytes) + ": lower the budget or max_seq");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  sizes_[ptr] = bytes;
+  memory_.device_allocations += 1;
+  memory_.device_bytes += bytes;
+  if (memory_.device_bytes > memory_.device_peak_bytes) {
+    memory_.device_peak_bytes = memory_.device_bytes;
+  }
+  return ptr;
+}
+
+void CudaBackend::free_device(void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  DeviceGuard guard(device_);
+  cudaFree(ptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  memory_.device_bytes -= take_size(ptr);
+}
+
+void* CudaBackend::alloc_host(std::size_t bytes) {
+  DeviceGuard guard(device_);
+  void* ptr = nullptr;
+  const cudaError_t status = cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorCode::kOutOfMemory,
+                "cudaHostAlloc could not pin " + format_bytes(bytes) +
+                    " of host memory for the KV store (" + cudaGetErrorString(status) +
+                    "); lower max_seq or slots, keep more layers resident, or raise the "
+                    "locked-memory limit (ulimit -l)");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  sizes_[ptr] = bytes;
+  memory_.host_bytes += bytes;
+  return ptr;
+}
+
+void CudaBackend::free_host(void* ptr) noexcept {
+  if (ptr == nullptr) return;
+  DeviceGuard guard(device_);
+  cudaFreeHost(ptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  memory_.host_bytes -= take_size(ptr);
+}
+
+std::size_t CudaBackend::take_size(void* ptr) {
+  auto it = sizes_.find(ptr);
+  if (it == sizes_.end()) return 0;
+  const std::size_t bytes = it->second;
+  sizes_.erase(it);
+  return bytes;
+}
+
+std::uint64_t CudaBackend::device_free_bytes() {
+  DeviceGuard guard(device_);
+  std::size_t free_bytes = 0, total_bytes = 0;
+  KVO_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return free_bytes;
+}
+
+StreamHandle CudaBackend::create_stream() {
+  DeviceGuard guard(device_);
+  cudaStream_t stream = nullptr;
+  KVO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+
+void CudaBackend::destroy_stream(StreamHandle stream) noexcept {
+  if (stream == nullptr) return;
+  DeviceGuard guard(device_);
+  cudaStreamSynchronize(as_stream(stream));
+  cudaStreamDestroy(as_stream(stream));
+}
+
+EventHandle CudaBackend::create_event() {
+  DeviceGuard guard(device_);
+  cudaEvent_t event = nullptr;
+  KVO_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return event;
+}
+
+void CudaBackend::destroy_event(EventHandle event) noexcept {
+  if (event == nullptr) return;
+  DeviceGuard guard(device_);
+  cudaEventDestroy(as_event(event));
+}
+
+void CudaBackend::copy_async(void* dst, const void* src, std::size_t bytes, StreamHandle stream) {
+  if (bytes == 0) return;
+  DeviceGuard guard(device_);
+  KVO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_stream(stream)));
+}
+
+void CudaBackend::record(EventHandle event, StreamHandle stream) {
+  DeviceGuard guard(device_);
+  KVO_CUDA_CHECK(cudaEventRecord(as_event(event), as_stream(stream)));
+}
+
+void CudaBackend::wait(StreamHandle stream, EventHandle event) {
+  DeviceGuard guard(device_);
+  KVO_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0));
+}
+
+void CudaBackend::wait_measured(StreamHandle stream, EventHandle event) {
+  DeviceGuard guard(device_);
+  StallProbe& probe = probes_[next_probe_];
+  if (probe.pending) harvest_probes(false);
+  if (probe.pending) {  // still in flight: leave this wait unmeasured rather than block
+    KVO_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0));
+    return;
+  }
+  KVO_CUDA_CHECK(cudaEventRecord(probe.start, as_stream(stream)));
+  KVO_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0));
+  KVO_CUDA_CHECK(cudaEventRecord(probe.end, as_stream(stream)));
+  probe.pending = true;
+  next_probe_ = (next_probe_ + 1) % kProbes;
+}
+
+void CudaBackend::harvest_probes(bool block) {
+  for (StallProbe& probe : probes_) {
+    if (!probe.pending) continue;
+    if (block) {
+      KVO_CUDA_CHECK(cudaEventSynchronize(probe.end));
+    } else if (cudaEventQuery(probe.end) != cudaSuccess) {
+      cudaGetLastError();  // cudaErrorNotReady is not an error here
+      continue;
+    }
+    float ms = 0;
+    KVO_CUDA_CHECK(cudaEventElapsedTime(&ms, probe.start, probe.end));
+    stall_ms_ += ms;
+    probe.pending = false;
+  }
+}
+
+void CudaBackend::synchronize_event(EventHandle event) {
+  DeviceGuard guard(device_);
+  KVO_CUDA_CHECK(cudaEventSynchronize(as_event(event)));
+}
+
+void CudaBackend::synchronize_stream(StreamHandle stream) {
+  DeviceGuard guard(device_);
+  KVO_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream)));
+}
+
+void CudaBackend::launch_host_func(StreamHandle stream, void (*fn)(void*), void* arg) {
+  DeviceGuard guard(device_);
+  KVO_CUDA_CHECK(cudaLaunchHostFunc(as_stream(stream), fn, arg));
+}
+
+void CudaBackend::copy_sync(void* dst, const void* src, std::size_t bytes) {
+  DeviceGuard guard(device_);
+  KVO_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+}
+
+double CudaBackend::stall_seconds() {
+  DeviceGuard guard(device_);
+  harvest_probes(true);
+  return stall_ms_ * 1e-3;
+}
+
+MemoryCounters CudaBackend::memory() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return memory_;
+}
+
+}  // namespace kvo::prefetch

@@ -1,0 +1,69 @@
+// HostBackend: the schedule's executor where there is no GPU. Each stream is one worker thread
+// fed through a lock-free single-producer queue; "device memory" is host memory under a cap, so
+// every byte count and budget is exact. Copies can be delayed at random to shake out ordering
+// bugs: a correct schedule gives identical results under any delays.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "prefetch/backend.hpp"
+
+namespace kvo::prefetch {
+
+class HostStream;
+
+class HostBackend final : public Backend {
+ public:
+  // device_capacity: bytes alloc_device may hand out in total (0: unlimited).
+  HostBackend(const HostBackendOptions& options, std::uint64_t device_capacity);
+  ~HostBackend() override;
+
+  BackendKind kind() const override { return BackendKind::kHost; }
+  void* alloc_device(std::size_t bytes) override;
+  void free_device(void* ptr) noexcept override;
+  void* alloc_host(std::size_t bytes) override;
+  void free_host(void* ptr) noexcept override;
+  std::uint64_t device_free_bytes() override;
+
+  StreamHandle create_stream() override;
+  void destroy_stream(StreamHandle stream) noexcept override;
+  EventHandle create_event() override;
+  void destroy_event(EventHandle event) noexcept override;
+
+  void copy_async(void* dst, const void* src, std::size_t bytes, StreamHandle stream) override;
+  void record(EventHandle event, StreamHandle stream) override;
+  void wait(StreamHandle stream, EventHandle event) override;
+  void wait_measured(StreamHandle stream, EventHandle event) override;
+  void synchronize_event(EventHandle event) override;
+  void synchronize_stream(StreamHandle stream) override;
+  void launch_host_func(StreamHandle stream, void (*fn)(void*), void* arg) override;
+  void copy_sync(void* dst, const void* src, std::size_t bytes) override;
+  double stall_seconds() override;
+  MemoryCounters memory() const override;
+
+  // Bytes the workers actually copied (not what the schedule says it asked for).
+  std::uint64_t copied_bytes() const { return copied_bytes_.load(); }
+
+ private:
+  // nullptr (and any handle this backend did not make) is the calling thread: synchronous.
+  HostStream* async_stream(StreamHandle stream) const;
+  void wait_impl(StreamHandle stream, EventHandle event, bool measured);
+  // REQUIRES: mutex_ held. Forgets an allocation and returns its size (0 if unknown).
+  std::size_t take_size(void* ptr);
+
+  HostBackendOptions options_;
+  std::uint64_t device_capacity_;
+  std::uint64_t streams_made_ = 0;
+  mutable std::mutex mutex_;  // guards streams_ and the memory counters
+  std::set<HostStream*> streams_;
+  std::unordered_map<void*, std::size_t> sizes_;  // allocation sizes, to give bytes back
+  MemoryCounters memory_;
+  std::atomic<std::uint64_t> copied_bytes_{0};
+  std::atomic<std::uint64_t> stall_ns_{0};
+};
+
+}  // namespace kvo::prefetch

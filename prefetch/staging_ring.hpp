@@ -1,0 +1,95 @@
+// StagingRing: the per-step schedule for the streamed layers. D staging buffers rotate over the
+// sequence of streamed-layer visits q = step * S + i (S streamed layers, visit i of a step);
+// visit q uses buffer q % D. Releasing visit q refills its buffer with visit q + D, which
+// crosses into the next step near the end of one, so the first layers of a step do not stall.
+//
+// Events rule out the four hazards, never a sleep or a device-wide sync:
+//   read-before-filled  acquire makes the caller's stream wait `filled[b]` (H2D done);
+//   write-after-read    a prefetch into b waits `released[b]` (caller's work on b enqueued);
+//   lost write-back     a prefetch into b waits `written_back[b]` (b's new rows on the host);
+//   stale prefix        a prefetch of layer i waits `layer_written[i]` (i's last write-back).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kvoffload/plan.hpp"
+#include "offload/device_arena.hpp"
+#include "offload/host_store.hpp"
+#include "prefetch/backend.hpp"
+
+namespace kvo::prefetch {
+
+struct RingCounters {
+  std::uint64_t h2d_bytes_total = 0;
+  std::uint64_t d2h_bytes_total = 0;
+  std::uint64_t h2d_bytes_last_step = 0;
+  std::uint64_t d2h_bytes_last_step = 0;
+  std::uint64_t prefetch_reissues = 0;
+};
+
+class StagingRing {
+ public:
+  // REQUIRES: plan.streamed_layers > plan.ring_depth >= 1.
+  StagingRing(Backend& backend, offload::HostStore& store, offload::DeviceArena& arena,
+              const CachePlan& plan);
+  // Waits for the copy streams, then destroys events and streams. Never throws.
+  ~StagingRing();
+  StagingRing(const StagingRing&) = delete;
+  StagingRing& operator=(const StagingRing&) = delete;
+
+  // Issues whatever prefetches of the step's first D visits are not in flight yet.
+  // `new_tokens` (n[s] for each slot) stays valid and unchanged until end_step or abort_step.
+  void begin_step(const std::int32_t* new_tokens);
+  // Makes `stream` wait until streamed layer `streamed` is on the device; returns its buffer
+  // (K, then V at + tensor_bytes).
+  std::byte* acquire(int streamed, StreamHandle stream);
+  // Records that the caller's work on the buffer is enqueued on `stream`, writes the step's
+  // new rows back to the host and refills the buffer with the visit D ahead.
+  void release(int streamed, StreamHandle stream);
+  void end_step();
+  // Forgets the open step: waits on the host for the copy streams, and makes the next
+  // begin_step issue its prefetches again. `stream` is where the caller last used a buffer.
+  void abort_step(int held_streamed, StreamHandle stream);
+  // Host waits until every copy issued so far has completed.
+  void drain();
+
+  const RingCounters& counters() const { return counters_; }
+
+ private:
+  struct Buffer {
+    std::byte* base = nullptr;  // [K|V][slot][token][kv_head][head_dim]
+    EventHandle filled = nullptr;
+    EventHandle released = nullptr;
+    EventHandle written_back = nullptr;
+    std::int64_t visit = -1;  // the visit whose prefetch it holds (or receives)
+  };
+
+  // Prefetches visit q into buffer q % D: rows [0, length) of every slot, where length is the
+  // committed length for the current step and length + n for the next one.
+  void prefetch(std::int64_t q);
+  std::int64_t step_base() const { return step_ * streamed_; }
+
+  Backend& backend_;
+  offload::HostStore& store_;
+  int resident_;
+  int streamed_;
+  int depth_;
+  int slots_;
+  int max_seq_;
+  std::uint64_t row_bytes_;
+  std::uint64_t tensor_bytes_;
+  StreamHandle h2d_ = nullptr;
+  StreamHandle d2h_ = nullptr;
+  std::vector<Buffer> buffers_;
+  std::vector<EventHandle> layer_written_;  // per streamed layer
+  const std::int32_t* new_tokens_ = nullptr;
+  std::int64_t step_ = 0;    // the open (or next) step
+  std::int64_t issued_ = 0;  // visits [0, issued_) have had their prefetch issued
+  std::uint64_t h2d_this_step_ = 0;
+  std::uint64_t h2d_next_step_ = 0;
+  std::uint64_t d2h_this_step_ = 0;
+  RingCounters counters_;
+};
+
+}  // namespace kvo::prefetch
