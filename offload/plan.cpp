@@ -70,14 +70,16 @@ void validate(const CacheConfig& config) {
       throw invalid("the reserved device region '" + region.name + "' is listed twice");
     }
   }
-  (void)tensor_bytes(config);  // throws if the shape overflows 64 bits
+  // Throws if the whole cache, every layer K and V, overflows 64 bits.
+  offload::checked_mul(offload::checked_mul(2, tensor_bytes(config), "layer bytes"),
+                       static_cast<std::uint64_t>(config.layers), "cache bytes");
   (void)reserved_bytes(config);
 }
 
 std::uint64_t plan_device_bytes(const CacheConfig& config, int resident_layers) {
   const int resident = effective_resident(config, resident_layers);
   const int buffers = resident == config.layers ? config.layers : resident + config.ring_depth;
-  const std::uint64_t layer = 2 * tensor_bytes(config);
+  const std::uint64_t layer = offload::checked_mul(2, tensor_bytes(config), "layer bytes");
   return offload::checked_add(
       offload::checked_mul(layer, static_cast<std::uint64_t>(buffers), "device bytes"),
       reserved_bytes(config), "device bytes");
@@ -111,12 +113,15 @@ CachePlan plan_cache(const CacheConfig& config, std::uint64_t budget) {
   plan.row_bytes = static_cast<std::uint64_t>(config.kv_heads) * config.head_dim *
                    dtype_size(config.dtype);
   plan.tensor_bytes = tensor_bytes(config);
-  plan.layer_bytes = 2 * plan.tensor_bytes;
-  plan.resident_bytes = plan.layer_bytes * static_cast<std::uint64_t>(plan.resident_layers);
-  plan.staging_bytes = plan.layer_bytes * static_cast<std::uint64_t>(plan.ring_depth);
+  plan.layer_bytes = offload::checked_mul(2, plan.tensor_bytes, "layer bytes");
+  plan.resident_bytes = offload::checked_mul(
+      plan.layer_bytes, static_cast<std::uint64_t>(plan.resident_layers), "resident bytes");
+  plan.staging_bytes = offload::checked_mul(
+      plan.layer_bytes, static_cast<std::uint64_t>(plan.ring_depth), "staging bytes");
   plan.reserved_bytes = reserved_bytes(config);
   plan.device_bytes = need;
-  plan.host_bytes = plan.layer_bytes * static_cast<std::uint64_t>(plan.streamed_layers);
+  plan.host_bytes = offload::checked_mul(
+      plan.layer_bytes, static_cast<std::uint64_t>(plan.streamed_layers), "host bytes");
   plan.budget = budget;
   if (plan.resident_bytes + plan.staging_bytes + plan.reserved_bytes != plan.device_bytes) {
     throw Error(ErrorCode::kInternal, "device plan does not add up");

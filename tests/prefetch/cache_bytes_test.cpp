@@ -1,0 +1,137 @@
+// Exact bytes: each decode step moves every streamed layer's valid prefix host->device, and
+// only the appended rows device->host; an all-resident cache moves nothing; nothing is
+// allocated on the device after construction.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kvoffload/kvoffload.hpp"
+
+namespace kvo {
+namespace {
+
+CacheConfig small(int layers, int resident, int ring) {
+  CacheConfig config;
+  config.layers = layers;
+  config.kv_heads = 2;
+  config.head_dim = 16;
+  config.max_seq = 128;
+  config.slots = 3;
+  config.dtype = DType::kF16;
+  config.resident_layers = resident;
+  config.ring_depth = ring;
+  config.backend = BackendKind::kHost;
+  config.host.max_delay_us = 20;
+  return config;
+}
+
+// Runs one step appending n[s] zero rows per slot to every layer.
+void step(OffloadedStaticCache& cache, const std::vector<std::int32_t>& n) {
+  const CacheConfig& c = cache.config();
+  const std::vector<std::uint8_t> rows(
+      static_cast<std::size_t>(c.max_seq) * c.kv_heads * c.head_dim * dtype_size(c.dtype), 0x5a);
+  cache.begin_step(n);
+  for (int layer = 0; layer < c.layers; ++layer) {
+    cache.acquire(layer);
+    for (int s = 0; s < c.slots; ++s) {
+      cache.append(layer, s, rows.data(), rows.data(), n[static_cast<std::size_t>(s)]);
+    }
+    cache.release(layer);
+  }
+  cache.end_step();
+}
+
+std::uint64_t total_length(const OffloadedStaticCache& cache) {
+  std::uint64_t total = 0;
+  for (int s = 0; s < cache.config().slots; ++s) total += cache.length(s);
+  return total;
+}
+
+struct Shape {
+  int layers;
+  int resident;
+  int ring;
+};
+
+class DecodeBytes : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(DecodeBytes, EachStepMovesExactlyThePrefixAndTheNewRows) {
+  const Shape shape = GetParam();
+  OffloadedStaticCache cache(small(shape.layers, shape.resident, shape.ring));
+  const CachePlan& plan = cache.stats().plan;
+  const std::uint64_t row = 2 * 16 * 2;
+  ASSERT_EQ(plan.row_bytes, row);
+  const std::uint64_t streamed = static_cast<std::uint64_t>(plan.streamed_layers);
+  ASSERT_EQ(streamed, static_cast<std::uint64_t>(shape.layers - shape.resident));
+  const std::uint64_t allocations = cache.stats().device_allocations;
+  EXPECT_EQ(allocations, 1u);  // one arena
+
+  std::mt19937 rng(static_cast<unsigned>(shape.layers * 31 + shape.resident * 7 + shape.ring));
+  step(cache, {17, 5, 0});  // prefill of different lengths; slot 2 idle
+  EXPECT_EQ(cache.stats().h2d_bytes_last_step, 0u);  // nothing valid on the host yet
+  EXPECT_EQ(cache.stats().d2h_bytes_last_step, 2 * streamed * (17 + 5) * row);
+
+  for (int i = 0; i < 25; ++i) {
+    std::vector<std::int32_t> n = {1, 1, static_cast<std::int32_t>(rng() % 2)};
+    if (i % 9 == 4) n = {6, 0, 3};  // a chunk of prompt among the decodes
+    const std::uint64_t before = total_length(cache);
+    const std::uint64_t added = static_cast<std::uint64_t>(std::accumulate(n.begin(), n.end(), 0));
+    step(cache, n);
+    const CacheStats st = cache.stats();
+    EXPECT_EQ(st.h2d_bytes_last_step, 2 * streamed * before * row) << "step " << i;
+    EXPECT_EQ(st.d2h_bytes_last_step, 2 * streamed * added * row) << "step " << i;
+  }
+  EXPECT_EQ(cache.stats().device_allocations, allocations);  // nothing allocated after setup
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, DecodeBytes,
+                         ::testing::Values(Shape{6, 0, 2}, Shape{6, 2, 2}, Shape{7, 0, 3},
+                                           Shape{9, 3, 3}, Shape{4, 0, 1}));
+
+TEST(Bytes, AllResidentMovesNothing) {
+  OffloadedStaticCache cache(small(5, 5, 2));
+  step(cache, {40, 3, 9});
+  for (int i = 0; i < 10; ++i) step(cache, {1, 1, 1});
+  const CacheStats st = cache.stats();
+  EXPECT_EQ(st.plan.streamed_layers, 0);
+  EXPECT_EQ(st.plan.host_bytes, 0u);
+  EXPECT_EQ(st.h2d_bytes_total, 0u);
+  EXPECT_EQ(st.d2h_bytes_total, 0u);
+}
+
+TEST(Bytes, StreamedLayersThatFitTheRingStayThereAndMoveNothing) {
+  // 2 streamed layers and a ring of 2: every layer is kept resident.
+  OffloadedStaticCache cache(small(6, 4, 2));
+  EXPECT_EQ(cache.stats().plan.resident_layers, 6);
+  EXPECT_EQ(cache.stats().plan.ring_depth, 0);
+  EXPECT_EQ(cache.stats().plan.device_bytes, 6 * cache.stats().plan.layer_bytes);
+  step(cache, {12, 12, 12});
+  step(cache, {1, 1, 1});
+  EXPECT_EQ(cache.stats().h2d_bytes_total, 0u);
+  EXPECT_EQ(cache.stats().d2h_bytes_total, 0u);
+}
+
+TEST(Bytes, TotalsAddUpOverSteps) {
+  OffloadedStaticCache cache(small(6, 1, 2));
+  std::uint64_t h2d = 0, d2h = 0;
+  step(cache, {30, 20, 10});
+  d2h += cache.stats().d2h_bytes_last_step;
+  h2d += cache.stats().h2d_bytes_last_step;
+  for (int i = 0; i < 6; ++i) {
+    step(cache, {1, 1, 1});
+    h2d += cache.stats().h2d_bytes_last_step;
+    d2h += cache.stats().d2h_bytes_last_step;
+  }
+  cache.synchronize();
+  const CacheStats st = cache.stats();
+  EXPECT_EQ(st.d2h_bytes_total, d2h);
+  // The total also holds the prefetches already made for the next step: its first D layers.
+  const std::uint64_t next = 2 * 2 * total_length(cache) * st.plan.row_bytes;
+  EXPECT_EQ(st.h2d_bytes_total, h2d + next);
+  EXPECT_EQ(st.steps, 7u);
+}
+
+}  // namespace
+}  // namespace kvo

@@ -1,0 +1,119 @@
+// The host backend's streams and events keep CUDA's ordering guarantees under random delays.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kvoffload/error.hpp"
+#include "prefetch/host_backend.hpp"
+
+namespace kvo::prefetch {
+namespace {
+
+HostBackendOptions delays(std::uint32_t max_us, std::uint64_t seed) {
+  HostBackendOptions options;
+  options.max_delay_us = max_us;
+  options.delay_seed = seed;
+  return options;
+}
+
+TEST(HostBackend, CopiesOnOneStreamRunInOrder) {
+  HostBackend backend(delays(30, 1), 0);
+  StreamHandle stream = backend.create_stream();
+  std::vector<int> value(64), target(64, -1);
+  // Each copy overwrites the same target; only the last one may survive.
+  std::vector<std::vector<int>> sources(200, std::vector<int>(64));
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    std::iota(sources[i].begin(), sources[i].end(), static_cast<int>(i * 1000));
+    backend.copy_async(target.data(), sources[i].data(), 64 * sizeof(int), stream);
+  }
+  backend.synchronize_stream(stream);
+  EXPECT_EQ(target, sources.back());
+  EXPECT_EQ(backend.copied_bytes(), 200u * 64 * sizeof(int));
+  backend.destroy_stream(stream);
+}
+
+TEST(HostBackend, AStreamWaitsForAnEventRecordedOnAnother) {
+  HostBackend backend(delays(200, 2), 0);
+  StreamHandle producer = backend.create_stream();
+  StreamHandle consumer = backend.create_stream();
+  EventHandle ready = backend.create_event();
+  std::mt19937 rng(3);
+  for (int round = 0; round < 40; ++round) {
+    std::vector<std::uint8_t> source(4096), middle(4096, 0), sink(4096, 0);
+    for (auto& b : source) b = static_cast<std::uint8_t>(rng());
+    backend.copy_async(middle.data(), source.data(), source.size(), producer);  // delayed
+    backend.record(ready, producer);
+    backend.wait(consumer, ready);  // without this, sink would often see zeros
+    backend.copy_async(sink.data(), middle.data(), middle.size(), consumer);
+    backend.synchronize_stream(consumer);
+    ASSERT_EQ(sink, source) << "round " << round;
+    backend.synchronize_stream(producer);
+  }
+  backend.destroy_event(ready);
+  backend.destroy_stream(producer);
+  backend.destroy_stream(consumer);
+}
+
+TEST(HostBackend, AWaitTakesTheRecordCurrentWhenItIsEnqueued) {
+  // As cudaStreamWaitEvent: a later record does not affect an earlier wait, and an event that
+  // was never recorded does not block.
+  HostBackend backend(delays(0, 0), 0);
+  EventHandle never = backend.create_event();
+  backend.synchronize_event(never);
+  backend.wait(nullptr, never);
+  StreamHandle stream = backend.create_stream();
+  int counter = 0;
+  backend.launch_host_func(stream, [](void* p) { ++*static_cast<int*>(p); }, &counter);
+  backend.record(never, stream);
+  backend.synchronize_event(never);
+  EXPECT_EQ(counter, 1);  // the host function ran before the record completed
+  backend.destroy_event(never);
+  backend.destroy_stream(stream);
+}
+
+TEST(HostBackend, NullStreamIsTheCallingThread) {
+  HostBackend backend(delays(100, 4), 0);
+  int x = 0;
+  backend.launch_host_func(nullptr, [](void* p) { *static_cast<int*>(p) = 7; }, &x);
+  EXPECT_EQ(x, 7);  // ran synchronously
+  int src = 42, dst = 0;
+  backend.copy_async(&dst, &src, sizeof(int), nullptr);
+  EXPECT_EQ(dst, 42);
+}
+
+TEST(HostBackend, DeviceMemoryIsCappedAndCounted) {
+  HostBackend backend(delays(0, 0), 4096);
+  void* a = backend.alloc_device(1000);  // rounded to 1024
+  void* b = backend.alloc_device(3072);
+  EXPECT_EQ(backend.memory().device_bytes, 4096u);
+  EXPECT_EQ(backend.memory().device_allocations, 2u);
+  EXPECT_EQ(backend.device_free_bytes(), 0u);
+  try {
+    backend.alloc_device(1);
+    FAIL() << "the cap was not enforced";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+  }
+  backend.free_device(a);
+  EXPECT_EQ(backend.memory().device_bytes, 3072u);
+  EXPECT_EQ(backend.memory().device_peak_bytes, 4096u);
+  backend.free_device(b);
+  EXPECT_EQ(backend.memory().device_bytes, 0u);
+}
+
+TEST(HostBackend, DestroyingAStreamRunsWhatWasEnqueued) {
+  HostBackend backend(delays(50, 5), 0);
+  StreamHandle stream = backend.create_stream();
+  std::vector<int> hits(100, 0);
+  for (int& h : hits) {
+    backend.launch_host_func(stream, [](void* p) { *static_cast<int*>(p) = 1; }, &h);
+  }
+  backend.destroy_stream(stream);
+  EXPECT_EQ(std::accumulate(hits.begin(), hits.end(), 0), 100);
+}
+
+}  // namespace
+}  // namespace kvo::prefetch
