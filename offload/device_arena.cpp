@@ -20,7 +20,9 @@ DeviceArena::DeviceArena(prefetch::Backend& backend, const CachePlan& plan,
   if (bytes_ > 0) base_ = static_cast<std::byte*>(backend_.alloc_device(bytes_));
 }
 
-DeviceArena::~DeviceArena() { backend_.free_device(base_); }
+DeviceArena::~DeviceArena() {
+  backend_.free_device(base_);
+}
 
 std::byte* DeviceArena::reserved(const std::string& name) const {
   for (const Region& region : regions_) {

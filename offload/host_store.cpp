@@ -37,7 +37,9 @@ HostStore::HostStore(prefetch::Backend& backend, const CachePlan& plan, int slot
   base_ = static_cast<std::byte*>(backend_.alloc_host(bytes_));
 }
 
-HostStore::~HostStore() { backend_.free_host(base_); }
+HostStore::~HostStore() {
+  backend_.free_host(base_);
+}
 
 void HostStore::truncate(int slot, int length) {
   if (length < this->length(slot)) set_length(slot, length);

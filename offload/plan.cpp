@@ -12,7 +12,9 @@ namespace kvo {
 
 namespace {
 
-Error invalid(const std::string& what) { return Error(ErrorCode::kInvalidArgument, what); }
+Error invalid(const std::string& what) {
+  return Error(ErrorCode::kInvalidArgument, what);
+}
 
 void require_positive(int value, const char* name) {
   if (value <= 0) {
@@ -32,10 +34,10 @@ std::uint64_t reserved_bytes(const CacheConfig& config) {
 
 std::uint64_t tensor_bytes(const CacheConfig& config) {
   using offload::checked_mul;
-  const std::uint64_t row = checked_mul(
-      checked_mul(static_cast<std::uint64_t>(config.kv_heads),
-                  static_cast<std::uint64_t>(config.head_dim), "row bytes"),
-      dtype_size(config.dtype), "row bytes");
+  const std::uint64_t row =
+      checked_mul(checked_mul(static_cast<std::uint64_t>(config.kv_heads),
+                              static_cast<std::uint64_t>(config.head_dim), "row bytes"),
+                  dtype_size(config.dtype), "row bytes");
   const std::uint64_t rows = checked_mul(static_cast<std::uint64_t>(config.slots),
                                          static_cast<std::uint64_t>(config.max_seq), "rows");
   return offload::align_up(checked_mul(rows, row, "tensor bytes"), offload::kDeviceAlignment);
@@ -100,8 +102,8 @@ CachePlan plan_cache(const CacheConfig& config, std::uint64_t budget) {
                 "the cache needs " + format_bytes(need) + " of device memory (" +
                     std::to_string(effective_resident(config, resident)) +
                     " resident layers, a ring of " + std::to_string(config.ring_depth) +
-                    ", reserved regions) but the budget is " + format_bytes(budget) +
-                    ": missing " + format_bytes(need - budget) +
+                    ", reserved regions) but the budget is " + format_bytes(budget) + ": missing " +
+                    format_bytes(need - budget) +
                     ". Raise the budget, or lower max_seq, slots, ring_depth or resident_layers");
   }
 
@@ -110,8 +112,8 @@ CachePlan plan_cache(const CacheConfig& config, std::uint64_t budget) {
   plan.resident_layers = effective_resident(config, resident);
   plan.streamed_layers = config.layers - plan.resident_layers;
   plan.ring_depth = plan.streamed_layers == 0 ? 0 : config.ring_depth;
-  plan.row_bytes = static_cast<std::uint64_t>(config.kv_heads) * config.head_dim *
-                   dtype_size(config.dtype);
+  plan.row_bytes =
+      static_cast<std::uint64_t>(config.kv_heads) * config.head_dim * dtype_size(config.dtype);
   plan.tensor_bytes = tensor_bytes(config);
   plan.layer_bytes = offload::checked_mul(2, plan.tensor_bytes, "layer bytes");
   plan.resident_bytes = offload::checked_mul(

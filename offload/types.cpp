@@ -10,7 +10,9 @@
 
 namespace kvo {
 
-const char* version() { return "0.1.0"; }
+const char* version() {
+  return "0.1.0";
+}
 
 const char* error_code_name(ErrorCode code) {
   switch (code) {
@@ -85,8 +87,8 @@ std::uint64_t parse_size(const std::string& text) {
                                                   " (examples: 24GiB, 512MiB, 1.5GB, 4096)");
   };
   std::size_t pos = 0;
-  while (pos < text.size() && (std::isdigit(static_cast<unsigned char>(text[pos])) ||
-                               text[pos] == '.')) {
+  while (pos < text.size() &&
+         (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.')) {
     ++pos;
   }
   if (pos == 0) {

@@ -16,8 +16,12 @@ namespace kvo {
 
 namespace {
 
-Error protocol(const std::string& what) { return Error(ErrorCode::kProtocol, what); }
-Error invalid(const std::string& what) { return Error(ErrorCode::kInvalidArgument, what); }
+Error protocol(const std::string& what) {
+  return Error(ErrorCode::kProtocol, what);
+}
+Error invalid(const std::string& what) {
+  return Error(ErrorCode::kInvalidArgument, what);
+}
 
 }  // namespace
 
@@ -45,8 +49,9 @@ struct OffloadedStaticCache::Impl {
   }
   void check_between_steps(const char* call) const {
     if (in_step) {
-      throw protocol(std::string(call) + " is only allowed between steps (call end_step or "
-                                         "abort_step first)");
+      throw protocol(std::string(call) +
+                     " is only allowed between steps (call end_step or "
+                     "abort_step first)");
     }
   }
   void check_held(int layer, const char* call) const {
@@ -131,9 +136,8 @@ LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
                    (m.next_layer == m.config.layers ? " (none: call end_step)" : "") + ", got " +
                    std::to_string(layer));
   }
-  m.held_buffer = m.is_resident(layer)
-                      ? nullptr
-                      : m.ring->acquire(layer - m.plan.resident_layers, stream);
+  m.held_buffer =
+      m.is_resident(layer) ? nullptr : m.ring->acquire(layer - m.plan.resident_layers, stream);
   m.held_layer = layer;
   std::fill(m.appended.begin(), m.appended.end(), 0);
 
@@ -171,10 +175,9 @@ void OffloadedStaticCache::append(int layer, int slot, const void* k_rows, const
   if (k_rows == nullptr || v_rows == nullptr) throw invalid("append: null K or V rows");
 
   const std::size_t row = m.plan.row_bytes;
-  const std::size_t offset =
-      (s * static_cast<std::size_t>(m.config.max_seq) +
-       static_cast<std::size_t>(m.store->length(slot) + m.appended[s])) *
-      row;
+  const std::size_t offset = (s * static_cast<std::size_t>(m.config.max_seq) +
+                              static_cast<std::size_t>(m.store->length(slot) + m.appended[s])) *
+                             row;
   std::byte* base = m.layer_base(layer);
   const std::size_t bytes = static_cast<std::size_t>(count) * row;
   m.backend->copy_async(base + offset, k_rows, bytes, stream);
@@ -256,7 +259,9 @@ int OffloadedStaticCache::length(int slot) const {
   return impl_->store->length(slot);
 }
 
-bool OffloadedStaticCache::in_step() const { return impl_->in_step; }
+bool OffloadedStaticCache::in_step() const {
+  return impl_->in_step;
+}
 
 CacheStats OffloadedStaticCache::stats() const {
   const Impl& m = *impl_;
@@ -276,14 +281,20 @@ CacheStats OffloadedStaticCache::stats() const {
   return stats;
 }
 
-const CacheConfig& OffloadedStaticCache::config() const { return impl_->config; }
-BackendKind OffloadedStaticCache::backend() const { return impl_->backend->kind(); }
+const CacheConfig& OffloadedStaticCache::config() const {
+  return impl_->config;
+}
+BackendKind OffloadedStaticCache::backend() const {
+  return impl_->backend->kind();
+}
 
 void* OffloadedStaticCache::reserved(const std::string& name) const {
   return impl_->arena->reserved(name);
 }
 
-void* OffloadedStaticCache::create_stream() { return impl_->backend->create_stream(); }
+void* OffloadedStaticCache::create_stream() {
+  return impl_->backend->create_stream();
+}
 void OffloadedStaticCache::destroy_stream(void* stream) noexcept {
   impl_->backend->destroy_stream(stream);
 }

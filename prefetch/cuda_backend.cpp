@@ -37,8 +37,12 @@ class DeviceGuard {
   bool restore_ = false;
 };
 
-cudaStream_t as_stream(StreamHandle stream) { return static_cast<cudaStream_t>(stream); }
-cudaEvent_t as_event(EventHandle event) { return static_cast<cudaEvent_t>(event); }
+cudaStream_t as_stream(StreamHandle stream) {
+  return static_cast<cudaStream_t>(stream);
+}
+cudaEvent_t as_event(EventHandle event) {
+  return static_cast<cudaEvent_t>(event);
+}
 
 }  // namespace
 
@@ -53,8 +57,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   }
   if (device < 0 || device >= count) {
     throw Error(ErrorCode::kInvalidArgument, "CUDA device " + std::to_string(device) +
-                                                 " does not exist (found " +
-                                                 std::to_string(count) + ")");
+                                                 " does not exist (found " + std::to_string(count) +
+                                                 ")");
   }
   DeviceGuard guard(device_);
   KVO_CUDA_CHECK(cudaSetDevice(device_));

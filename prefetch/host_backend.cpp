@@ -91,7 +91,7 @@ class HostStream {
 
   void push(const StreamOp& op) {
     while (!queue_.push(op)) std::this_thread::yield();  // full: the worker is draining it
-    { std::lock_guard<std::mutex> lock(mutex_); }       // pairs with the worker's check below
+    { std::lock_guard<std::mutex> lock(mutex_); }        // pairs with the worker's check below
     cv_.notify_one();
   }
 
@@ -173,10 +173,10 @@ void* HostBackend::alloc_device(std::size_t bytes) {
   const std::size_t rounded = round_up(bytes == 0 ? 1 : bytes, 256);
   std::lock_guard<std::mutex> lock(mutex_);
   if (device_capacity_ != 0 && memory_.device_bytes + rounded > device_capacity_) {
-    throw Error(ErrorCode::kOutOfMemory,
-                "host backend: device allocation of " + format_bytes(rounded) + " exceeds the " +
-                    format_bytes(device_capacity_) + " arena (" +
-                    format_bytes(memory_.device_bytes) + " in use)");
+    throw Error(ErrorCode::kOutOfMemory, "host backend: device allocation of " +
+                                             format_bytes(rounded) + " exceeds the " +
+                                             format_bytes(device_capacity_) + " arena (" +
+                                             format_bytes(memory_.device_bytes) + " in use)");
   }
   void* ptr = std::aligned_alloc(256, rounded);
   if (ptr == nullptr) {
@@ -242,9 +242,9 @@ std::uint64_t HostBackend::device_free_bytes() {
 StreamHandle HostBackend::create_stream() {
   std::lock_guard<std::mutex> lock(mutex_);
   const std::uint64_t index = streams_made_++;
-  auto* stream = new HostStream(options_.max_delay_us,
-                                options_.delay_seed * 0x9E3779B97F4A7C15ull + index + 1,
-                                &copied_bytes_, &stall_ns_);
+  auto* stream =
+      new HostStream(options_.max_delay_us, options_.delay_seed * 0x9E3779B97F4A7C15ull + index + 1,
+                     &copied_bytes_, &stall_ns_);
   streams_.insert(stream);
   return stream;
 }
@@ -261,7 +261,9 @@ void HostBackend::destroy_stream(StreamHandle stream) noexcept {
   delete host_stream;  // drains what was enqueued, then joins
 }
 
-EventHandle HostBackend::create_event() { return new HostEvent(); }
+EventHandle HostBackend::create_event() {
+  return new HostEvent();
+}
 
 void HostBackend::destroy_event(EventHandle event) noexcept {
   delete static_cast<HostEvent*>(event);
@@ -320,7 +322,9 @@ void HostBackend::wait_impl(StreamHandle stream, EventHandle event, bool measure
   if (measured) stall_ns_.fetch_add(elapsed_ns(start));
 }
 
-void HostBackend::wait(StreamHandle stream, EventHandle event) { wait_impl(stream, event, false); }
+void HostBackend::wait(StreamHandle stream, EventHandle event) {
+  wait_impl(stream, event, false);
+}
 
 void HostBackend::wait_measured(StreamHandle stream, EventHandle event) {
   wait_impl(stream, event, true);
@@ -354,7 +358,9 @@ void HostBackend::copy_sync(void* dst, const void* src, std::size_t bytes) {
   std::memcpy(dst, src, bytes);
 }
 
-double HostBackend::stall_seconds() { return static_cast<double>(stall_ns_.load()) * 1e-9; }
+double HostBackend::stall_seconds() {
+  return static_cast<double>(stall_ns_.load()) * 1e-9;
+}
 
 MemoryCounters HostBackend::memory() const {
   std::lock_guard<std::mutex> lock(mutex_);

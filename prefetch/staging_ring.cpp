@@ -4,8 +4,8 @@
 
 namespace kvo::prefetch {
 
-StagingRing::StagingRing(Backend& backend, offload::HostStore& store,
-                         offload::DeviceArena& arena, const CachePlan& plan)
+StagingRing::StagingRing(Backend& backend, offload::HostStore& store, offload::DeviceArena& arena,
+                         const CachePlan& plan)
     : backend_(backend),
       store_(store),
       resident_(plan.resident_layers),
@@ -60,8 +60,8 @@ void StagingRing::prefetch(std::int64_t q) {
   const bool next_step = q >= step_base() + streamed_;
   Buffer& buffer = buffers_[static_cast<std::size_t>(q % depth_)];
 
-  backend_.wait(h2d_, buffer.released);        // write-after-read
-  backend_.wait(h2d_, buffer.written_back);    // lost write-back
+  backend_.wait(h2d_, buffer.released);                              // write-after-read
+  backend_.wait(h2d_, buffer.written_back);                          // lost write-back
   backend_.wait(h2d_, layer_written_[static_cast<std::size_t>(i)]);  // stale prefix
   std::uint64_t bytes = 0;
   for (int s = 0; s < slots_; ++s) {
@@ -110,8 +110,7 @@ void StagingRing::release(int streamed, StreamHandle stream) {
         (static_cast<std::size_t>(s) * max_seq_ + static_cast<std::size_t>(store_.length(s))) *
         row_bytes_;
     const std::size_t host_offset = static_cast<std::size_t>(store_.length(s)) * row_bytes_;
-    backend_.copy_async(store_.k(streamed, s) + host_offset, buffer.base + row_offset, range,
-                        d2h_);
+    backend_.copy_async(store_.k(streamed, s) + host_offset, buffer.base + row_offset, range, d2h_);
     backend_.copy_async(store_.v(streamed, s) + host_offset,
                         buffer.base + tensor_bytes_ + row_offset, range, d2h_);
     bytes += 2 * range;

@@ -82,11 +82,11 @@ struct Options {
 };
 
 Options parse(int argc, char** argv) {
-  const kvo::cli::Args args(argc, argv,
-                            {"layers", "kv-heads", "head-dim", "max-seq", "slots", "prompt",
-                             "steps", "resident", "ring", "dtype", "backend", "seed",
-                             "vram-budget", "max-delay-us", "verify"},
-                            {"delays", "json", "help"});
+  const kvo::cli::Args args(
+      argc, argv,
+      {"layers", "kv-heads", "head-dim", "max-seq", "slots", "prompt", "steps", "resident", "ring",
+       "dtype", "backend", "seed", "vram-budget", "max-delay-us", "verify"},
+      {"delays", "json", "help"});
   if (args.has("help")) {
     std::cout << kUsage;
     std::exit(0);
@@ -109,8 +109,7 @@ Options parse(int argc, char** argv) {
   if (args.has("vram-budget")) c.device_budget = kvo::parse_size(args.get("vram-budget", ""));
   o.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, INT64_MAX));
   if (args.has("delays")) {
-    c.host.max_delay_us =
-        static_cast<std::uint32_t>(args.get_int("max-delay-us", 50, 0, 1000000));
+    c.host.max_delay_us = static_cast<std::uint32_t>(args.get_int("max-delay-us", 50, 0, 1000000));
     c.host.delay_seed = o.seed;
   }
   o.steps = static_cast<int>(args.get_int("steps", 8, 0, kMax));
@@ -219,8 +218,8 @@ class Replay {
           source_.fill(view.layer, kv, s, first, count, expected_.data());
           if (std::memcmp(actual_.data(), expected_.data(), bytes) != 0) {
             std::cerr << "kvo-replay: MISMATCH at step " << cache_->stats().steps << ", layer "
-                      << view.layer << ", slot " << s << ", " << (kv == 0 ? "K" : "V")
-                      << " rows [" << first << ", " << first + count << ")\n";
+                      << view.layer << ", slot " << s << ", " << (kv == 0 ? "K" : "V") << " rows ["
+                      << first << ", " << first + count << ")\n";
             return false;
           }
         }
@@ -233,9 +232,11 @@ class Replay {
     const kvo::CacheStats st = cache_->stats();
     const kvo::CachePlan& p = st.plan;
     std::uint64_t context = 0;
-    for (int s = 0; s < o_.config.slots; ++s) context += static_cast<std::uint64_t>(cache_->length(s));
+    for (int s = 0; s < o_.config.slots; ++s)
+      context += static_cast<std::uint64_t>(cache_->length(s));
     // The performance model: every streamed layer's valid prefix, K and V, once per step.
-    const std::uint64_t last_context = context - static_cast<std::uint64_t>(o_.steps > 0 ? o_.config.slots : 0);
+    const std::uint64_t last_context =
+        context - static_cast<std::uint64_t>(o_.steps > 0 ? o_.config.slots : 0);
     const std::uint64_t expected_h2d =
         o_.steps > 0 ? 2ull * p.streamed_layers * last_context * p.row_bytes : 0;
     const std::uint64_t decode_h2d = st.h2d_bytes_total - prefill.h2d_bytes_total;
@@ -244,11 +245,11 @@ class Replay {
     const bool bytes_ok = o_.steps == 0 || st.h2d_bytes_last_step == expected_h2d;
     const bool verified = ok && bytes_ok && o_.verify != "off";
 
-    std::printf("kvo-replay  %d layers x %d kv heads x %d head_dim (%s), %d slot(s), max_seq %d, "
-                "backend %s\n",
-                o_.config.layers, o_.config.kv_heads, o_.config.head_dim,
-                kvo::dtype_name(o_.config.dtype), o_.config.slots, o_.config.max_seq,
-                kvo::backend_name(cache_->backend()));
+    std::printf(
+        "kvo-replay  %d layers x %d kv heads x %d head_dim (%s), %d slot(s), max_seq %d, "
+        "backend %s\n",
+        o_.config.layers, o_.config.kv_heads, o_.config.head_dim, kvo::dtype_name(o_.config.dtype),
+        o_.config.slots, o_.config.max_seq, kvo::backend_name(cache_->backend()));
     std::printf("  plan            %d resident + %d streamed layers, ring %d; device %s, host %s\n",
                 p.resident_layers, p.streamed_layers, p.ring_depth,
                 kvo::format_bytes(p.device_bytes).c_str(), kvo::format_bytes(p.host_bytes).c_str());
@@ -276,9 +277,8 @@ class Replay {
           "\"prefill_s\":%.6f,\"decode_step_s\":%.9f,\"decode_h2d_GBps\":%.4f}\n",
           verified ? "true" : "false", o_.verify.c_str(), kvo::backend_name(cache_->backend()),
           o_.config.layers, o_.config.kv_heads, o_.config.head_dim,
-          kvo::dtype_name(o_.config.dtype), o_.config.max_seq, o_.config.slots, o_.prompt,
-          o_.steps, p.resident_layers, p.ring_depth,
-          static_cast<unsigned long long>(st.h2d_bytes_last_step),
+          kvo::dtype_name(o_.config.dtype), o_.config.max_seq, o_.config.slots, o_.prompt, o_.steps,
+          p.resident_layers, p.ring_depth, static_cast<unsigned long long>(st.h2d_bytes_last_step),
           static_cast<unsigned long long>(st.d2h_bytes_last_step),
           static_cast<unsigned long long>(st.h2d_bytes_total),
           static_cast<unsigned long long>(st.d2h_bytes_total),

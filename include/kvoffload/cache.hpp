@@ -112,8 +112,8 @@ class OffloadedStaticCache {
   void abort_step(void* stream = nullptr);
 
   // Between steps only.
-  void reset_slot(int slot);                   // length 0
-  void truncate_slot(int slot, int length);    // REQUIRES: 0 <= length <= length(slot)
+  void reset_slot(int slot);                 // length 0
+  void truncate_slot(int slot, int length);  // REQUIRES: 0 <= length <= length(slot)
   int length(int slot) const;
   bool in_step() const;
 

@@ -18,10 +18,10 @@ struct CachePlan {
   std::uint64_t layer_bytes = 0;   // K and V of one layer: 2 * tensor_bytes
   std::uint64_t resident_bytes = 0;
   std::uint64_t staging_bytes = 0;
-  std::uint64_t reserved_bytes = 0;      // caller regions, each rounded up to 256 bytes
-  std::uint64_t device_bytes = 0;        // resident + staging + reserved: one arena
-  std::uint64_t host_bytes = 0;          // pinned host store: K and V of the streamed layers
-  std::uint64_t budget = 0;              // the budget the plan was made against (0: none)
+  std::uint64_t reserved_bytes = 0;  // caller regions, each rounded up to 256 bytes
+  std::uint64_t device_bytes = 0;    // resident + staging + reserved: one arena
+  std::uint64_t host_bytes = 0;      // pinned host store: K and V of the streamed layers
+  std::uint64_t budget = 0;          // the budget the plan was made against (0: none)
 };
 
 // Bytes the plan needs for a given resident-layer count (before the "all fit" promotion).

@@ -69,7 +69,7 @@ TEST_P(DecodeBytes, EachStepMovesExactlyThePrefixAndTheNewRows) {
   EXPECT_EQ(allocations, 1u);  // one arena
 
   std::mt19937 rng(static_cast<unsigned>(shape.layers * 31 + shape.resident * 7 + shape.ring));
-  step(cache, {17, 5, 0});  // prefill of different lengths; slot 2 idle
+  step(cache, {17, 5, 0});                           // prefill of different lengths; slot 2 idle
   EXPECT_EQ(cache.stats().h2d_bytes_last_step, 0u);  // nothing valid on the host yet
   EXPECT_EQ(cache.stats().d2h_bytes_last_step, 2 * streamed * (17 + 5) * row);
 

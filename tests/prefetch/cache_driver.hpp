@@ -27,7 +27,9 @@ namespace kvo::testing {
 class Reference {
  public:
   Reference(int layers, int slots, int max_seq, std::size_t row_bytes)
-      : slots_(slots), max_seq_(max_seq), row_bytes_(row_bytes),
+      : slots_(slots),
+        max_seq_(max_seq),
+        row_bytes_(row_bytes),
         rows_(static_cast<std::size_t>(layers) * 2 * slots,
               std::vector<std::uint8_t>(static_cast<std::size_t>(max_seq) * row_bytes)) {}
   std::uint8_t* row(int layer, int kv, int slot, int token) {
@@ -72,8 +74,8 @@ class CacheUnderTest {
   OffloadedStaticCache& cache() { return *cache_; }
   void* stream() const { return stream_; }
   std::string name() const {
-    return std::string(backend_name(cache_->backend())) + " R=" +
-           std::to_string(cache_->stats().plan.resident_layers) +
+    return std::string(backend_name(cache_->backend())) +
+           " R=" + std::to_string(cache_->stats().plan.resident_layers) +
            " D=" + std::to_string(config_.ring_depth) + (stream_ ? " async" : " sync");
   }
 
@@ -82,8 +84,8 @@ class CacheUnderTest {
     if (rows == 0) return;
     const std::size_t bytes = static_cast<std::size_t>(rows) * ref.row_bytes();
     for (int kv = 0; kv < 2; ++kv) {
-      const auto* actual = static_cast<const std::uint8_t*>(kv == 0 ? view.k_row(slot, 0)
-                                                                    : view.v_row(slot, 0));
+      const auto* actual =
+          static_cast<const std::uint8_t*>(kv == 0 ? view.k_row(slot, 0) : view.v_row(slot, 0));
       const std::uint8_t* expected = ref.row(view.layer, kv, slot, 0);
       if (cuda_) {
         cache_->synchronize_stream(stream_);
@@ -143,8 +145,8 @@ struct DriverOptions {
 inline int drive(std::vector<std::unique_ptr<CacheUnderTest>>& caches, std::uint64_t seed,
                  const DriverOptions& options) {
   const CacheConfig& config = caches.front()->cache().config();
-  const std::size_t row_bytes = static_cast<std::size_t>(config.kv_heads) * config.head_dim *
-                                dtype_size(config.dtype);
+  const std::size_t row_bytes =
+      static_cast<std::size_t>(config.kv_heads) * config.head_dim * dtype_size(config.dtype);
   Reference ref(config.layers, config.slots, config.max_seq, row_bytes);
   std::vector<int> length(static_cast<std::size_t>(config.slots), 0);
   std::mt19937_64 rng(seed);

@@ -118,8 +118,8 @@ TEST_F(Misuse, ProtocolErrorsLeaveTheCacheUsable) {
                  ErrorCode::kInvalidArgument, "declared 1");
     expect_error([&] { cache.append(layer, 0, k.data(), k.data(), -1); },
                  ErrorCode::kInvalidArgument, "negative");
-    expect_error([&] { cache.append(layer, 0, nullptr, nullptr, 1); },
-                 ErrorCode::kInvalidArgument, "null");
+    expect_error([&] { cache.append(layer, 0, nullptr, nullptr, 1); }, ErrorCode::kInvalidArgument,
+                 "null");
     if (layer > 0) {
       expect_error([&] { cache.release(layer - 1); }, ErrorCode::kProtocol, "is the one acquired");
     }
@@ -141,8 +141,11 @@ TEST_F(Misuse, ProtocolErrorsLeaveTheCacheUsable) {
 
 TEST_F(Misuse, PositionsPastTheCacheAndBadSlots) {
   good_step({30, 2});
-  expect_error([&] { cache.begin_step({3, 1}); }, ErrorCode::kInvalidArgument,
-               "would pass max_seq (32)");
+  expect_error(
+      [&] {
+        cache.begin_step({3, 1});
+      },
+      ErrorCode::kInvalidArgument, "would pass max_seq (32)");
   expect_error([&] { cache.begin_step({-1, 1}); }, ErrorCode::kInvalidArgument, "negative");
   expect_error([&] { cache.begin_step({1}); }, ErrorCode::kInvalidArgument,
                "one new-token count per slot");
@@ -204,8 +207,7 @@ TEST(BadConfig, ABudgetThatCannotFitNamesTheMissingBytes) {
   c.resident_layers = kAutoResidentLayers;
   const std::uint64_t layer = 2ull * kSlots * kMaxSeq * kRow;
   c.device_budget = 2 * layer - 100;  // a ring of 2 needs 2 * layer
-  expect_error([&] { OffloadedStaticCache cache(c); }, ErrorCode::kOutOfMemory,
-               "missing 100 B");
+  expect_error([&] { OffloadedStaticCache cache(c); }, ErrorCode::kOutOfMemory, "missing 100 B");
   c.resident_layers = 3;
   c.device_budget = 4 * layer;  // 3 resident + 2 ring = 5 layers
   expect_error([&] { OffloadedStaticCache cache(c); }, ErrorCode::kOutOfMemory, "missing");

@@ -66,7 +66,8 @@ TEST(HostBackend, AWaitTakesTheRecordCurrentWhenItIsEnqueued) {
   backend.wait(nullptr, never);
   StreamHandle stream = backend.create_stream();
   int counter = 0;
-  backend.launch_host_func(stream, [](void* p) { ++*static_cast<int*>(p); }, &counter);
+  backend.launch_host_func(
+      stream, [](void* p) { ++*static_cast<int*>(p); }, &counter);
   backend.record(never, stream);
   backend.synchronize_event(never);
   EXPECT_EQ(counter, 1);  // the host function ran before the record completed
@@ -77,7 +78,8 @@ TEST(HostBackend, AWaitTakesTheRecordCurrentWhenItIsEnqueued) {
 TEST(HostBackend, NullStreamIsTheCallingThread) {
   HostBackend backend(delays(100, 4), 0);
   int x = 0;
-  backend.launch_host_func(nullptr, [](void* p) { *static_cast<int*>(p) = 7; }, &x);
+  backend.launch_host_func(
+      nullptr, [](void* p) { *static_cast<int*>(p) = 7; }, &x);
   EXPECT_EQ(x, 7);  // ran synchronously
   int src = 42, dst = 0;
   backend.copy_async(&dst, &src, sizeof(int), nullptr);
@@ -109,7 +111,8 @@ TEST(HostBackend, DestroyingAStreamRunsWhatWasEnqueued) {
   StreamHandle stream = backend.create_stream();
   std::vector<int> hits(100, 0);
   for (int& h : hits) {
-    backend.launch_host_func(stream, [](void* p) { *static_cast<int*>(p) = 1; }, &h);
+    backend.launch_host_func(
+        stream, [](void* p) { *static_cast<int*>(p) = 1; }, &h);
   }
   backend.destroy_stream(stream);
   EXPECT_EQ(std::accumulate(hits.begin(), hits.end(), 0), 100);
