@@ -1,0 +1,244 @@
+// The decode step against context length, for three caches in one binary and run:
+//   all_resident  every layer on the device (only where it fits);
+//   kvoffload     every layer streamed (R = 0) through a ring of 2;
+//   hf_like       as transformers' offloaded static cache moves bytes (bench/hf_like_cache.hpp).
+// Each reports its step time, the bytes it moved, and efficiency = floor / measured, where floor
+// = those bytes / the pinned H2D bandwidth measured at the start of the same run.
+//
+//   kvo_bench_decode_compare [--shape=llama3-8b|small] [--backend=auto|cuda|host]
+//                            [--max-context=N] [Google Benchmark flags]
+// Default shape: llama3-8b (4K..128K) on CUDA, small (1K..8K) on the host backend.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "bench/bench_common.hpp"
+#include "bench/hf_like_cache.hpp"
+
+namespace kvo::bench {
+namespace {
+
+struct Setup {
+  CacheConfig shape;  // layers, heads, dtype, max_seq, backend
+  std::vector<int> contexts;
+  double h2d_bandwidth = 0;  // bytes/s, measured in this run
+};
+Setup g_setup;
+
+// One of the three caches, created on first use and reused across contexts.
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // Grows or truncates every slot to `context` tokens.
+  virtual void set_context(int context) = 0;
+  // One decode step (one token per slot), completed on the device; returns the bytes it moved.
+  virtual std::uint64_t decode_step() = 0;
+  virtual std::uint64_t model_bytes(int context) const = 0;
+};
+
+class CacheEngine final : public Engine {
+ public:
+  CacheEngine(CacheConfig config, bool resident) {
+    config.resident_layers = resident ? config.layers : 0;
+    config.ring_depth = 2;
+    max_rows_ = static_cast<std::size_t>(config.max_seq);
+    row_bytes_ =
+        static_cast<std::size_t>(config.kv_heads) * config.head_dim * dtype_size(config.dtype);
+    config.reserved.push_back({"rows", max_rows_ * row_bytes_});
+    cache_ = std::make_unique<OffloadedStaticCache>(config);
+    rows_ = cache_->reserved("rows");
+    stream_ = cache_->backend() == BackendKind::kCuda ? cache_->create_stream() : nullptr;
+  }
+  ~CacheEngine() override {
+    if (stream_ != nullptr) cache_->destroy_stream(stream_);
+  }
+
+  void set_context(int context) override {
+    const int slots = cache_->config().slots;
+    if (cache_->length(0) > context) {
+      for (int s = 0; s < slots; ++s) cache_->truncate_slot(s, context);
+    }
+    if (cache_->length(0) < context) step(context - cache_->length(0));
+    decode_step();  // reach the steady state: the next step's first layers prefetched at +1
+  }
+  std::uint64_t decode_step() override {
+    const int context = cache_->length(0);
+    const std::uint64_t before = cache_->stats().h2d_bytes_total + cache_->stats().d2h_bytes_total;
+    step(1);
+    cache_->synchronize_stream(stream_);
+    const std::uint64_t after = cache_->stats().h2d_bytes_total + cache_->stats().d2h_bytes_total;
+    for (int s = 0; s < cache_->config().slots; ++s) cache_->truncate_slot(s, context);
+    return after - before;
+  }
+  // H2D: every streamed layer's prefix; the first D were prefetched during the previous step,
+  // before it was truncated back, so they hold one row more. D2H: the new row of each layer.
+  std::uint64_t model_bytes(int context) const override {
+    const CachePlan& plan = cache_->stats().plan;
+    const auto slots = static_cast<std::uint64_t>(cache_->config().slots);
+    const auto ctx = static_cast<std::uint64_t>(context);
+    const auto streamed = static_cast<std::uint64_t>(plan.streamed_layers);
+    const auto ahead = static_cast<std::uint64_t>(plan.ring_depth);
+    const std::uint64_t h2d =
+        2 * slots * plan.row_bytes * (ahead * (ctx + 1) + (streamed - ahead) * ctx);
+    return h2d + 2 * streamed * slots * plan.row_bytes;
+  }
+
+ private:
+  void step(int n) {
+    const int slots = cache_->config().slots;
+    cache_->begin_step(std::vector<std::int32_t>(static_cast<std::size_t>(slots), n));
+    for (int layer = 0; layer < cache_->config().layers; ++layer) {
+      cache_->acquire(layer, stream_);
+      for (int s = 0; s < slots; ++s) cache_->append(layer, s, rows_, rows_, n, stream_);
+      cache_->release(layer, stream_);
+    }
+    cache_->end_step();
+  }
+
+  std::unique_ptr<OffloadedStaticCache> cache_;
+  void* rows_ = nullptr;
+  void* stream_ = nullptr;
+  std::size_t max_rows_ = 0;
+  std::size_t row_bytes_ = 0;
+};
+
+class HfLikeEngine final : public Engine {
+ public:
+  explicit HfLikeEngine(const CacheConfig& config)
+      : backend_(prefetch::make_backend(config)),
+        cache_(std::make_unique<HfLikeOffloadedCache>(*backend_, config)) {
+    const std::size_t row =
+        static_cast<std::size_t>(config.kv_heads) * config.head_dim * dtype_size(config.dtype);
+    rows_ = static_cast<std::uint8_t*>(backend_->alloc_device(row));
+    stream_ = backend_->kind() == BackendKind::kCuda ? backend_->create_stream() : nullptr;
+  }
+  ~HfLikeEngine() override {
+    cache_.reset();
+    if (stream_ != nullptr) backend_->destroy_stream(stream_);
+    backend_->free_device(rows_);
+  }
+  void set_context(int context) override {
+    context_ = context;
+    cache_->set_length(context);
+  }
+  std::uint64_t decode_step() override {
+    const std::uint64_t moved = cache_->decode_step(rows_, stream_);
+    backend_->synchronize_stream(stream_);
+    cache_->set_length(context_);
+    return moved;
+  }
+  std::uint64_t model_bytes(int) const override { return cache_->bytes_per_step_model(); }
+
+ private:
+  std::unique_ptr<prefetch::Backend> backend_;
+  std::unique_ptr<HfLikeOffloadedCache> cache_;
+  std::uint8_t* rows_ = nullptr;
+  void* stream_ = nullptr;
+  int context_ = 0;
+};
+
+// Engines live for the whole run: pinned allocations of many GiB are slow to make.
+Engine* engine(const std::string& kind) {
+  static std::map<std::string, std::unique_ptr<Engine>> engines;
+  auto& slot = engines[kind];
+  if (!slot) {
+    if (kind == "hf_like") {
+      slot = std::make_unique<HfLikeEngine>(g_setup.shape);
+    } else {
+      slot = std::make_unique<CacheEngine>(g_setup.shape, kind == "all_resident");
+    }
+  }
+  return slot.get();
+}
+
+void BM_DecodeStep(benchmark::State& state, const std::string& kind) {
+  const int context = static_cast<int>(state.range(0));
+  Engine* e = nullptr;
+  try {
+    e = engine(kind);
+    e->set_context(context);
+  } catch (const Error& error) {
+    state.SkipWithError(error.what());  // e.g. all_resident does not fit this device
+    return;
+  }
+  std::uint64_t bytes = 0;
+  double total_s = 0;
+  for (auto _ : state) {
+    const auto start = Clock::now();
+    bytes = e->decode_step();
+    const double seconds = seconds_since(start);
+    total_s += seconds;
+    state.SetIterationTime(seconds);
+  }
+  if (bytes != e->model_bytes(context)) {
+    state.SkipWithError("bytes moved differ from the cache's byte model");
+    return;
+  }
+  const double step_s = total_s / static_cast<double>(state.iterations());
+  const double floor_s = static_cast<double>(bytes) / g_setup.h2d_bandwidth;
+  state.counters["context"] = context;
+  state.counters["bytes_per_step"] = static_cast<double>(bytes);
+  state.counters["step_s"] = step_s;
+  state.counters["floor_s"] = floor_s;
+  if (bytes > 0) state.counters["efficiency"] = floor_s / step_s;
+  state.counters["moved_GBps"] = static_cast<double>(bytes) / step_s * 1e-9;
+  state.counters["pinned_h2d_GBps"] = g_setup.h2d_bandwidth * 1e-9;
+  state.counters["tokens_per_s"] = g_setup.shape.slots / step_s;
+}
+
+}  // namespace
+}  // namespace kvo::bench
+
+int main(int argc, char** argv) {
+  using namespace kvo::bench;
+  try {
+    const auto backend =
+        resolve_backend(kvo::parse_backend(take_flag(&argc, argv, "backend", "auto")));
+    const bool cuda = backend == kvo::BackendKind::kCuda;
+    const std::string shape = take_flag(&argc, argv, "shape", cuda ? "llama3-8b" : "small");
+    kvo::CacheConfig& c = g_setup.shape;
+    c.backend = backend;
+    if (shape == "llama3-8b") {
+      c.layers = 32, c.kv_heads = 8, c.head_dim = 128;
+      g_setup.contexts = {4096, 8192, 16384, 32768, 65536, 131072};
+    } else if (shape == "small") {
+      c.layers = 8, c.kv_heads = 2, c.head_dim = 64;
+      g_setup.contexts = {1024, 2048, 4096, 8192};
+    } else {
+      std::fprintf(stderr, "unknown --shape=%s (llama3-8b or small)\n", shape.c_str());
+      return 2;
+    }
+    const int max_context = std::stoi(take_flag(&argc, argv, "max-context", "0"));
+    if (max_context > 0) {
+      std::vector<int> kept;
+      for (int ctx : g_setup.contexts) {
+        if (ctx <= max_context) kept.push_back(ctx);
+      }
+      g_setup.contexts = kept;
+    }
+    c.dtype = kvo::DType::kBF16;
+    c.slots = 1;
+    c.max_seq = g_setup.contexts.back() + 1;
+    auto probe = kvo::prefetch::make_backend(c);
+    g_setup.h2d_bandwidth = measure_h2d_bandwidth(*probe, cuda ? (256u << 20) : (32u << 20), 8);
+    std::fprintf(stderr, "shape %s on %s: pinned H2D %.2f GB/s\n", shape.c_str(),
+                 kvo::backend_name(backend), g_setup.h2d_bandwidth * 1e-9);
+    for (const char* kind : {"all_resident", "kvoffload", "hf_like"}) {
+      auto* b =
+          benchmark::RegisterBenchmark((std::string("BM_DecodeStep/") + kind).c_str(),
+                                       [kind](benchmark::State& st) { BM_DecodeStep(st, kind); });
+      for (int ctx : g_setup.contexts) b->Arg(ctx);
+      b->ArgName("context")->UseManualTime()->Unit(benchmark::kMillisecond);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvo_bench_decode_compare: %s\n", e.what());
+    return 1;
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
