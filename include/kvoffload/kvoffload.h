@@ -1,0 +1,266 @@
+/* kvoffload's C ABI: an offloaded static K/V cache that any engine with a C FFI can drive without
+ * our C++ types or our build. Compiles as C99 and as C++.
+ *
+ * The per-step protocol is the one of kvo::OffloadedStaticCache (kvoffload/cache.hpp):
+ *
+ *   kvo_begin_step(cache, n, slots);            n[s] >= 0 new tokens for each slot s
+ *   for (layer = 0; layer < layers; ++layer) {
+ *     kvo_acquire(cache, layer, &view, stream); stream waits until the layer's prefix is there
+ *     kvo_append(cache, layer, s, k, v, count, stream);   once or more per slot, until the
+ *                                                         counts add up to n[s]
+ *     ... attention over rows [0, view.lengths[s] + view.new_tokens[s]) on `stream` ...
+ *     kvo_release(cache, layer, stream);        the caller's work on this layer is enqueued
+ *   }
+ *   kvo_end_step(cache);                        lengths[s] += n[s]
+ *
+ * Conventions:
+ * - Every call that can fail returns a kvo_status; on anything but KVO_OK, kvo_last_error(cache)
+ *   gives the message. A failed call changes nothing: the cache stays usable, and a step that
+ *   was open stays open (kvo_abort_step ends it without committing).
+ * - No C++ exception crosses this boundary.
+ * - A stream is a `void*`, passed last: a cudaStream_t on the CUDA backend (NULL is the legacy
+ *   default stream); on the host backend NULL (the calling thread, synchronous) or a stream made
+ *   by kvo_stream_create.
+ * - One thread at a time calls into one cache. Different caches are independent.
+ * - "Device" memory is GPU memory on the CUDA backend and host memory on the host backend.
+ *
+ * Layout of K and V (NHD per slot): [slot][token][kv_head][head_dim]; a slot's valid prefix
+ * [0, length) is contiguous. Strides in views are in elements, never bytes.
+ */
+#ifndef KVOFFLOAD_KVOFFLOAD_H_
+#define KVOFFLOAD_KVOFFLOAD_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KVO_API __attribute__((visibility("default")))
+#else
+#define KVO_API
+#endif
+
+/* Opaque handle to one cache. Made by kvo_cache_create, freed by kvo_cache_destroy. */
+typedef struct kvo_cache kvo_cache_t;
+
+/* What a call returned. The numeric values are part of the ABI and never change. */
+typedef enum kvo_status {
+  KVO_OK = 0,
+  /* A bad shape, dtype, size, slot, layer, count or position, or a NULL where a pointer is
+   * required. Nothing changed. */
+  KVO_ERROR_INVALID_ARGUMENT = 1,
+  /* A call out of the per-step order (append without acquire, reset_slot inside a step, ...).
+   * Nothing changed. */
+  KVO_ERROR_PROTOCOL = 2,
+  /* The plan does not fit the device budget (the message names the missing bytes), or an
+   * allocation failed (the message names its size). */
+  KVO_ERROR_OUT_OF_MEMORY = 3,
+  /* A CUDA runtime call failed, or a CUDA backend was asked for where none is usable. */
+  KVO_ERROR_DEVICE = 4,
+  /* A broken invariant inside the library; please report it with the message. */
+  KVO_ERROR_INTERNAL = 5
+} kvo_status;
+
+/* Storage type of K and V. The cache moves bytes and never converts. */
+typedef enum kvo_dtype { KVO_DTYPE_F32 = 0, KVO_DTYPE_F16 = 1, KVO_DTYPE_BF16 = 2 } kvo_dtype;
+
+/* Where "device" memory lives. AUTO: CUDA when a GPU is usable and the library was built with
+ * CUDA, else HOST. HOST runs the whole runtime on worker threads over host memory, no GPU. */
+typedef enum kvo_backend {
+  KVO_BACKEND_AUTO = 0,
+  KVO_BACKEND_CUDA = 1,
+  KVO_BACKEND_HOST = 2
+} kvo_backend;
+
+/* kvo_cache_options.resident_layers: as many layers resident as the device budget holds. */
+#define KVO_AUTO_RESIDENT_LAYERS (-1)
+
+/* Everything a cache is built from. Start from kvo_cache_options_default() and change what
+ * differs, so that fields added in later versions keep their defaults. */
+typedef struct kvo_cache_options {
+  /* Shape: K and V are each [layers][slots][max_seq][kv_heads][head_dim]. */
+  int32_t layers;   /* default 32 */
+  int32_t kv_heads; /* default 8 */
+  int32_t head_dim; /* default 128 */
+  int32_t max_seq;  /* tokens per slot, statically allocated; default 4096 */
+  int32_t slots;    /* sequences decoded together (the batch); default 1 */
+  kvo_dtype dtype;  /* default KVO_DTYPE_BF16 */
+  /* Layers [0, resident_layers) stay whole on the device; the rest stream through ring_depth
+   * staging buffers. Default KVO_AUTO_RESIDENT_LAYERS; ring_depth default 2. */
+  int32_t resident_layers;
+  int32_t ring_depth;
+  /* Device bytes the whole plan must fit. 0 (default): on CUDA the device's free memory at
+   * creation, on the host backend unlimited. */
+  uint64_t device_budget;
+  kvo_backend backend; /* default KVO_BACKEND_AUTO */
+  int32_t device;      /* CUDA device ordinal; default 0 */
+  /* Host backend only, for tests: each copy first sleeps a random 0..host_max_delay_us
+   * microseconds (seeded by host_delay_seed), so that a missing ordering shows up as wrong data.
+   * Default 0 (off). */
+  uint32_t host_max_delay_us;
+  uint64_t host_delay_seed;
+} kvo_cache_options;
+
+/* A non-owning view of one layer's K and V in device memory, valid from kvo_acquire until
+ * kvo_release of that layer (or kvo_abort_step). Row (slot s, token t) of K starts at element
+ * s * slot_stride + t * token_stride of `k`; head h of that row at + h * head_stride. */
+typedef struct kvo_layer_view {
+  int32_t layer;
+  int32_t resident;     /* 1 when the layer is kept whole on the device (no copies), else 0 */
+  void* k;              /* [slots][max_seq][kv_heads][head_dim] */
+  void* v;              /* same layout as k */
+  int64_t slot_stride;  /* elements */
+  int64_t token_stride; /* elements */
+  int64_t head_stride;  /* elements */
+  int32_t slots;
+  int32_t max_seq;
+  int32_t kv_heads;
+  int32_t head_dim;
+  kvo_dtype dtype;
+  /* Host arrays of `slots` entries, owned by the cache, valid until kvo_end_step or
+   * kvo_abort_step: rows valid before this step, and rows this step appends. */
+  const int32_t* lengths;
+  const int32_t* new_tokens;
+} kvo_layer_view;
+
+/* The figures of kvo::CacheStats: traffic counters and the device plan. Bytes are exact. */
+typedef struct kvo_cache_stats {
+  uint64_t steps;               /* committed by kvo_end_step */
+  uint64_t h2d_bytes_total;     /* prefetched prefixes */
+  uint64_t d2h_bytes_total;     /* written-back new rows */
+  uint64_t h2d_bytes_last_step; /* prefetches made for the last committed step */
+  uint64_t d2h_bytes_last_step; /* write-backs of the last committed step */
+  double acquire_wait_s;        /* time acquire's waits held the caller's stream */
+  uint64_t prefetch_reissues;   /* prefetches discarded by kvo_abort_step */
+  uint64_t device_allocations;  /* device allocations made; fixed after creation */
+  /* The plan the cache was allocated by. */
+  int32_t resident_layers; /* effective: equals layers when nothing is streamed */
+  int32_t streamed_layers;
+  int32_t ring_depth;      /* staging buffers allocated (0 when nothing is streamed) */
+  uint64_t row_bytes;      /* one token of one tensor: kv_heads * head_dim * element size */
+  uint64_t layer_bytes;    /* K and V of one layer, all slots, max_seq rows */
+  uint64_t resident_bytes; /* device bytes of the resident layers */
+  uint64_t staging_bytes;  /* device bytes of the staging ring */
+  uint64_t device_bytes;   /* every device byte the cache allocated */
+  uint64_t host_bytes;     /* pinned host store */
+  uint64_t budget;         /* the budget the plan was made against (0: none) */
+} kvo_cache_stats;
+
+/* ---- library -------------------------------------------------------------------------------- */
+
+/* "MAJOR.MINOR.PATCH" of the linked library. Static storage; never NULL. */
+KVO_API const char* kvo_version(void);
+
+/* A short constant name for a status ("ok", "invalid argument", ...). Static storage. */
+KVO_API const char* kvo_status_name(kvo_status status);
+
+/* Number of usable CUDA devices in *out_count: 0 when built without CUDA or without a driver.
+ * REQUIRES: out_count != NULL. */
+KVO_API kvo_status kvo_cuda_device_count(int32_t* out_count);
+
+/* The message of the last failed call on `cache`, or "" when none failed. With cache == NULL:
+ * the message of the last failed call on this thread that had no cache to keep it in
+ * (kvo_cache_create, or any call passed a NULL cache). Successful calls do not clear it.
+ * The string is owned by the cache (or the thread) and valid until the next failing call on it,
+ * or kvo_cache_destroy. Never NULL. */
+KVO_API const char* kvo_last_error(const kvo_cache_t* cache);
+
+/* ---- create and destroy --------------------------------------------------------------------- */
+
+/* The defaults: a Llama-3-8B-shaped cache of 4096 tokens, one slot, bf16, auto backend. */
+KVO_API kvo_cache_options kvo_cache_options_default(void);
+
+/* Plans and allocates every device and host byte, and starts the copy streams. On KVO_OK,
+ * *out_cache is a new cache that the caller owns and frees with kvo_cache_destroy; on failure it
+ * is set to NULL and kvo_last_error(NULL) says why. `options` is only read during the call.
+ * REQUIRES: options != NULL, out_cache != NULL. */
+KVO_API kvo_status kvo_cache_create(const kvo_cache_options* options, kvo_cache_t** out_cache);
+
+/* Waits for the cache's in-flight copies, then frees everything it owns; views and the message
+ * of kvo_last_error die with it. Streams made by kvo_stream_create must be destroyed first.
+ * REQUIRES: no work the caller enqueued still reads a view. NULL is a no-op. Never fails. */
+KVO_API void kvo_cache_destroy(kvo_cache_t* cache);
+
+/* The backend the cache runs on (KVO_BACKEND_AUTO resolved). REQUIRES: out_backend != NULL. */
+KVO_API kvo_status kvo_cache_backend(const kvo_cache_t* cache, kvo_backend* out_backend);
+
+/* ---- the per-step protocol ------------------------------------------------------------------ */
+
+/* Opens a step that appends new_tokens[s] rows to each slot s. The array is copied.
+ * REQUIRES: no step open; count == slots; new_tokens[s] >= 0;
+ * kvo_length(s) + new_tokens[s] <= max_seq. */
+KVO_API kvo_status kvo_begin_step(kvo_cache_t* cache, const int32_t* new_tokens, int32_t count);
+
+/* Makes `stream` wait (an event, not a host wait, on CUDA) until layer `layer`'s valid prefix is
+ * on the device, and fills *out_view. The view is valid until kvo_release of this layer.
+ * REQUIRES: a step is open; `layer` is the step's next layer (0, 1, ...); no layer is held;
+ * out_view != NULL. */
+KVO_API kvo_status kvo_acquire(kvo_cache_t* cache, int32_t layer, kvo_layer_view* out_view,
+                               void* stream);
+
+/* Copies `count` rows of K and of V for `slot`, each [count][kv_heads][head_dim] contiguous in
+ * device memory, to the slot's next free rows of the held layer, ordered on `stream`. The
+ * caller keeps ownership of k_rows and v_rows; they must stay valid until `stream` has executed
+ * the copy. count == 0 is a no-op (the pointers may then be NULL).
+ * REQUIRES: `layer` is held; rows appended to `slot` in this layer stay <= new_tokens[slot]. */
+KVO_API kvo_status kvo_append(kvo_cache_t* cache, int32_t layer, int32_t slot, const void* k_rows,
+                              const void* v_rows, int32_t count, void* stream);
+
+/* Records that the caller's work on the held layer is enqueued on `stream`; the buffer is
+ * written back and reused only after `stream` passes this point. The view becomes invalid.
+ * REQUIRES: `layer` is held and every slot has all its new_tokens appended. */
+KVO_API kvo_status kvo_release(kvo_cache_t* cache, int32_t layer, void* stream);
+
+/* Commits the step: lengths[s] += new_tokens[s].
+ * REQUIRES: a step is open and every layer was released. */
+KVO_API kvo_status kvo_end_step(kvo_cache_t* cache);
+
+/* Ends an open step without committing it: lengths stay as they were, the held layer (if any)
+ * is given back once `stream` passes this call. Waits on the host for the cache's copies.
+ * REQUIRES: a step is open. */
+KVO_API kvo_status kvo_abort_step(kvo_cache_t* cache, void* stream);
+
+/* ---- between steps -------------------------------------------------------------------------- */
+
+/* Sets a slot's length to 0. REQUIRES: no step open; 0 <= slot < slots. */
+KVO_API kvo_status kvo_reset_slot(kvo_cache_t* cache, int32_t slot);
+
+/* Drops the slot's rows [length, kvo_length(slot)).
+ * REQUIRES: no step open; 0 <= slot < slots; 0 <= length <= kvo_length(slot). */
+KVO_API kvo_status kvo_truncate_slot(kvo_cache_t* cache, int32_t slot, int32_t length);
+
+/* The slot's committed length in *out_length. REQUIRES: 0 <= slot < slots; out_length != NULL. */
+KVO_API kvo_status kvo_length(const kvo_cache_t* cache, int32_t slot, int32_t* out_length);
+
+/* Copies the counters and the plan into *out_stats. REQUIRES: out_stats != NULL. */
+KVO_API kvo_status kvo_stats(const kvo_cache_t* cache, kvo_cache_stats* out_stats);
+
+/* ---- streams and copies, for callers without their own runtime, and for tests --------------- */
+
+/* A new stream in *out_stream (a cudaStream_t on CUDA, an asynchronous worker on the host
+ * backend). The caller owns it and frees it with kvo_stream_destroy, before kvo_cache_destroy.
+ * REQUIRES: out_stream != NULL. */
+KVO_API kvo_status kvo_stream_create(kvo_cache_t* cache, void** out_stream);
+
+/* Waits for the stream's work, then frees it. NULL is a no-op.
+ * REQUIRES: `stream` was made by kvo_stream_create on this cache. */
+KVO_API kvo_status kvo_stream_destroy(kvo_cache_t* cache, void* stream);
+
+/* Blocks the calling thread until everything enqueued on `stream` has run. */
+KVO_API kvo_status kvo_stream_synchronize(kvo_cache_t* cache, void* stream);
+
+/* Blocking copies of `bytes` bytes between host memory and device memory.
+ * REQUIRES: both ranges are valid for `bytes` bytes. */
+KVO_API kvo_status kvo_copy_to_host(kvo_cache_t* cache, void* host_dst, const void* device_src,
+                                    size_t bytes);
+KVO_API kvo_status kvo_copy_to_device(kvo_cache_t* cache, void* device_dst, const void* host_src,
+                                      size_t bytes);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVOFFLOAD_KVOFFLOAD_H_ */

@@ -1,0 +1,263 @@
+// kvo::torch::OffloadedStaticCache: HF-style update() calls turned into the per-step protocol,
+// with lazy release (layer l is released when layer l + 1's update arrives, because only then is
+// the caller's attention on l known to be enqueued). Every check runs before any state changes.
+#include "kvoffload/torch.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <algorithm>
+#include <sstream>
+#include <string>
+
+namespace kvo::torch {
+
+namespace {
+
+Error invalid(const std::string& what) {
+  return Error(ErrorCode::kInvalidArgument, what);
+}
+Error protocol(const std::string& what) {
+  return Error(ErrorCode::kProtocol, what);
+}
+
+at::ScalarType scalar_type_of(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return at::kFloat;
+    case DType::kF16:
+      return at::kHalf;
+    case DType::kBF16:
+      return at::kBFloat16;
+  }
+  throw Error(ErrorCode::kInternal, "unknown kvo::DType");
+}
+
+std::string shape_of(const at::Tensor& tensor) {
+  std::ostringstream out;
+  out << tensor.sizes();
+  return out.str();
+}
+
+std::string device_of(const at::Device& device) {
+  std::ostringstream out;
+  out << device;
+  return out.str();
+}
+
+}  // namespace
+
+OffloadedStaticCache::OffloadedStaticCache(const CacheConfig& config)
+    : cache_(config),
+      device_(at::kCPU),
+      dtype_(scalar_type_of(config.dtype)),
+      layers_(config.layers),
+      slots_(config.slots),
+      new_tokens_(static_cast<std::size_t>(config.slots), 0) {
+  if (cache_.backend() == BackendKind::kCuda) {
+    device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(config.device));
+  }
+}
+
+OffloadedStaticCache::~OffloadedStaticCache() {
+  // The caller's kernels may still read a view of this cache's memory.
+  if (device_.is_cuda()) {
+    try {
+      cache_.synchronize_stream(last_stream_);
+    } catch (...) {
+    }
+  }
+}
+
+void* OffloadedStaticCache::current_stream() const {
+  if (!device_.is_cuda()) return nullptr;  // the host backend: synchronous, like CPU tensors
+  const c10::impl::VirtualGuardImpl guard(c10::DeviceType::CUDA);
+  return guard.getStream(device_).native_handle();
+}
+
+void OffloadedStaticCache::check_states(const at::Tensor& states, const char* name,
+                                        std::int64_t layer_idx) const {
+  const std::string where = "update of layer " + std::to_string(layer_idx) + ": ";
+  if (!states.defined()) throw invalid(where + name + " is an undefined tensor");
+  if (states.scalar_type() != dtype_) {
+    throw invalid(where + name + " has dtype " + c10::toString(states.scalar_type()) +
+                  ", the cache stores " + c10::toString(dtype_));
+  }
+  if (states.device() != device_) {
+    throw invalid(where + name + " is on " + device_of(states.device()) + ", the cache is on " +
+                  device_of(device_) + " (the " + backend_name(cache_.backend()) + " backend)");
+  }
+  const CacheConfig& c = cache_.config();
+  if (states.dim() != 4 || states.size(0) != c.slots || states.size(1) != c.kv_heads ||
+      states.size(2) < 1 || states.size(3) != c.head_dim) {
+    throw invalid(where + name + " has shape " + shape_of(states) + ", expected [" +
+                  std::to_string(c.slots) + " (batch = slots), " + std::to_string(c.kv_heads) +
+                  " (kv_heads), n >= 1 (tokens), " + std::to_string(c.head_dim) + " (head_dim)]");
+  }
+}
+
+void OffloadedStaticCache::check_positions(const at::Tensor& cache_position, std::int64_t length,
+                                           std::int64_t n) const {
+  if (!cache_position.defined()) return;
+  if (cache_position.dim() != 1 || cache_position.numel() != n ||
+      !at::isIntegralType(cache_position.scalar_type(), /*includeBool=*/false)) {
+    throw invalid("update: cache_position must be a 1-D integer tensor of the " +
+                  std::to_string(n) + " new positions, got " +
+                  c10::toString(cache_position.scalar_type()) + " of shape " +
+                  shape_of(cache_position));
+  }
+  const at::Tensor positions = cache_position.to(at::kCPU, at::kLong).contiguous();
+  const std::int64_t* p = positions.data_ptr<std::int64_t>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (p[i] != length + i) {
+      throw invalid("update: cache_position must continue the cache: the cache holds " +
+                    std::to_string(length) + " tokens, so the " + std::to_string(n) +
+                    " new ones go at [" + std::to_string(length) + ", " +
+                    std::to_string(length + n) + "), but position " + std::to_string(i) + " is " +
+                    std::to_string(p[i]) +
+                    " (gaps and rewrites are not supported; reset() or cache().truncate_slot "
+                    "between steps)");
+    }
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> OffloadedStaticCache::update(const at::Tensor& key_states,
+                                                                const at::Tensor& value_states,
+                                                                std::int64_t layer_idx,
+                                                                const at::Tensor& cache_position) {
+  if (layer_idx < 0 || layer_idx >= layers_) {
+    throw invalid("update: layer_idx " + std::to_string(layer_idx) +
+                  " is out of range (the cache has " + std::to_string(layers_) + " layers)");
+  }
+  const int layer = static_cast<int>(layer_idx);
+  check_states(key_states, "key_states", layer_idx);
+  check_states(value_states, "value_states", layer_idx);
+  if (key_states.sizes() != value_states.sizes()) {
+    throw invalid("update of layer " + std::to_string(layer) + ": key_states " +
+                  shape_of(key_states) + " and value_states " + shape_of(value_states) +
+                  " differ in shape");
+  }
+  const std::int64_t n = key_states.size(2);
+
+  // Where the rows go: the length the step starts from, the same for every row of the batch.
+  const std::int64_t committed = cache_.length(0);
+  for (int s = 1; s < slots_; ++s) {
+    if (cache_.length(s) != committed) {
+      throw protocol(
+          "update: rows of the batch hold different lengths (slot 0: " + std::to_string(committed) +
+          ", slot " + std::to_string(s) + ": " + std::to_string(cache_.length(s)) +
+          "); the adapter keeps every row at the same position");
+    }
+  }
+  const bool starts_step = layer == 0;
+  std::int64_t length = committed;
+  if (starts_step) {
+    if (in_step_ && held_layer_ != layers_ - 1) {
+      throw protocol("update of layer 0 while the open step has updated only layers [0, " +
+                     std::to_string(held_layer_ + 1) + ") of " + std::to_string(layers_) +
+                     " (every layer is updated once per step, in order; reset() drops the step)");
+    }
+    if (in_step_) length += step_tokens_;
+    const std::int64_t max_seq = cache_.config().max_seq;
+    if (length + n > max_seq) {
+      throw invalid("update: " + std::to_string(n) + " more tokens after " +
+                    std::to_string(length) + " would pass max_cache_len (" +
+                    std::to_string(max_seq) + ")");
+    }
+  } else {
+    if (!in_step_) {
+      throw protocol("update of layer " + std::to_string(layer) +
+                     " before layer 0 of a step (layers are updated in order 0, 1, ...)");
+    }
+    if (layer != held_layer_ + 1) {
+      throw protocol("update of layer " + std::to_string(layer) + " out of order: " +
+                     (held_layer_ + 1 == layers_
+                          ? std::string("every layer of the step was updated; layer 0 starts the "
+                                        "next")
+                          : "expected layer " + std::to_string(held_layer_ + 1)));
+    }
+    if (n != step_tokens_) {
+      throw invalid("update of layer " + std::to_string(layer) + " with " + std::to_string(n) +
+                    " tokens, but layer 0 of this step had " + std::to_string(step_tokens_));
+    }
+  }
+  check_positions(cache_position, length, n);
+
+  // append() wants each row [n][kv_heads][head_dim] contiguous: NHD, as the cache stores it.
+  const at::Tensor k_rows = key_states.transpose(1, 2).contiguous();  // [batch, n, kv_heads, d]
+  const at::Tensor v_rows = value_states.transpose(1, 2).contiguous();
+  void* stream = current_stream();
+
+  if (starts_step) {
+    if (in_step_) {
+      cache_.release(held_layer_, stream);
+      cache_.end_step();
+      in_step_ = false;
+    }
+    std::fill(new_tokens_.begin(), new_tokens_.end(), static_cast<std::int32_t>(n));
+    cache_.begin_step(new_tokens_);
+    in_step_ = true;
+    step_tokens_ = n;
+  } else {
+    cache_.release(held_layer_, stream);
+  }
+  held_layer_ = -1;
+  const LayerView view = cache_.acquire(layer, stream);
+  held_layer_ = layer;
+  last_stream_ = stream;
+  const std::size_t slot_bytes = static_cast<std::size_t>(k_rows.stride(0)) * k_rows.element_size();
+  const auto* k_base = static_cast<const char*>(k_rows.data_ptr());
+  const auto* v_base = static_cast<const char*>(v_rows.data_ptr());
+  for (int s = 0; s < slots_; ++s) {
+    const std::size_t offset = static_cast<std::size_t>(s) * slot_bytes;
+    cache_.append(layer, s, k_base + offset, v_base + offset, static_cast<int>(n), stream);
+  }
+
+  // [batch, kv_heads, length + n, head_dim] over the NHD buffer: zero-copy, strided.
+  const at::TensorOptions options = at::TensorOptions().dtype(dtype_).device(device_);
+  const std::vector<std::int64_t> sizes = {slots_, view.kv_heads, length + n, view.head_dim};
+  const std::vector<std::int64_t> strides = {view.slot_stride, view.head_stride, view.token_stride,
+                                             1};
+  return {at::from_blob(view.k, sizes, strides, options),
+          at::from_blob(view.v, sizes, strides, options)};
+}
+
+std::int64_t OffloadedStaticCache::get_seq_length() {
+  if (in_step_ && held_layer_ == layers_ - 1) end_step();
+  std::int64_t length = cache_.length(0);
+  if (in_step_) length += step_tokens_;  // layer 0 already holds the open step's rows
+  return length;
+}
+
+std::int64_t OffloadedStaticCache::get_max_cache_shape() const {
+  return cache_.config().max_seq;
+}
+
+void OffloadedStaticCache::reset() {
+  void* stream = current_stream();
+  if (in_step_) {
+    cache_.abort_step(stream);
+    in_step_ = false;
+    held_layer_ = -1;
+    step_tokens_ = 0;
+  }
+  for (int s = 0; s < slots_; ++s) cache_.reset_slot(s);
+}
+
+void OffloadedStaticCache::end_step() {
+  if (!in_step_) return;
+  if (held_layer_ != layers_ - 1) {
+    throw protocol("end_step after updating only layers [0, " + std::to_string(held_layer_ + 1) +
+                   ") of " + std::to_string(layers_) + "; reset() drops the step");
+  }
+  void* stream = current_stream();
+  cache_.release(held_layer_, stream);
+  cache_.end_step();
+  last_stream_ = stream;
+  in_step_ = false;
+  held_layer_ = -1;
+  step_tokens_ = 0;
+}
+
+}  // namespace kvo::torch

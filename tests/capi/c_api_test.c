@@ -1,0 +1,429 @@
+/* The C ABI, from C99: a small engine drives a cache on the host backend (random copy delays)
+ * through prefills, decodes, chunked appends, idle slots, truncations, resets and an aborted
+ * step, and checks every acquired view against its own copy of what every layer and slot must
+ * hold. It then provokes each error code and checks that the cache is still usable and its data
+ * intact. Runs once with the synchronous NULL stream and once with an asynchronous stream. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvoffload/kvoffload.h"
+
+#define LAYERS 5
+#define RESIDENT 1
+#define KV_HEADS 2
+#define HEAD_DIM 8
+#define MAX_SEQ 64
+#define SLOTS 3
+#define ROW (KV_HEADS * HEAD_DIM) /* floats in one token of one tensor */
+#define ROW_BYTES (ROW * sizeof(float))
+
+static int failures = 0;
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                              \
+    }                                                                          \
+  } while (0)
+
+/* A call that must succeed; on failure prints the cache's message and stops the test. */
+#define MUST(cache, call)                                                       \
+  do {                                                                          \
+    kvo_status must_status_ = (call);                                           \
+    if (must_status_ != KVO_OK) {                                               \
+      fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #call, \
+              kvo_status_name(must_status_), kvo_last_error(cache));            \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+/* A call that must fail with `expected` and a message containing `needle`. */
+static void expect_status(const kvo_cache_t* cache, kvo_status got, kvo_status expected,
+                          const char* needle, int line) {
+  const char* message = kvo_last_error(cache);
+  if (got != expected) {
+    fprintf(stderr, "line %d: got %s, expected %s (%s)\n", line, kvo_status_name(got),
+            kvo_status_name(expected), message);
+    ++failures;
+  } else if (strstr(message, needle) == NULL) {
+    fprintf(stderr, "line %d: message '%s' lacks '%s'\n", line, message, needle);
+    ++failures;
+  }
+}
+#define EXPECT_STATUS(cache, call, expected, needle) \
+  expect_status(cache, call, expected, needle, __LINE__)
+
+/* ---- the engine ---------------------------------------------------------------------------- */
+
+typedef struct engine {
+  kvo_cache_t* cache;
+  void* stream;          /* NULL: synchronous */
+  uint64_t rng;          /* xorshift64 state */
+  int32_t length[SLOTS]; /* what the engine believes each slot holds */
+  float* expected;       /* [layer][kv][slot][MAX_SEQ][ROW]: what the cache must hold */
+  float* rows;           /* [kv][slot][MAX_SEQ][ROW]: this step's new rows of one layer */
+  float* scratch;        /* [MAX_SEQ][ROW]: a slot's rows read back */
+  int views_checked;
+} engine;
+
+static uint64_t next_random(engine* e) {
+  e->rng ^= e->rng << 13;
+  e->rng ^= e->rng >> 7;
+  e->rng ^= e->rng << 17;
+  return e->rng;
+}
+static int uniform(engine* e, int lo, int hi) { /* [lo, hi] */
+  return lo + (int)(next_random(e) % (uint64_t)(hi - lo + 1));
+}
+static int chance(engine* e, int percent) {
+  return uniform(e, 0, 99) < percent;
+}
+
+static float* expected_row(engine* e, int layer, int kv, int slot, int token) {
+  return e->expected +
+         ((((size_t)layer * 2 + (size_t)kv) * SLOTS + (size_t)slot) * MAX_SEQ + (size_t)token) *
+             ROW;
+}
+static float* new_row(engine* e, int kv, int slot, int token) {
+  return e->rows + (((size_t)kv * SLOTS + (size_t)slot) * MAX_SEQ + (size_t)token) * ROW;
+}
+
+static kvo_cache_options small_options(uint64_t seed) {
+  kvo_cache_options options = kvo_cache_options_default();
+  options.layers = LAYERS;
+  options.kv_heads = KV_HEADS;
+  options.head_dim = HEAD_DIM;
+  options.max_seq = MAX_SEQ;
+  options.slots = SLOTS;
+  options.dtype = KVO_DTYPE_F32;
+  options.resident_layers = RESIDENT;
+  options.ring_depth = 2;
+  options.backend = KVO_BACKEND_HOST;
+  options.host_max_delay_us = 30;
+  options.host_delay_seed = seed;
+  return options;
+}
+
+static void engine_init(engine* e, uint64_t seed, int async_stream) {
+  kvo_cache_options options = small_options(seed);
+  memset(e, 0, sizeof(*e));
+  e->rng = seed * 0x9E3779B97F4A7C15ull + 1;
+  MUST(NULL, kvo_cache_create(&options, &e->cache));
+  if (async_stream) MUST(e->cache, kvo_stream_create(e->cache, &e->stream));
+  e->expected = (float*)calloc((size_t)LAYERS * 2 * SLOTS * MAX_SEQ * ROW, sizeof(float));
+  e->rows = (float*)calloc((size_t)2 * SLOTS * MAX_SEQ * ROW, sizeof(float));
+  e->scratch = (float*)calloc((size_t)MAX_SEQ * ROW, sizeof(float));
+  if (e->expected == NULL || e->rows == NULL || e->scratch == NULL) exit(1);
+}
+
+static void engine_free(engine* e) {
+  MUST(e->cache, kvo_stream_destroy(e->cache, e->stream));
+  kvo_cache_destroy(e->cache);
+  free(e->expected);
+  free(e->rows);
+  free(e->scratch);
+}
+
+/* Checks that rows [0, rows) of every slot of the view (K and V) hold what they must. Waits for
+ * the engine's stream first, as an engine's kernels would be ordered after the acquire. */
+static void check_view(engine* e, const kvo_layer_view* view, const int32_t* rows) {
+  int s, kv;
+  MUST(e->cache, kvo_stream_synchronize(e->cache, e->stream));
+  for (s = 0; s < SLOTS; ++s) {
+    for (kv = 0; kv < 2; ++kv) {
+      const char* base = (const char*)(kv == 0 ? view->k : view->v);
+      const char* slot_rows = base + (size_t)s * (size_t)view->slot_stride * sizeof(float);
+      if (rows[s] == 0) continue;
+      MUST(e->cache,
+           kvo_copy_to_host(e->cache, e->scratch, slot_rows, (size_t)rows[s] * ROW_BYTES));
+      if (memcmp(e->scratch, expected_row(e, view->layer, kv, s, 0), (size_t)rows[s] * ROW_BYTES) !=
+          0) {
+        fprintf(stderr, "layer %d %s slot %d: rows [0, %d) differ\n", view->layer,
+                kv == 0 ? "K" : "V", s, rows[s]);
+        ++failures;
+      }
+    }
+  }
+  ++e->views_checked;
+}
+
+/* One step: n[s] new tokens for each slot, appended in random chunks, every view checked before
+ * and after the appends. abort_at >= 0 aborts the step after acquiring that layer. */
+static void engine_step(engine* e, const int32_t* n, int abort_at) {
+  kvo_cache_stats before, after;
+  int32_t total_new = 0, total_len = 0, sum[SLOTS];
+  int layer, s, kv, t, i;
+  MUST(e->cache, kvo_stats(e->cache, &before));
+  MUST(e->cache, kvo_begin_step(e->cache, n, SLOTS));
+  for (layer = 0; layer < LAYERS; ++layer) {
+    kvo_layer_view view;
+    MUST(e->cache, kvo_acquire(e->cache, layer, &view, e->stream));
+    CHECK(view.layer == layer);
+    CHECK(view.resident == (layer < RESIDENT));
+    CHECK(view.slots == SLOTS && view.max_seq == MAX_SEQ);
+    CHECK(view.kv_heads == KV_HEADS && view.head_dim == HEAD_DIM);
+    CHECK(view.dtype == KVO_DTYPE_F32);
+    CHECK(view.head_stride == HEAD_DIM && view.token_stride == ROW);
+    CHECK(view.slot_stride == (int64_t)MAX_SEQ * ROW);
+    for (s = 0; s < SLOTS; ++s) {
+      CHECK(view.lengths[s] == e->length[s]);
+      CHECK(view.new_tokens[s] == n[s]);
+    }
+    check_view(e, &view, e->length); /* what the prefetch brought */
+
+    /* Fresh random rows for this layer; the engine's copy learns them as they are appended. */
+    for (kv = 0; kv < 2; ++kv) {
+      for (s = 0; s < SLOTS; ++s) {
+        for (t = 0; t < n[s]; ++t) {
+          float* row = new_row(e, kv, s, t);
+          for (i = 0; i < ROW; ++i) row[i] = (float)(int32_t)next_random(e) / 65536.0f;
+        }
+      }
+    }
+    if (layer == abort_at) {
+      /* Some rows appended, then the step is abandoned: nothing of it may stay. */
+      if (n[0] > 0) {
+        MUST(e->cache, kvo_append(e->cache, layer, 0, new_row(e, 0, 0, 0), new_row(e, 1, 0, 0), 1,
+                                  e->stream));
+      }
+      MUST(e->cache, kvo_abort_step(e->cache, e->stream));
+      return;
+    }
+    for (s = 0; s < SLOTS; ++s) {
+      int done = 0;
+      while (done < n[s]) {
+        const int piece = chance(e, 50) ? n[s] - done : uniform(e, 1, n[s] - done);
+        MUST(e->cache, kvo_append(e->cache, layer, s, new_row(e, 0, s, done),
+                                  new_row(e, 1, s, done), piece, e->stream));
+        done += piece;
+      }
+      for (kv = 0; kv < 2; ++kv) {
+        if (n[s] > 0) {
+          memcpy(expected_row(e, layer, kv, s, e->length[s]), new_row(e, kv, s, 0),
+                 (size_t)n[s] * ROW_BYTES);
+        }
+      }
+      sum[s] = e->length[s] + n[s];
+    }
+    check_view(e, &view, sum); /* what attention reads */
+    MUST(e->cache, kvo_release(e->cache, layer, e->stream));
+  }
+  MUST(e->cache, kvo_end_step(e->cache));
+
+  for (s = 0; s < SLOTS; ++s) {
+    int32_t length = -1;
+    total_len += e->length[s];
+    total_new += n[s];
+    e->length[s] += n[s];
+    MUST(e->cache, kvo_length(e->cache, s, &length));
+    CHECK(length == e->length[s]);
+  }
+  MUST(e->cache, kvo_stats(e->cache, &after));
+  CHECK(after.steps == before.steps + 1);
+  /* Only the appended rows of the streamed layers went back to the host. */
+  CHECK(after.d2h_bytes_last_step ==
+        2u * (uint64_t)(LAYERS - RESIDENT) * (uint64_t)total_new * ROW_BYTES);
+  CHECK(after.device_allocations == before.device_allocations);
+  (void)total_len;
+}
+
+/* Host-side changes between steps, mirrored in the engine's own lengths. */
+static void engine_edit(engine* e) {
+  int s;
+  for (s = 0; s < SLOTS; ++s) {
+    if (chance(e, 5)) {
+      MUST(e->cache, kvo_reset_slot(e->cache, s));
+      e->length[s] = 0;
+    } else if (e->length[s] > 0 && chance(e, 8)) {
+      e->length[s] = uniform(e, 0, e->length[s] - 1);
+      MUST(e->cache, kvo_truncate_slot(e->cache, s, e->length[s]));
+    }
+  }
+}
+
+/* Random steps: a prefill now and then, mostly decodes, some idle slots, never past max_seq. */
+static void engine_run(engine* e, int steps) {
+  int step, s;
+  for (step = 0; step < steps; ++step) {
+    int32_t n[SLOTS];
+    engine_edit(e);
+    for (s = 0; s < SLOTS; ++s) {
+      const int room = MAX_SEQ - e->length[s];
+      int want = chance(e, 20) ? uniform(e, 2, 12) : (chance(e, 15) ? 0 : 1);
+      if (want > room) {
+        MUST(e->cache, kvo_reset_slot(e->cache, s));
+        e->length[s] = 0;
+      }
+      n[s] = want;
+    }
+    engine_step(e, n, chance(e, 5) ? uniform(e, 0, LAYERS - 1) : -1);
+  }
+}
+
+/* ---- errors --------------------------------------------------------------------------------- */
+
+static void provoke_errors(engine* e) {
+  kvo_cache_t* cache = e->cache;
+  /* Not a cache, never dereferenced: a failed create must overwrite it with NULL. */
+  kvo_cache_t* const not_a_cache = (kvo_cache_t*)&failures;
+  kvo_cache_options options;
+  kvo_layer_view view;
+  int32_t n[SLOTS] = {1, 1, 1};
+  int32_t length = 0, devices = -1;
+  float row[ROW] = {0};
+  int s;
+
+  for (s = 0; s < SLOTS; ++s) { /* room for the one-token step below */
+    if (e->length[s] == MAX_SEQ) {
+      e->length[s] = MAX_SEQ - 1;
+      MUST(cache, kvo_truncate_slot(cache, s, e->length[s]));
+    }
+  }
+
+  /* Invalid arguments. */
+  EXPECT_STATUS(cache, kvo_reset_slot(cache, SLOTS), KVO_ERROR_INVALID_ARGUMENT,
+                "slot 3 is out of range");
+  EXPECT_STATUS(cache, kvo_truncate_slot(cache, 0, e->length[0] + 1), KVO_ERROR_INVALID_ARGUMENT,
+                "cannot truncate");
+  EXPECT_STATUS(cache, kvo_begin_step(cache, n, SLOTS - 1), KVO_ERROR_INVALID_ARGUMENT,
+                "one new-token count per slot");
+  EXPECT_STATUS(cache, kvo_begin_step(cache, NULL, SLOTS), KVO_ERROR_INVALID_ARGUMENT,
+                "new_tokens is NULL");
+  EXPECT_STATUS(cache, kvo_length(cache, 0, NULL), KVO_ERROR_INVALID_ARGUMENT,
+                "out_length is NULL");
+  EXPECT_STATUS(cache, kvo_stats(cache, NULL), KVO_ERROR_INVALID_ARGUMENT, "out_stats is NULL");
+  n[1] = MAX_SEQ + 1 - e->length[1];
+  EXPECT_STATUS(cache, kvo_begin_step(cache, n, SLOTS), KVO_ERROR_INVALID_ARGUMENT,
+                "would pass max_seq");
+  n[1] = 1;
+  /* A NULL cache: reported on the thread, the cache's own message untouched. */
+  EXPECT_STATUS(NULL, kvo_end_step(NULL), KVO_ERROR_INVALID_ARGUMENT, "kvo_end_step");
+  CHECK(strstr(kvo_last_error(NULL), "NULL") != NULL);
+  CHECK(strstr(kvo_last_error(cache), "would pass max_seq") != NULL);
+
+  /* Protocol misuse, between steps and inside one. */
+  EXPECT_STATUS(cache, kvo_acquire(cache, 0, &view, e->stream), KVO_ERROR_PROTOCOL,
+                "begin_step first");
+  EXPECT_STATUS(cache, kvo_end_step(cache), KVO_ERROR_PROTOCOL, "without begin_step");
+  EXPECT_STATUS(cache, kvo_abort_step(cache, e->stream), KVO_ERROR_PROTOCOL, "without an open");
+  MUST(cache, kvo_begin_step(cache, n, SLOTS));
+  EXPECT_STATUS(cache, kvo_begin_step(cache, n, SLOTS), KVO_ERROR_PROTOCOL, "step is open");
+  EXPECT_STATUS(cache, kvo_acquire(cache, 1, &view, e->stream), KVO_ERROR_PROTOCOL, "out of order");
+  EXPECT_STATUS(cache, kvo_acquire(cache, LAYERS, &view, e->stream), KVO_ERROR_INVALID_ARGUMENT,
+                "out of range");
+  EXPECT_STATUS(cache, kvo_acquire(cache, 0, NULL, e->stream), KVO_ERROR_INVALID_ARGUMENT,
+                "out_view is NULL");
+  EXPECT_STATUS(cache, kvo_append(cache, 0, 0, row, row, 1, e->stream), KVO_ERROR_PROTOCOL,
+                "without acquire");
+  EXPECT_STATUS(cache, kvo_reset_slot(cache, 0), KVO_ERROR_PROTOCOL, "between steps");
+  MUST(cache, kvo_acquire(cache, 0, &view, e->stream));
+  EXPECT_STATUS(cache, kvo_release(cache, 0, e->stream), KVO_ERROR_PROTOCOL, "new rows appended");
+  EXPECT_STATUS(cache, kvo_append(cache, 0, 0, row, row, 2, e->stream), KVO_ERROR_INVALID_ARGUMENT,
+                "declared 1");
+  EXPECT_STATUS(cache, kvo_append(cache, 0, 0, NULL, NULL, 1, e->stream),
+                KVO_ERROR_INVALID_ARGUMENT, "null");
+  EXPECT_STATUS(cache, kvo_end_step(cache), KVO_ERROR_PROTOCOL, "still held");
+  MUST(cache, kvo_abort_step(cache, e->stream));              /* nothing of this step may stay */
+  CHECK(strstr(kvo_last_error(cache), "still held") != NULL); /* success does not clear it */
+
+  /* Out of memory: a budget that cannot hold even the staging ring names the missing bytes. */
+  options = small_options(1);
+  options.resident_layers = KVO_AUTO_RESIDENT_LAYERS;
+  options.device_budget = 1000;
+  cache = not_a_cache;
+  EXPECT_STATUS(NULL, kvo_cache_create(&options, &cache), KVO_ERROR_OUT_OF_MEMORY, "missing");
+  CHECK(cache == NULL);
+
+  /* Bad options: each names what is wrong, and nothing is created. */
+  options = small_options(1);
+  options.dtype = (kvo_dtype)7;
+  EXPECT_STATUS(NULL, kvo_cache_create(&options, &cache), KVO_ERROR_INVALID_ARGUMENT, "dtype");
+  options = small_options(1);
+  options.head_dim = 0;
+  EXPECT_STATUS(NULL, kvo_cache_create(&options, &cache), KVO_ERROR_INVALID_ARGUMENT,
+                "head_dim must be positive");
+  EXPECT_STATUS(NULL, kvo_cache_create(NULL, &cache), KVO_ERROR_INVALID_ARGUMENT,
+                "options is NULL");
+  CHECK(cache == NULL);
+
+  /* Device error: the CUDA backend where no GPU is usable. Needs a machine without one. */
+  MUST(NULL, kvo_cuda_device_count(&devices));
+  CHECK(devices >= 0);
+  if (devices == 0) {
+    options = small_options(1);
+    options.backend = KVO_BACKEND_CUDA;
+    EXPECT_STATUS(NULL, kvo_cache_create(&options, &cache), KVO_ERROR_DEVICE, "host backend");
+    CHECK(cache == NULL);
+  } else {
+    printf("a CUDA device is present: KVO_ERROR_DEVICE not provoked\n");
+  }
+  /* KVO_ERROR_INTERNAL is a broken invariant inside the library: no call can provoke it. */
+
+  /* After all that, the engine's cache still works and holds what it held. */
+  for (s = 0; s < SLOTS; ++s) {
+    MUST(e->cache, kvo_length(e->cache, s, &length));
+    CHECK(length == e->length[s]);
+  }
+}
+
+/* ---- the test ------------------------------------------------------------------------------- */
+
+static void check_defaults(void) {
+  const kvo_cache_options d = kvo_cache_options_default();
+  CHECK(d.layers == 32 && d.kv_heads == 8 && d.head_dim == 128);
+  CHECK(d.max_seq == 4096 && d.slots == 1 && d.dtype == KVO_DTYPE_BF16);
+  CHECK(d.resident_layers == KVO_AUTO_RESIDENT_LAYERS && d.ring_depth == 2);
+  CHECK(d.device_budget == 0 && d.backend == KVO_BACKEND_AUTO && d.device == 0);
+  CHECK(d.host_max_delay_us == 0);
+  CHECK(strcmp(kvo_version(), KVO_EXPECTED_VERSION) == 0);
+  CHECK(strcmp(kvo_status_name(KVO_OK), "ok") == 0);
+  CHECK(strcmp(kvo_status_name(KVO_ERROR_PROTOCOL), "protocol misuse") == 0);
+  CHECK(strcmp(kvo_last_error(NULL), "") == 0); /* nothing failed on this thread yet */
+}
+
+static void run(uint64_t seed, int async_stream) {
+  engine e;
+  kvo_cache_stats stats;
+  kvo_backend backend = KVO_BACKEND_AUTO;
+  int32_t prompt[SLOTS] = {17, 4, 0};
+  engine_init(&e, seed, async_stream);
+  MUST(e.cache, kvo_cache_backend(e.cache, &backend));
+  CHECK(backend == KVO_BACKEND_HOST);
+  CHECK(strcmp(kvo_last_error(e.cache), "") == 0);
+  MUST(e.cache, kvo_stats(e.cache, &stats));
+  CHECK(stats.resident_layers == RESIDENT && stats.streamed_layers == LAYERS - RESIDENT);
+  CHECK(stats.ring_depth == 2 && stats.row_bytes == ROW_BYTES);
+  CHECK(stats.layer_bytes == 2u * SLOTS * MAX_SEQ * ROW_BYTES);
+  CHECK(stats.device_bytes == stats.resident_bytes + stats.staging_bytes);
+  CHECK(stats.steps == 0 && stats.device_allocations == 1);
+
+  engine_step(&e, prompt, -1); /* prefill of different lengths, slot 2 idle */
+  engine_run(&e, 40);
+  provoke_errors(&e);
+  engine_run(&e, 40);
+  MUST(e.cache, kvo_stats(e.cache, &stats));
+  CHECK(stats.h2d_bytes_total > 0 && stats.d2h_bytes_total > 0);
+  printf("seed %llu, %s stream: %d views checked, %llu steps, %llu bytes in, %llu out\n",
+         (unsigned long long)seed, async_stream ? "async" : "NULL", e.views_checked,
+         (unsigned long long)stats.steps, (unsigned long long)stats.h2d_bytes_total,
+         (unsigned long long)stats.d2h_bytes_total);
+  CHECK(e.views_checked > 2 * 80 * LAYERS / 2);
+  engine_free(&e);
+}
+
+int main(void) {
+  check_defaults();
+  run(1, 0);
+  run(2, 1);
+  run(3, 1);
+  kvo_cache_destroy(NULL); /* a no-op */
+  if (failures > 0) {
+    fprintf(stderr, "%d checks failed\n", failures);
+    return 1;
+  }
+  printf("all checks passed\n");
+  return 0;
+}

@@ -1,0 +1,340 @@
+// The LibTorch adapter: over random steps (prefills, decodes, resets, strided inputs, with and
+// without cache_position), attention computed with the tensors update() returns equals attention
+// over a plain concatenated cache, and over an emulation of HF's StaticLayer with its
+// max_cache_len mask; bad input raises a clear kvo::Error and leaves the adapter usable.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvoffload/torch.hpp"
+
+namespace kvo {
+namespace {
+
+constexpr int kHeads = 4;  // query heads; kv_heads 2: grouped-query attention
+
+CacheConfig small_config(BackendKind backend, DType dtype) {
+  CacheConfig c;
+  c.layers = 4;
+  c.kv_heads = 2;
+  c.head_dim = 16;
+  c.max_seq = 80;
+  c.slots = 2;
+  c.dtype = dtype;
+  c.resident_layers = 1;
+  c.ring_depth = 2;
+  c.backend = backend;
+  c.host.max_delay_us = 30;
+  c.host.delay_seed = 7;
+  return c;
+}
+
+// Attention of the n new queries q [batch, heads, n, d], at positions [past, past + n), over
+// k, v [batch, kv_heads, L, d]: causal (key j is visible to query i when j <= past + i), so key
+// rows past the valid length, when L covers them, are masked. Computed in f32.
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     std::int64_t past) {
+  const std::int64_t groups = q.size(1) / k.size(1);
+  const at::Tensor kf = k.to(at::kFloat).repeat_interleave(groups, 1);
+  const at::Tensor vf = v.to(at::kFloat).repeat_interleave(groups, 1);
+  const std::int64_t n = q.size(2);
+  const std::int64_t length = k.size(2);
+  const at::TensorOptions index = at::TensorOptions().dtype(at::kLong).device(q.device());
+  const at::Tensor visible =
+      at::arange(length, index).unsqueeze(0) <= at::arange(n, index).unsqueeze(1) + past;
+  at::Tensor scores = at::matmul(q.to(at::kFloat), kf.transpose(-2, -1)) /
+                      std::sqrt(static_cast<double>(q.size(3)));
+  scores = scores.masked_fill(visible.logical_not(), -INFINITY);
+  return at::matmul(at::softmax(scores, -1), vf);
+}
+
+// HF transformers' StaticLayer (cache_utils.py, 5.x): whole max_cache_len buffers, rows written
+// with index_copy_ at the running length, the whole buffers returned.
+struct HfStaticLayer {
+  at::Tensor keys;    // [batch, kv_heads, max_cache_len, head_dim]
+  at::Tensor values;  // same
+  std::int64_t length = 0;
+  std::tuple<at::Tensor, at::Tensor> update(const at::Tensor& k, const at::Tensor& v) {
+    const at::Tensor position = at::arange(length, length + k.size(2), keys.device());
+    keys.index_copy_(2, position, k);
+    values.index_copy_(2, position, v);
+    length += k.size(2);
+    return {keys, values};
+  }
+};
+
+// The same random run, in lockstep, on the adapter, a concatenated cache and HF's static layers.
+class Lockstep {
+ public:
+  Lockstep(const CacheConfig& config, at::Device device, std::uint64_t seed)
+      : config_(config), device_(device), cache_(config), rng_(seed) {
+    generator_ = at::make_generator<at::CPUGeneratorImpl>(seed);
+    dtype_ = config.dtype == DType::kF32   ? at::kFloat
+             : config.dtype == DType::kF16 ? at::kHalf
+                                           : at::kBFloat16;
+    clear_references();
+  }
+
+  kvo::torch::OffloadedStaticCache& cache() { return cache_; }
+  std::int64_t length() const { return length_; }
+  int checks() const { return checks_; }
+
+  // Random tensors [batch, heads, n, d], made on the CPU with a seeded generator; every other
+  // one through a transpose, so that update() also sees inputs that are not contiguous.
+  at::Tensor random(std::int64_t heads, std::int64_t n) {
+    const bool strided = (rng_() & 1) != 0;
+    const std::vector<std::int64_t> shape =
+        strided ? std::vector<std::int64_t>{config_.slots, n, heads, config_.head_dim}
+                : std::vector<std::int64_t>{config_.slots, heads, n, config_.head_dim};
+    at::Tensor t = at::randn(shape, generator_, at::TensorOptions().dtype(at::kFloat));
+    if (strided) t = t.transpose(1, 2);
+    return t.to(device_, dtype_);
+  }
+
+  // One step of n tokens through every layer; checks what every update returned.
+  void step(std::int64_t n, bool with_positions, int peek_at_layer) {
+    const std::int64_t past = length_;
+    for (int layer = 0; layer < config_.layers; ++layer) {
+      const at::Tensor k = random(config_.kv_heads, n);
+      const at::Tensor v = random(config_.kv_heads, n);
+      const at::Tensor q = random(kHeads, n);
+      at::Tensor position;
+      if (with_positions) {
+        position = at::arange(past, past + n, at::TensorOptions().dtype(at::kLong));
+      }
+      auto [keys, values] = cache_.update(k, v, layer, position);
+
+      // Shape and layout: the valid rows only, a strided view of the cache's buffer.
+      ASSERT_EQ(keys.sizes(),
+                (at::IntArrayRef{config_.slots, config_.kv_heads, past + n, config_.head_dim}));
+      ASSERT_EQ(values.sizes(), keys.sizes());
+      EXPECT_EQ(keys.device(), device_);
+      EXPECT_EQ(keys.scalar_type(), dtype_);
+      EXPECT_EQ(keys.stride(3), 1);
+      EXPECT_EQ(keys.stride(2), config_.kv_heads * config_.head_dim);  // NHD underneath
+
+      // Against the concatenated cache: the same rows, bit for bit, and the same attention.
+      const auto l = static_cast<std::size_t>(layer);
+      concat_k_[l] = at::cat({concat_k_[l], k}, 2);
+      concat_v_[l] = at::cat({concat_v_[l], v}, 2);
+      EXPECT_TRUE(at::equal(keys, concat_k_[l])) << "layer " << layer << " at " << past;
+      EXPECT_TRUE(at::equal(values, concat_v_[l])) << "layer " << layer << " at " << past;
+      const at::Tensor ours = attention(q, keys, values, past);
+      const at::Tensor plain = attention(q, concat_k_[l], concat_v_[l], past);
+      EXPECT_TRUE(at::allclose(ours, plain, 1e-5, 1e-6))
+          << "layer " << layer << ": max difference " << (ours - plain).abs().max().item<float>();
+
+      // Against HF's StaticLayer: attention over its whole buffers with a max_cache_len mask
+      // sees exactly the rows the adapter returns.
+      auto [hf_keys, hf_values] = hf_[l].update(k, v);
+      EXPECT_TRUE(at::equal(keys, hf_keys.narrow(2, 0, past + n)));
+      const at::Tensor hf = attention(q, hf_keys, hf_values, past);
+      EXPECT_TRUE(at::allclose(ours, hf, 1e-5, 1e-6))
+          << "layer " << layer << ": max difference " << (ours - hf).abs().max().item<float>();
+      ++checks_;
+
+      if (layer == peek_at_layer) {
+        // As HF counts it: layer 0 already holds this step's rows. The step stays open until
+        // its last layer was updated.
+        EXPECT_EQ(cache_.get_seq_length(), past + n);
+        EXPECT_EQ(cache_.cache().in_step(), layer + 1 < config_.layers);
+      }
+    }
+    length_ += n;
+  }
+
+  void reset() {
+    cache_.reset();
+    clear_references();
+  }
+
+  // Random steps: a prefill now and then, mostly decodes, a reset when the cache is nearly full.
+  void run(int steps) {
+    for (int i = 0; i < steps; ++i) {
+      std::int64_t n = (rng_() % 5 == 0) ? 2 + static_cast<std::int64_t>(rng_() % 11) : 1;
+      if (length_ + n > config_.max_seq || rng_() % 25 == 0) reset();
+      const int peek = static_cast<int>(rng_() % static_cast<std::uint64_t>(config_.layers * 3));
+      step(n, rng_() % 3 == 0, peek);
+      if (rng_() % 4 == 0) {
+        EXPECT_EQ(cache_.get_seq_length(), length_);
+        EXPECT_FALSE(cache_.cache().in_step());  // every layer was updated: the step ended
+      }
+    }
+  }
+
+ private:
+  void clear_references() {
+    length_ = 0;
+    const at::TensorOptions options = at::TensorOptions().dtype(dtype_).device(device_);
+    concat_k_.assign(static_cast<std::size_t>(config_.layers),
+                     at::empty({config_.slots, config_.kv_heads, 0, config_.head_dim}, options));
+    concat_v_ = concat_k_;
+    hf_.clear();
+    for (int layer = 0; layer < config_.layers; ++layer) {
+      const std::vector<std::int64_t> shape = {config_.slots, config_.kv_heads, config_.max_seq,
+                                               config_.head_dim};
+      hf_.push_back({at::zeros(shape, options), at::zeros(shape, options), 0});
+    }
+  }
+
+  CacheConfig config_;
+  at::Device device_;
+  at::ScalarType dtype_;
+  kvo::torch::OffloadedStaticCache cache_;
+  std::mt19937_64 rng_;
+  at::Generator generator_;
+  std::vector<at::Tensor> concat_k_, concat_v_;  // [layer] -> [batch, kv_heads, length, d]
+  std::vector<HfStaticLayer> hf_;
+  std::int64_t length_ = 0;
+  int checks_ = 0;
+};
+
+class TorchCacheCpu : public ::testing::TestWithParam<DType> {};
+
+TEST_P(TorchCacheCpu, AttentionMatchesAConcatenatedCacheOverRandomSteps) {
+  for (std::uint64_t seed : {1u, 2u}) {
+    Lockstep run(small_config(BackendKind::kHost, GetParam()), at::Device(at::kCPU), seed);
+    run.run(60);
+    EXPECT_GT(run.checks(), 200);
+    const CacheStats stats = run.cache().cache().stats();
+    EXPECT_GT(stats.h2d_bytes_total, 0u);  // layers really were streamed
+    EXPECT_GT(stats.d2h_bytes_total, 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, TorchCacheCpu,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16),
+                         [](const ::testing::TestParamInfo<DType>& param) {
+                           return std::string(dtype_name(param.param));
+                         });
+
+TEST(TorchCacheCuda, AttentionMatchesAConcatenatedCacheOverRandomSteps) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    CacheConfig config = small_config(BackendKind::kCuda, dtype);
+    Lockstep run(config, at::Device(at::kCUDA, 0), 3);
+    run.run(60);
+    EXPECT_GT(run.checks(), 200);
+    EXPECT_GT(run.cache().cache().stats().h2d_bytes_total, 0u);
+  }
+}
+
+// Expects `call` to throw kvo::Error with `code` and a message containing `needle`.
+void expect_error(const std::function<void()>& call, ErrorCode code, const std::string& needle) {
+  try {
+    call();
+    ADD_FAILURE() << "expected an error containing '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message '" << e.what() << "' lacks '" << needle << "'";
+  }
+}
+
+TEST(TorchCacheErrors, BadInputIsNamedAndChangesNothing) {
+  const CacheConfig config = small_config(BackendKind::kHost, DType::kF32);
+  Lockstep run(config, at::Device(at::kCPU), 11);
+  auto& cache = run.cache();
+  run.step(5, false, -1);
+  run.step(1, true, -1);
+  const at::Tensor good = run.random(config.kv_heads, 1);
+  const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
+
+  expect_error([&] { cache.update(good.to(at::kDouble), good, 0); }, ErrorCode::kInvalidArgument,
+               "key_states has dtype Double, the cache stores Float");
+  expect_error([&] { cache.update(good, good.to(at::kHalf), 0); }, ErrorCode::kInvalidArgument,
+               "value_states has dtype Half");
+  expect_error([&] { cache.update(good.to(at::kMeta), good, 0); }, ErrorCode::kInvalidArgument,
+               "key_states is on meta, the cache is on cpu");
+  expect_error([&] { cache.update(good[0], good, 0); }, ErrorCode::kInvalidArgument,
+               "has shape [2, 1, 16], expected [2 (batch = slots), 2 (kv_heads)");
+  expect_error(
+      [&] {
+        cache.update(at::zeros({3, 2, 1, 16}, f32), good, 0);
+      },
+      ErrorCode::kInvalidArgument, "[3, 2, 1, 16]");
+  expect_error(
+      [&] {
+        cache.update(at::zeros({2, 4, 1, 16}, f32), good, 0);
+      },
+      ErrorCode::kInvalidArgument, "(kv_heads)");
+  expect_error(
+      [&] {
+        cache.update(at::zeros({2, 2, 1, 8}, f32), good, 0);
+      },
+      ErrorCode::kInvalidArgument, "(head_dim)");
+  expect_error(
+      [&] {
+        cache.update(at::zeros({2, 2, 0, 16}, f32), good, 0);
+      },
+      ErrorCode::kInvalidArgument, "n >= 1");
+  expect_error(
+      [&] {
+        cache.update(good, at::zeros({2, 2, 2, 16}, f32), 0);
+      },
+      ErrorCode::kInvalidArgument, "differ in shape");
+  expect_error([&] { cache.update(good, good, 4); }, ErrorCode::kInvalidArgument,
+               "layer_idx 4 is out of range (the cache has 4 layers)");
+  expect_error([&] { cache.update(good, good, -1); }, ErrorCode::kInvalidArgument, "layer_idx -1");
+  expect_error([&] { cache.update(good, good, 2); }, ErrorCode::kProtocol,
+               "every layer of the step was updated; layer 0 starts the next");
+  EXPECT_EQ(cache.get_seq_length(), 6);  // ends the step
+  expect_error([&] { cache.update(good, good, 2); }, ErrorCode::kProtocol, "before layer 0");
+  expect_error([&] { cache.update(good, good, 0, at::arange(7, 8, at::kLong)); },
+               ErrorCode::kInvalidArgument, "holds 6 tokens, so the 1 new ones go at [6, 7)");
+  expect_error([&] { cache.update(good, good, 0, at::arange(6, 8, at::kLong)); },
+               ErrorCode::kInvalidArgument, "1-D integer tensor of the 1 new positions");
+  expect_error([&] { cache.update(good, good, 0, at::arange(6, 7, f32)); },
+               ErrorCode::kInvalidArgument, "integer tensor");
+  expect_error(
+      [&] {
+        cache.update(at::zeros({2, 2, 75, 16}, f32), at::zeros({2, 2, 75, 16}, f32), 0);
+      },
+      ErrorCode::kInvalidArgument, "would pass max_cache_len (80)");
+  EXPECT_EQ(cache.get_seq_length(), 6);
+  EXPECT_FALSE(cache.cache().in_step());
+
+  // Inside a step: order, token counts, ending early.
+  run.step(1, false, -1);  // a full, correct step (its last layer stays held)
+  EXPECT_EQ(run.length(), 7);
+  cache.update(good, good, 0);  // a new step, made by hand: then errors
+  expect_error([&] { cache.update(good, good, 2); }, ErrorCode::kProtocol,
+               "out of order: expected layer 1");
+  expect_error([&] { cache.update(good, good, 0); }, ErrorCode::kProtocol,
+               "updated only layers [0, 1) of 4");
+  expect_error(
+      [&] {
+        cache.update(at::zeros({2, 2, 2, 16}, f32), at::zeros({2, 2, 2, 16}, f32), 1);
+      },
+      ErrorCode::kInvalidArgument, "with 2 tokens, but layer 0 of this step had 1");
+  expect_error([&] { cache.end_step(); }, ErrorCode::kProtocol, "updating only layers [0, 1)");
+  EXPECT_EQ(cache.get_seq_length(), 8);  // layer 0 holds the open step's token
+  cache.reset();                         // drops the open step and every row
+  EXPECT_EQ(cache.get_seq_length(), 0);
+  EXPECT_FALSE(cache.cache().in_step());
+
+  // Still usable, and checked against the references again from empty.
+  run.reset();
+  run.step(9, true, 2);
+  run.run(10);
+  EXPECT_EQ(cache.get_seq_length(), run.length());
+  EXPECT_EQ(cache.get_max_cache_shape(), 80);
+}
+
+TEST(TorchCacheErrors, CudaTensorsOnTheHostBackendAreRefused) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  kvo::torch::OffloadedStaticCache cache(small_config(BackendKind::kHost, DType::kF32));
+  const at::Tensor cuda = at::zeros({2, 2, 1, 16}, at::TensorOptions().device(at::kCUDA));
+  expect_error([&] { cache.update(cuda, cuda, 0); }, ErrorCode::kInvalidArgument,
+               "key_states is on cuda:0, the cache is on cpu");
+}
+
+}  // namespace
+}  // namespace kvo
