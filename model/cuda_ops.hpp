@@ -1,0 +1,28 @@
+// The CUDA path's entry points. Built only with CUDA (KVO_WITH_CUDA); without it they throw
+// kvo::Error(kDevice), and the decoder never calls them on the host backend.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "model/ops.hpp"
+#include "model/weights.hpp"
+
+namespace kvo::model {
+
+// Device bytes the CUDA path needs besides the activations: the cuBLAS workspace and the
+// split-sequence partials of decode attention.
+std::uint64_t cuda_workspace_bytes(const OpsShape& shape);
+
+// Ops on `stream` (a cudaStream_t), using `workspace` [cuda_workspace_bytes(shape)].
+std::unique_ptr<Ops> make_cuda_ops(const OpsShape& shape, void* stream, void* workspace);
+
+// Draws the synthetic values of `entry` on the device straight into `dst`, on `stream`.
+void fill_synthetic_on_device(const WeightLayout& layout, const WeightEntry& entry,
+                              std::uint64_t seed, void* dst, void* stream);
+
+// Bytes in use on the current device (total - free, cudaMemGetInfo); 0 without CUDA.
+std::uint64_t cuda_device_bytes_in_use();
+
+}  // namespace kvo::model

@@ -1,0 +1,146 @@
+// Attention over the staged K/V prefix, for decode and prefill alike: each block takes one
+// (query row, head, key range); threads score a tile of keys (one key each), the tile goes
+// through an online softmax, and each thread accumulates its share of head_dim. With several
+// key ranges per row (decode: few rows, long prefixes) the partial states are merged after.
+// Grouped-query: head h reads kv head h / (heads / kv_heads). Kernels first, then launchers.
+#include "model/cuda_check.hpp"
+#include "model/kernels.hpp"
+
+namespace kvo::model::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kMaxDimsPerThread = 1024 / kThreads;  // head_dim <= 1024
+
+__device__ float block_reduce(float value, float* shared, bool is_max) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, value, offset);
+    value = is_max ? fmaxf(value, other) : value + other;
+  }
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = value;
+  __syncthreads();
+  float total = shared[0];
+  for (int w = 1; w < kThreads / 32; ++w)
+    total = is_max ? fmaxf(total, shared[w]) : total + shared[w];
+  __syncthreads();
+  return total;
+}
+
+// grid (n, heads, splits); dynamic shared memory: q [head_dim] + probabilities [kThreads].
+__global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
+  extern __shared__ float shared[];
+  float* q = shared;               // [head_dim]
+  float* p = shared + a.head_dim;  // [kThreads]
+  __shared__ float reduce[kThreads / 32];
+  const int row = blockIdx.x;
+  const int head = blockIdx.y;
+  const int split = blockIdx.z;
+  const int slot = a.slots != nullptr ? a.slots[row] : a.slot;
+  const int pos = a.positions != nullptr ? a.positions[row] : a.first_position + row;
+  const int first =
+      a.sliding_window > 0 && pos - a.sliding_window + 1 > 0 ? pos - a.sliding_window + 1 : 0;
+  const int keys = pos - first + 1;
+  const int per_split = (keys + splits - 1) / splits;
+  const int begin = first + split * per_split;
+  const int end = min(pos + 1, begin + per_split);  // exclusive
+  const int kv_head = head / (a.heads / a.kv_heads);
+  const float scale = rsqrtf(static_cast<float>(a.head_dim));
+
+  const float* q_row = a.q + (static_cast<std::int64_t>(row) * a.heads + head) * a.head_dim;
+  for (int e = threadIdx.x; e < a.head_dim; e += kThreads) q[e] = q_row[e];
+  __syncthreads();
+
+  const std::int64_t base = slot * a.slot_stride + kv_head * a.head_stride;
+  float acc[kMaxDimsPerThread];
+  for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] = 0;
+  SoftmaxState state;
+  for (int tile = begin; tile < end; tile += kThreads) {
+    const int j = tile + threadIdx.x;
+    float score = -INFINITY;
+    if (j < end) {
+      const std::int64_t at = base + static_cast<std::int64_t>(j) * a.token_stride;
+      float dot = 0;
+      for (int e = 0; e < a.head_dim; ++e) dot += q[e] * load_elem(a.k, at + e, a.type);
+      score = dot * scale;
+    }
+    SoftmaxState tile_state;
+    tile_state.max = block_reduce(score, reduce, true);
+    const float prob = j < end ? expf(score - tile_state.max) : 0.0f;
+    tile_state.sum = block_reduce(prob, reduce, false);
+    p[threadIdx.x] = prob;
+    __syncthreads();
+    const MergeScales k = softmax_merge(state, tile_state);
+    const int count = min(kThreads, end - tile);
+    for (int i = 0; i * kThreads + static_cast<int>(threadIdx.x) < a.head_dim; ++i) {
+      const int e = i * kThreads + threadIdx.x;
+      float sum = 0;
+      for (int t = 0; t < count; ++t) {
+        sum +=
+            p[t] *
+            load_elem(a.v, base + static_cast<std::int64_t>(tile + t) * a.token_stride + e, a.type);
+      }
+      acc[i] = acc[i] * k.a + sum * k.b;
+    }
+    __syncthreads();
+  }
+
+  if (splits == 1) {
+    float* out = a.out + (static_cast<std::int64_t>(row) * a.heads + head) * a.head_dim;
+    const float inv = state.sum > 0 ? 1.0f / state.sum : 0.0f;
+    for (int i = 0; i * kThreads + static_cast<int>(threadIdx.x) < a.head_dim; ++i) {
+      out[i * kThreads + threadIdx.x] = acc[i] * inv;
+    }
+    return;
+  }
+  // partials [row][head][split][head_dim + 2]: unnormalized values, then max and sum.
+  float* part = partials + ((static_cast<std::int64_t>(row) * a.heads + head) * splits + split) *
+                               (a.head_dim + 2);
+  for (int i = 0; i * kThreads + static_cast<int>(threadIdx.x) < a.head_dim; ++i) {
+    part[i * kThreads + threadIdx.x] = acc[i];
+  }
+  if (threadIdx.x == 0) {
+    part[a.head_dim] = state.max;
+    part[a.head_dim + 1] = state.sum;
+  }
+}
+
+// grid (n, heads); threads over head_dim: merges the splits of one (row, head).
+__global__ void merge_kernel(const float* partials, int heads, int head_dim, int splits,
+                             float* out) {
+  const std::int64_t rh = static_cast<std::int64_t>(blockIdx.x) * heads + blockIdx.y;
+  const float* part = partials + rh * splits * (head_dim + 2);
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
+    SoftmaxState state;
+    float acc = 0;
+    for (int s = 0; s < splits; ++s) {
+      const float* ps = part + static_cast<std::int64_t>(s) * (head_dim + 2);
+      SoftmaxState other;
+      other.max = ps[head_dim];
+      other.sum = ps[head_dim + 1];
+      const MergeScales k = softmax_merge(state, other);
+      acc = acc * k.a + ps[e] * k.b;
+    }
+    out[rh * head_dim + e] = state.sum > 0 ? acc / state.sum : 0.0f;
+  }
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& args, int splits, float* partials, cudaStream_t stream) {
+  if (args.n == 0) return;
+  if (args.head_dim > 1024) {
+    throw Error(ErrorCode::kInvalidArgument, "attention: head_dim above 1024 is not supported");
+  }
+  const dim3 grid(static_cast<unsigned>(args.n), static_cast<unsigned>(args.heads),
+                  static_cast<unsigned>(splits));
+  const std::size_t shared = sizeof(float) * static_cast<std::size_t>(args.head_dim + kThreads);
+  attention_kernel<<<grid, kThreads, shared, stream>>>(args, splits, partials);
+  KVO_MODEL_LAUNCH_CHECK();
+  if (splits > 1) {
+    merge_kernel<<<dim3(static_cast<unsigned>(args.n), static_cast<unsigned>(args.heads)), 128, 0,
+                   stream>>>(partials, args.heads, args.head_dim, splits, args.out);
+    KVO_MODEL_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace kvo::model::cuda

@@ -1,0 +1,204 @@
+// Plain arithmetic shared by the host path and the CUDA kernels: element conversions, rotary
+// angles (with Llama 3 frequency scaling), the online-softmax merge, and the seeded values of
+// synthetic weights. Everything here is __host__ __device__, so the CPU tests cover what the
+// kernels compute.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define KVO_HD __host__ __device__ __forceinline__
+#else
+#define KVO_HD inline
+#endif
+
+namespace kvo::model {
+
+// ---- element conversions (round to nearest even, as torch does) ----------------------------
+
+KVO_HD std::uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+#endif
+}
+KVO_HD float bits_float(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+#endif
+}
+
+KVO_HD float bf16_to_float(std::uint16_t h) {
+  return bits_float(static_cast<std::uint32_t>(h) << 16);
+}
+
+KVO_HD std::uint16_t float_to_bf16(float x) {
+  const std::uint32_t u = float_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);  // NaN
+  const std::uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>((u + rounding) >> 16);
+}
+
+KVO_HD float f16_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exponent = (h >> 10) & 0x1fu;
+  std::uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0x1f) return bits_float(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
+  if (exponent != 0) return bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+  if (mantissa == 0) return bits_float(sign);
+  // subnormal half: value = mantissa * 2^-24
+  const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+  return sign != 0 ? -magnitude : magnitude;
+}
+
+KVO_HD std::uint16_t float_to_f16(float x) {
+  const std::uint32_t u = float_bits(x);
+  const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const std::uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);   // NaN
+  if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (abs < 0x38800000u) {
+    // subnormal or zero half: round abs / 2^-24 to nearest even
+    const float scaled = bits_float(abs) * 16777216.0f;  // exact: power of two
+    const std::uint32_t below = static_cast<std::uint32_t>(scaled);
+    const float rest = scaled - static_cast<float>(below);
+    std::uint32_t m = below;
+    if (rest > 0.5f || (rest == 0.5f && (below & 1u) != 0)) m += 1;
+    return static_cast<std::uint16_t>(sign | m);
+  }
+  // normal: rebias the exponent, round the 13 dropped mantissa bits to nearest even
+  const std::uint32_t rebased = abs - (112u << 23);
+  const std::uint32_t rounding = 0xfffu + ((rebased >> 13) & 1u);
+  return static_cast<std::uint16_t>(sign | ((rebased + rounding) >> 13));
+}
+
+// Element type codes shared with the kernels (the values of kvo::DType).
+enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+KVO_HD float load_elem(const void* base, std::int64_t index, Elem type) {
+  switch (type) {
+    case Elem::kF32:
+      return static_cast<const float*>(base)[index];
+    case Elem::kF16:
+      return f16_to_float(static_cast<const std::uint16_t*>(base)[index]);
+    default:
+      return bf16_to_float(static_cast<const std::uint16_t*>(base)[index]);
+  }
+}
+
+KVO_HD void store_elem(void* base, std::int64_t index, Elem type, float value) {
+  switch (type) {
+    case Elem::kF32:
+      static_cast<float*>(base)[index] = value;
+      break;
+    case Elem::kF16:
+      static_cast<std::uint16_t*>(base)[index] = float_to_f16(value);
+      break;
+    default:
+      static_cast<std::uint16_t*>(base)[index] = float_to_bf16(value);
+      break;
+  }
+}
+
+// ---- rotary position embedding ---------------------------------------------------------------
+
+// Llama 3 frequency scaling (rope_scaling.rope_type == "llama3"); factor <= 0 means none.
+struct RopeScaling {
+  float factor = 0;
+  float low_freq_factor = 1;
+  float high_freq_factor = 4;
+  float original_max_position = 8192;
+};
+
+// Inverse frequency of rotary pair i of a head of head_dim: theta^(-2i/head_dim), then scaled.
+// Computed in float like the reference implementation, so angles agree to the last bits.
+KVO_HD float rope_inv_freq(int i, int head_dim, float theta, RopeScaling scaling) {
+  const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+  float inv_freq = 1.0f / powf(theta, exponent);
+  if (scaling.factor <= 0) return inv_freq;
+  const float pi = 3.14159265358979323846f;
+  const float low_freq_wavelen = scaling.original_max_position / scaling.low_freq_factor;
+  const float high_freq_wavelen = scaling.original_max_position / scaling.high_freq_factor;
+  const float wavelen = 2.0f * pi / inv_freq;
+  if (wavelen > low_freq_wavelen) return inv_freq / scaling.factor;  // long wavelengths: scaled
+  if (wavelen < high_freq_wavelen) return inv_freq;                  // short ones: kept
+  const float smooth = (scaling.original_max_position / wavelen - scaling.low_freq_factor) /
+                       (scaling.high_freq_factor - scaling.low_freq_factor);
+  return (1.0f - smooth) * inv_freq / scaling.factor + smooth * inv_freq;
+}
+
+// Rotates one head in place, pairs (i, i + head_dim/2) as Hugging Face's rotate_half does.
+// x [head_dim]; inv_freq [head_dim/2].
+KVO_HD void rope_rotate(float* x, int head_dim, const float* inv_freq, int position) {
+  const int half = head_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(position) * inv_freq[i];
+    const float c = cosf(angle);
+    const float s = sinf(angle);
+    const float a = x[i];
+    const float b = x[i + half];
+    x[i] = a * c - b * s;
+    x[i + half] = b * c + a * s;
+  }
+}
+
+// ---- online softmax ---------------------------------------------------------------------------
+
+// The state of a softmax-weighted sum over a range of keys: max score, sum of exp(score - max);
+// the weighted values are kept by the caller, scaled by the same exp(score - max).
+struct SoftmaxState {
+  float max = -INFINITY;
+  float sum = 0;
+};
+
+// Merging two partial states: returns the factors by which each side's accumulated values
+// must be multiplied; `a` becomes the merged state.
+struct MergeScales {
+  float a = 1;
+  float b = 1;
+};
+
+KVO_HD MergeScales softmax_merge(SoftmaxState& a, SoftmaxState b) {
+  MergeScales scales;
+  if (b.max == -INFINITY) {
+    scales.b = 0;
+    return scales;
+  }
+  if (a.max == -INFINITY) {
+    scales.a = 0;
+    a = b;
+    return scales;
+  }
+  const float m = a.max > b.max ? a.max : b.max;
+  scales.a = expf(a.max - m);
+  scales.b = expf(b.max - m);
+  a.sum = a.sum * scales.a + b.sum * scales.b;
+  a.max = m;
+  return scales;
+}
+
+// ---- seeded synthetic values ----------------------------------------------------------------
+
+KVO_HD std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [-1, 1), a pure function of (seed, stream, index): the same on CPU and GPU.
+KVO_HD float seeded_uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
+  const std::uint64_t bits = splitmix64(splitmix64(seed ^ splitmix64(stream)) + index);
+  return static_cast<float>(bits >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+}  // namespace kvo::model

@@ -1,0 +1,171 @@
+#include "model/weights.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "kvoffload/error.hpp"
+#include "model/numerics.hpp"
+#include "model/safetensors.hpp"
+
+namespace kvo::model {
+namespace {
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+Elem elem(DType d) {
+  return static_cast<Elem>(static_cast<int>(d));
+}
+
+}  // namespace
+
+WeightLayout::WeightLayout(const ModelConfig& config, DType dtype)
+    : config_(config), dtype_(dtype) {
+  const std::int64_t h = config.hidden_size;
+  const std::int64_t ff = config.intermediate_size;
+  add("model.embed_tokens.weight", {config.vocab_size, h}, WeightKind::kMatrix);
+  for (int l = 0; l < config.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {h}, WeightKind::kNorm);
+    add(p + "self_attn.q_proj.weight", {config.q_dim(), h}, WeightKind::kMatrix);
+    add(p + "self_attn.k_proj.weight", {config.kv_dim(), h}, WeightKind::kMatrix);
+    add(p + "self_attn.v_proj.weight", {config.kv_dim(), h}, WeightKind::kMatrix);
+    add(p + "self_attn.o_proj.weight", {h, config.q_dim()}, WeightKind::kMatrix);
+    if (config.qkv_bias) {
+      add(p + "self_attn.q_proj.bias", {config.q_dim()}, WeightKind::kBias);
+      add(p + "self_attn.k_proj.bias", {config.kv_dim()}, WeightKind::kBias);
+      add(p + "self_attn.v_proj.bias", {config.kv_dim()}, WeightKind::kBias);
+    }
+    if (config.o_bias) add(p + "self_attn.o_proj.bias", {h}, WeightKind::kBias);
+    add(p + "post_attention_layernorm.weight", {h}, WeightKind::kNorm);
+    add(p + "mlp.gate_proj.weight", {ff, h}, WeightKind::kMatrix);
+    add(p + "mlp.up_proj.weight", {ff, h}, WeightKind::kMatrix);
+    add(p + "mlp.down_proj.weight", {h, ff}, WeightKind::kMatrix);
+  }
+  add("model.norm.weight", {h}, WeightKind::kNorm);
+  if (!config.tie_word_embeddings) {
+    add("lm_head.weight", {config.vocab_size, h}, WeightKind::kMatrix);
+  }
+}
+
+void WeightLayout::add(const std::string& name, std::vector<std::int64_t> shape, WeightKind kind) {
+  WeightEntry e;
+  e.name = name;
+  e.elements = 1;
+  for (auto d : shape) e.elements *= d;
+  e.shape = std::move(shape);
+  e.kind = kind;
+  e.stream = entries_.size();
+  e.scale = kind == WeightKind::kMatrix
+                ? static_cast<float>(std::sqrt(3.0 / static_cast<double>(e.shape[1])))
+                : 0.1f;
+  e.offset = bytes_;
+  bytes_ += (entry_bytes(e) + 255) / 256 * 256;
+  entries_.push_back(std::move(e));
+}
+
+ModelWeights WeightLayout::bind(const void* region) const {
+  const auto* base = static_cast<const std::byte*>(region);
+  ModelWeights w;
+  w.dtype = dtype_;
+  w.layers.resize(static_cast<std::size_t>(config_.layers));
+  for (const auto& e : entries_) {
+    const void* p = base + e.offset;
+    const std::string& n = e.name;
+    if (n == "model.embed_tokens.weight") {
+      w.embed = p;
+      continue;
+    }
+    if (n == "model.norm.weight") {
+      w.final_norm = p;
+      continue;
+    }
+    if (n == "lm_head.weight") {
+      w.lm_head = p;
+      continue;
+    }
+    const std::size_t dot = n.find('.', 13);  // after "model.layers."
+    const auto layer = static_cast<std::size_t>(std::stoi(n.substr(13, dot - 13)));
+    const std::string role = n.substr(dot + 1);
+    LayerWeights& L = w.layers[layer];
+    if (role == "input_layernorm.weight")
+      L.attn_norm = p;
+    else if (role == "self_attn.q_proj.weight")
+      L.wq = p;
+    else if (role == "self_attn.k_proj.weight")
+      L.wk = p;
+    else if (role == "self_attn.v_proj.weight")
+      L.wv = p;
+    else if (role == "self_attn.o_proj.weight")
+      L.wo = p;
+    else if (role == "self_attn.q_proj.bias")
+      L.bq = p;
+    else if (role == "self_attn.k_proj.bias")
+      L.bk = p;
+    else if (role == "self_attn.v_proj.bias")
+      L.bv = p;
+    else if (role == "self_attn.o_proj.bias")
+      L.bo = p;
+    else if (role == "post_attention_layernorm.weight")
+      L.mlp_norm = p;
+    else if (role == "mlp.gate_proj.weight")
+      L.w_gate = p;
+    else if (role == "mlp.up_proj.weight")
+      L.w_up = p;
+    else if (role == "mlp.down_proj.weight")
+      L.w_down = p;
+  }
+  if (w.lm_head == nullptr) w.lm_head = w.embed;
+  return w;
+}
+
+float synthetic_value(const WeightEntry& entry, std::uint64_t seed, std::int64_t i) {
+  const float u = seeded_uniform(seed, entry.stream, static_cast<std::uint64_t>(i));
+  return entry.kind == WeightKind::kNorm ? 1.0f + entry.scale * u : entry.scale * u;
+}
+
+void fill_synthetic(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
+                    void* out) {
+  const Elem type = elem(layout.dtype());
+  for (std::int64_t i = 0; i < entry.elements; ++i) {
+    store_elem(out, i, type, synthetic_value(entry, seed, i));
+  }
+}
+
+void convert_elements(const void* src, DType from, void* dst, DType to, std::size_t count) {
+  if (from == to) {
+    std::memcpy(dst, src, count * dtype_size(from));
+    return;
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto index = static_cast<std::int64_t>(i);
+    store_elem(dst, index, elem(to), load_elem(src, index, elem(from)));
+  }
+}
+
+void load_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint,
+                     const UploadFn& upload) {
+  std::vector<std::byte> staging;
+  for (const auto& e : layout.entries()) {
+    const TensorInfo& t = checkpoint.tensor(e.name);
+    if (!t.dtype_supported) {
+      throw Error(ErrorCode::kInvalidArgument, t.file + ": tensor \"" + e.name + "\" has dtype " +
+                                                   t.dtype_text + " (supported: F32, F16, BF16)");
+    }
+    if (t.shape != e.shape) {
+      throw Error(ErrorCode::kInvalidArgument, t.file + ": tensor \"" + e.name + "\" has shape " +
+                                                   shape_text(t.shape) + ", the config needs " +
+                                                   shape_text(e.shape));
+    }
+    const std::size_t bytes = layout.entry_bytes(e);
+    staging.resize(bytes);
+    convert_elements(t.data, t.dtype, staging.data(), layout.dtype(),
+                     static_cast<std::size_t>(e.elements));
+    upload(e.offset, staging.data(), bytes);
+  }
+}
+
+}  // namespace kvo::model

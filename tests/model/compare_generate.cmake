@@ -1,0 +1,24 @@
+# Runs kvo-generate on the tiny preset (host backend, a 2000-token prompt, 32 new tokens) with
+# every layer resident and with every layer streamed through two staging buffers, and fails
+# unless both generate the same tokens. Usage: cmake -DGENERATE=path -P compare_generate.cmake
+set(common --preset tiny --backend host --prompt-len 2000 --max-new 32 --json --quiet)
+set(tokens "")
+foreach(placement "--resident;all" "--resident;0;--ring;2")
+  execute_process(COMMAND ${GENERATE} ${common} ${placement} OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "kvo-generate ${placement} failed (${rc}):\n${out}\n${err}")
+  endif()
+  string(REGEX MATCH "\"tokens\":\\[\\[[0-9,]*\\]\\]" found "${out}")
+  string(REGEX MATCH "\"resident_layers\":[0-9]+" resident "${out}")
+  if(found STREQUAL "")
+    message(FATAL_ERROR "no tokens in the output of kvo-generate ${placement}:\n${out}")
+  endif()
+  message(STATUS "${placement}: ${resident} ${found}")
+  list(APPEND tokens "${found}")
+endforeach()
+list(GET tokens 0 resident_tokens)
+list(GET tokens 1 streamed_tokens)
+if(NOT resident_tokens STREQUAL streamed_tokens)
+  message(FATAL_ERROR "tokens differ:\n  resident: ${resident_tokens}\n  streamed: ${streamed_tokens}")
+endif()

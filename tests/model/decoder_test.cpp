@@ -1,0 +1,192 @@
+// The decoder on the host backend: placement of layers, chunking and batching change nothing
+// but rounding (and here, not even that), and bad inputs are refused with clear errors.
+#include <cstring>
+#include <set>
+
+#include "kvoffload/error.hpp"
+#include "model/model_test_util.hpp"
+
+namespace kvo::model {
+namespace {
+
+using testing::greedy;
+using testing::host_options;
+using testing::random_prompt;
+using testing::small_config;
+
+TEST(Decoder, StreamedLayersGiveBitIdenticalLogits) {
+  const ModelConfig c = small_config();
+  const auto prompt = random_prompt(37, c.vocab_size, 1);
+  std::vector<testing::GreedyRun> runs;
+  for (auto [resident, ring, delay] :
+       {std::tuple{3, 2, 0u}, {0, 2, 20u}, {1, 1, 20u}, {0, 3, 0u}}) {
+    DecoderOptions o = host_options(64);
+    o.resident_layers = resident;
+    o.ring_depth = ring;
+    o.host.max_delay_us = delay;
+    o.host.delay_seed = 7;
+    Decoder d(c, WeightSource{"", 11}, o);
+    EXPECT_EQ(d.cache().stats().plan.resident_layers, resident == 0 && ring >= 3 ? 3 : resident);
+    runs.push_back(greedy(d, prompt, 12));
+  }
+  const std::set<std::int32_t> distinct(runs[0].tokens.begin(), runs[0].tokens.end());
+  EXPECT_GE(distinct.size(), 4u) << "the tokens should depend on the context";
+  for (std::size_t r = 1; r < runs.size(); ++r) {
+    EXPECT_EQ(runs[r].tokens, runs[0].tokens) << "run " << r;
+    for (std::size_t i = 0; i < runs[0].logits.size(); ++i) {
+      ASSERT_EQ(std::memcmp(runs[r].logits[i].data(), runs[0].logits[i].data(),
+                            runs[0].logits[i].size() * sizeof(float)),
+                0)
+          << "run " << r << " step " << i;
+    }
+  }
+}
+
+TEST(Decoder, PrefillChunkSizesAgree) {
+  const ModelConfig c = small_config();
+  const auto prompt = random_prompt(50, c.vocab_size, 2);
+  std::vector<testing::GreedyRun> runs;
+  for (int chunk : {50, 1, 7, 16}) {
+    DecoderOptions o = host_options(64);
+    o.chunk = chunk;
+    o.resident_layers = 0;
+    Decoder d(c, WeightSource{"", 3}, o);
+    runs.push_back(greedy(d, prompt, 6));
+  }
+  for (std::size_t r = 1; r < runs.size(); ++r) {
+    EXPECT_EQ(runs[r].tokens, runs[0].tokens);
+    for (std::size_t i = 0; i < runs[0].logits.size(); ++i) {
+      EXPECT_LT(testing::relative_error(runs[r].logits[i].data(), runs[0].logits[i].data(),
+                                        runs[0].logits[i].size()),
+                1e-6);
+    }
+  }
+}
+
+TEST(Decoder, SlotsDecodedTogetherEqualEachAlone) {
+  const ModelConfig c = small_config();
+  const int slots = 3;
+  const std::vector<std::vector<std::int32_t>> prompts = {random_prompt(20, c.vocab_size, 4),
+                                                          random_prompt(5, c.vocab_size, 5),
+                                                          random_prompt(33, c.vocab_size, 6)};
+  const int steps = 8;
+  // Together: slot 1 sits out steps 2 and 3.
+  DecoderOptions o = host_options(48, slots);
+  o.resident_layers = 1;
+  Decoder together(c, WeightSource{"", 9}, o);
+  std::vector<float> logits(static_cast<std::size_t>(slots) * c.vocab_size);
+  std::vector<std::vector<std::vector<float>>> rows(slots);
+  std::vector<std::int32_t> next(slots);
+  for (int s = 0; s < slots; ++s) {
+    together.prefill(s, prompts[s], logits.data() + s * c.vocab_size);
+    rows[s].emplace_back(logits.begin() + s * c.vocab_size,
+                         logits.begin() + (s + 1) * c.vocab_size);
+    next[s] = argmax(logits.data() + s * c.vocab_size, c.vocab_size);
+  }
+  for (int step = 1; step < steps; ++step) {
+    std::vector<std::int32_t> in = next;
+    if (step == 2 || step == 3) in[1] = -1;
+    together.decode(in, logits.data());
+    for (int s = 0; s < slots; ++s) {
+      if (in[s] < 0) continue;
+      rows[s].emplace_back(logits.begin() + s * c.vocab_size,
+                           logits.begin() + (s + 1) * c.vocab_size);
+      next[s] = argmax(logits.data() + s * c.vocab_size, c.vocab_size);
+    }
+  }
+  EXPECT_EQ(together.length(1), 5 + steps - 1 - 2);
+  for (int s = 0; s < slots; ++s) {
+    DecoderOptions alone_options = host_options(48, 1);
+    alone_options.resident_layers = 1;
+    Decoder alone(c, WeightSource{"", 9}, alone_options);
+    const auto run = greedy(alone, prompts[s], static_cast<int>(rows[s].size()));
+    ASSERT_EQ(run.logits.size(), rows[s].size());
+    for (std::size_t i = 0; i < rows[s].size(); ++i) {
+      ASSERT_EQ(std::memcmp(run.logits[i].data(), rows[s][i].data(), rows[s][i].size() * 4), 0)
+          << "slot " << s << " step " << i;
+    }
+  }
+}
+
+TEST(Decoder, Bf16WeightsStayCloseToF32) {
+  const ModelConfig c = small_config();
+  const auto prompt = random_prompt(30, c.vocab_size, 8);
+  DecoderOptions o = host_options(40);
+  Decoder f32(c, WeightSource{"", 5}, o);
+  o.override_dtype = true;
+  o.dtype = DType::kBF16;
+  o.resident_layers = 0;
+  Decoder bf16(c, WeightSource{"", 5}, o);
+  EXPECT_LT(bf16.weight_bytes(), f32.weight_bytes() * 6 / 10);
+  const auto a = greedy(f32, prompt, 1);
+  const auto b = greedy(bf16, prompt, 1);
+  const double err =
+      testing::relative_error(b.logits[0].data(), a.logits[0].data(), a.logits[0].size());
+  EXPECT_LT(err, 0.05);
+  EXPECT_GT(err, 0.0) << "bf16 rounding must show";
+}
+
+TEST(Decoder, RefusesTokensOutsideTheVocabulary) {
+  const ModelConfig c = small_config();
+  Decoder d(c, WeightSource{"", 1}, host_options(16));
+  std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
+  try {
+    d.prefill(0, {1, 2, c.vocab_size}, logits.data());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("token id 300 at position 2"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(d.prefill(0, {-3}, logits.data()), Error);
+  d.prefill(0, {1, 2}, logits.data());
+  EXPECT_THROW(d.decode({5000}, logits.data()), Error);
+  EXPECT_EQ(d.length(0), 2);
+}
+
+TEST(Decoder, RefusesAPromptLongerThanMaxSeq) {
+  const ModelConfig c = small_config();
+  Decoder d(c, WeightSource{"", 1}, host_options(16));
+  std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
+  try {
+    d.prefill(0, random_prompt(17, c.vocab_size, 1), logits.data());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("17 tokens"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_seq (16)"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(d.length(0), 0);
+}
+
+TEST(Decoder, RefusesABudgetTheWeightsAloneExceed) {
+  const ModelConfig c = small_config();
+  DecoderOptions o = host_options(16);
+  o.device_budget = 100000;
+  try {
+    Decoder d(c, WeightSource{"", 1}, o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+    const std::string what = e.what();
+    const WeightLayout layout(c, DType::kF32);
+    EXPECT_NE(what.find(format_bytes(layout.bytes())), std::string::npos) << what;
+    EXPECT_NE(what.find(format_bytes(100000)), std::string::npos) << what;
+  }
+}
+
+TEST(Decoder, AutoResidentLayersFollowTheBudget) {
+  const ModelConfig c = small_config();
+  DecoderOptions o = host_options(512);
+  Decoder all(c, WeightSource{"", 1}, o);
+  const CachePlan full = all.cache().stats().plan;
+  EXPECT_EQ(full.resident_layers, 3);
+  // Room for the weights, activations, the ring and one resident layer, not two.
+  o.device_budget = full.device_bytes - full.layer_bytes;
+  Decoder some(c, WeightSource{"", 1}, o);
+  const CachePlan plan = some.cache().stats().plan;
+  EXPECT_LE(plan.device_bytes, o.device_budget);
+  EXPECT_LT(plan.resident_layers, 3);
+}
+
+}  // namespace
+}  // namespace kvo::model

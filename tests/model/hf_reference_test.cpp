@@ -1,0 +1,62 @@
+// Logits against Hugging Face transformers: the same random weights, written by save_pretrained
+// and loaded here, on the host path in f32. The references come from tools/hf_reference.py
+// (run by ctest as a fixture); KVO_HF_REFERENCE_DIR points at them.
+#include <cstdlib>
+
+#include "model/model_test_util.hpp"
+#include "model/safetensors.hpp"
+
+namespace kvo::model {
+namespace {
+
+class HfReference : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfReference, LogitsMatchTransformers) {
+  const char* root = std::getenv("KVO_HF_REFERENCE_DIR");
+  if (root == nullptr) GTEST_SKIP() << "KVO_HF_REFERENCE_DIR is not set";
+  const std::string dir = std::string(root) + "/" + GetParam();
+  const ModelConfig c = load_model_config(dir + "/config.json");
+  const SafetensorsFile reference(dir + "/reference.safetensors");
+  const TensorInfo& ids_info = reference.tensors().at("input_ids");
+  const TensorInfo& logits_info = reference.tensors().at("logits");
+  const auto* ids_f = reinterpret_cast<const float*>(ids_info.data);
+  const auto* expected = reinterpret_cast<const float*>(logits_info.data);
+  const int n = static_cast<int>(ids_info.shape[0]);
+  ASSERT_EQ(logits_info.shape[1], c.vocab_size);
+  std::vector<std::int32_t> ids(ids_f, ids_f + n);
+
+  // Prefill the first 8 tokens in chunks of 3, decode the rest one at a time: every position
+  // from 7 on is compared, through both attention paths. Streamed layers, f32.
+  DecoderOptions o = testing::host_options(n);
+  o.chunk = 3;
+  o.resident_layers = 0;
+  o.override_dtype = true;
+  o.dtype = DType::kF32;
+  Decoder d(c, WeightSource{dir, 0}, o);
+  std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
+  const int first = 8;
+  d.prefill(0, std::vector<std::int32_t>(ids.begin(), ids.begin() + first), logits.data());
+  double worst = 0;
+  for (int pos = first - 1; pos < n; ++pos) {
+    if (pos >= first) d.decode({ids[static_cast<std::size_t>(pos)]}, logits.data());
+    const double err = testing::relative_error(
+        logits.data(), expected + static_cast<std::int64_t>(pos) * c.vocab_size, logits.size());
+    worst = std::max(worst, err);
+    EXPECT_LT(err, 1e-4) << GetParam() << " position " << pos;
+  }
+  // The whole prompt in one prefill gives the last position too.
+  Decoder whole(c, WeightSource{dir, 0}, o);
+  whole.prefill(0, ids, logits.data());
+  EXPECT_LT(
+      testing::relative_error(
+          logits.data(), expected + static_cast<std::int64_t>(n - 1) * c.vocab_size, logits.size()),
+      1e-4);
+  std::printf("%s: worst relative error %.3g over %d positions\n", GetParam(), worst,
+              n - first + 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, HfReference,
+                         ::testing::Values("llama31", "mistral", "qwen2"));
+
+}  // namespace
+}  // namespace kvo::model

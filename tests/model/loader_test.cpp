@@ -1,0 +1,235 @@
+// config.json and safetensors: what loads, and the error each malformed input gives.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "kvoffload/error.hpp"
+#include "model/model_test_util.hpp"
+#include "model/safetensors.hpp"
+
+namespace kvo::model {
+namespace {
+
+std::string temp_dir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "kvo_loader_" + name;
+  ::mkdir(dir.c_str(), 0755);
+  return dir;
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Expects `fn` to throw kvo::Error whose message holds every one of `parts`.
+template <typename Fn>
+void expect_error(Fn fn, std::initializer_list<const char*> parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    for (const char* part : parts) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "'" << part << "' not in: " << e.what();
+    }
+  }
+}
+
+// A checkpoint of small_config() as kvo-make-model writes it; `shards` files.
+std::string write_checkpoint(const std::string& name, const ModelConfig& c, int shards,
+                             std::uint64_t seed) {
+  const std::string dir = temp_dir(name);
+  write_file(dir + "/config.json", to_config_json(c));
+  const WeightLayout layout(c, c.dtype);
+  const auto& entries = layout.entries();
+  std::string index = "{\"weight_map\": {";
+  const std::size_t per = (entries.size() + shards - 1) / shards;
+  for (int s = 0; s < shards; ++s) {
+    const std::string file =
+        shards == 1 ? "model.safetensors" : "part-" + std::to_string(s) + ".safetensors";
+    std::vector<TensorToWrite> tensors;
+    for (std::size_t i = s * per; i < std::min(entries.size(), (s + 1) * per); ++i) {
+      TensorToWrite t{entries[i].name, layout.dtype(), entries[i].shape, {}};
+      t.data.resize(layout.entry_bytes(entries[i]));
+      fill_synthetic(layout, entries[i], seed, t.data.data());
+      index += std::string(i ? "," : "") + "\"" + t.name + "\": \"" + file + "\"";
+      tensors.push_back(std::move(t));
+    }
+    write_safetensors(dir + "/" + file, tensors);
+  }
+  if (shards > 1) write_file(dir + "/model.safetensors.index.json", index + "}}");
+  return dir;
+}
+
+TEST(ModelConfig, ParsesHuggingFaceFields) {
+  const ModelConfig c = parse_model_config(R"({
+    "architectures": ["Qwen2ForCausalLM"], "vocab_size": 1000, "hidden_size": 128,
+    "intermediate_size": 300, "num_hidden_layers": 2, "num_attention_heads": 8,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_sliding_window": false})",
+                                           "test");
+  EXPECT_EQ(c.model_type, "qwen2");
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.o_bias);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.dtype, DType::kBF16);
+  EXPECT_FLOAT_EQ(c.rope_theta, 1e6f);
+  // rope_parameters (newer transformers) carries theta and the llama3 scaling.
+  const ModelConfig l = parse_model_config(R"({"architectures": ["LlamaForCausalLM"],
+    "vocab_size": 10, "hidden_size": 64, "intermediate_size": 100, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "head_dim": 32, "rope_parameters": {"rope_type": "llama3",
+    "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192}})",
+                                           "test");
+  EXPECT_EQ(l.kv_heads, 4);
+  EXPECT_EQ(l.head_dim, 32);
+  EXPECT_FLOAT_EQ(l.rope_theta, 500000.0f);
+  EXPECT_FLOAT_EQ(l.rope_scaling.factor, 8.0f);
+  // What to_config_json writes reads back the same.
+  const ModelConfig t = preset("tiny");
+  const ModelConfig back = parse_model_config(to_config_json(t), "round trip");
+  EXPECT_EQ(back.hidden_size, t.hidden_size);
+  EXPECT_EQ(back.kv_heads, t.kv_heads);
+  EXPECT_EQ(back.tie_word_embeddings, t.tie_word_embeddings);
+  EXPECT_FLOAT_EQ(back.rope_scaling.original_max_position, t.rope_scaling.original_max_position);
+  EXPECT_EQ(back.dtype, t.dtype);
+}
+
+TEST(ModelConfig, ErrorsNameTheProblem) {
+  expect_error([] { parse_model_config("{\"vocab_size\": 10,", "cfg.json"); },
+               {"cfg.json", "offset"});
+  expect_error([] { parse_model_config(R"({"architectures": ["GPT2LMHeadModel"]})", "cfg.json"); },
+               {"GPT2LMHeadModel", "not supported"});
+  expect_error(
+      [] {
+        parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10})",
+                           "cfg.json");
+      },
+      {"missing field \"hidden_size\""});
+  expect_error(
+      [] {
+        parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10,
+          "hidden_size": 64, "intermediate_size": 10, "num_hidden_layers": 1,
+          "num_attention_heads": 4, "num_key_value_heads": 3})",
+                           "cfg.json");
+      },
+      {"not a multiple"});
+  expect_error(
+      [] {
+        parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10,
+          "hidden_size": 64, "intermediate_size": 10, "num_hidden_layers": 1,
+          "num_attention_heads": 4, "rope_scaling": {"rope_type": "yarn", "factor": 4}})",
+                           "cfg.json");
+      },
+      {"yarn"});
+  expect_error([] { load_model_config("/nonexistent/config.json"); }, {"cannot open"});
+  expect_error([] { preset("llama-9000"); }, {"llama-9000", "tiny"});
+}
+
+TEST(Safetensors, ShardedCheckpointLoadsLikeSyntheticWeights) {
+  const ModelConfig c = testing::small_config();
+  const std::string dir = write_checkpoint("sharded", c, 3, 21);
+  const ModelConfig loaded = load_model_config(dir + "/config.json");
+  const auto prompt = testing::random_prompt(12, c.vocab_size, 3);
+  Decoder from_file(loaded, WeightSource{dir, 0}, testing::host_options(20));
+  Decoder drawn(c, WeightSource{"", 21}, testing::host_options(20));
+  const auto a = testing::greedy(from_file, prompt, 4);
+  const auto b = testing::greedy(drawn, prompt, 4);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(std::memcmp(a.logits[3].data(), b.logits[3].data(), a.logits[3].size() * 4), 0);
+}
+
+TEST(Safetensors, LoadsBf16CheckpointsAsBf16OrWidened) {
+  ModelConfig c = testing::small_config();
+  c.dtype = DType::kBF16;
+  const std::string dir = write_checkpoint("bf16", c, 1, 5);
+  const auto prompt = testing::random_prompt(9, c.vocab_size, 4);
+  // The checkpoint's own dtype: the same bytes as the weights drawn in bf16.
+  Decoder from_file(load_model_config(dir + "/config.json"), WeightSource{dir, 0},
+                    testing::host_options(20));
+  Decoder drawn(c, WeightSource{"", 5}, testing::host_options(20));
+  const auto a = testing::greedy(from_file, prompt, 1);
+  const auto b = testing::greedy(drawn, prompt, 1);
+  EXPECT_EQ(std::memcmp(a.logits[0].data(), b.logits[0].data(), a.logits[0].size() * 4), 0);
+  // Widened to f32 (weights exact, K/V no longer rounded): close, not equal.
+  DecoderOptions o = testing::host_options(20);
+  o.override_dtype = true;
+  o.dtype = DType::kF32;
+  Decoder widened(load_model_config(dir + "/config.json"), WeightSource{dir, 0}, o);
+  const auto w = testing::greedy(widened, prompt, 1);
+  const double err =
+      testing::relative_error(w.logits[0].data(), b.logits[0].data(), w.logits[0].size());
+  EXPECT_GT(err, 0.0);
+  EXPECT_LT(err, 0.02);
+}
+
+TEST(Safetensors, MalformedFilesGiveErrorsNamingTheTensor) {
+  const ModelConfig c = testing::small_config();
+  const std::string dir = write_checkpoint("malformed", c, 1, 1);
+  const std::string file = dir + "/model.safetensors";
+  const std::string good = read_file(file);
+  auto load = [&] { Decoder d(c, WeightSource{dir, 0}, testing::host_options(8)); };
+
+  // Truncated: the last tensor (lm_head) runs past the end of the file.
+  write_file(file, good.substr(0, good.size() - 100));
+  expect_error(load, {"lm_head.weight", "truncated"});
+  write_file(file, good.substr(0, 5));
+  expect_error(load, {"truncated"});
+
+  // A header whose length field claims more than the file holds.
+  std::string lying_length = good;
+  lying_length[5] = '\x7f';
+  write_file(file, lying_length);
+  expect_error(load, {"header claims"});
+
+  // A header that lies about a tensor's offsets: its range no longer matches its shape.
+  std::uint64_t header_len = 0;
+  std::memcpy(&header_len, good.data(), 8);
+  std::string header = good.substr(8, header_len);
+  const std::string tensor = "\"model.norm.weight\"";
+  const std::size_t at = header.find(tensor);
+  ASSERT_NE(at, std::string::npos);
+  const std::size_t offsets = header.find("data_offsets\":[", at) + 15;
+  const std::size_t comma = header.find(',', offsets);
+  std::string begin = header.substr(offsets, comma - offsets);
+  std::string moved = std::to_string(std::stoull(begin) + 4);
+  moved.resize(begin.size(), ' ');  // keep the header length
+  if (moved.size() == begin.size() && moved.find(' ') == std::string::npos) {
+    header.replace(offsets, begin.size(), moved);
+    write_file(file, good.substr(0, 8) + header + good.substr(8 + header_len));
+    expect_error(load, {"model.norm.weight", "data_offsets"});
+  }
+
+  // A missing tensor.
+  std::vector<TensorToWrite> tensors;
+  const WeightLayout layout(c, c.dtype);
+  for (const auto& e : layout.entries()) {
+    if (e.name == "model.layers.1.mlp.up_proj.weight") continue;
+    TensorToWrite t{e.name, layout.dtype(), e.shape, {}};
+    t.data.resize(layout.entry_bytes(e));
+    tensors.push_back(std::move(t));
+  }
+  write_safetensors(file, tensors);
+  expect_error(load, {"lacks tensor \"model.layers.1.mlp.up_proj.weight\""});
+
+  // A tensor of the wrong shape.
+  tensors.push_back({"model.layers.1.mlp.up_proj.weight", DType::kF32, {3, 3}, {}});
+  tensors.back().data.resize(36);
+  write_safetensors(file, tensors);
+  expect_error(load, {"model.layers.1.mlp.up_proj.weight", "[3, 3]", "[144, 64]"});
+
+  // No weights at all.
+  std::remove(file.c_str());
+  expect_error(load, {"no model.safetensors"});
+}
+
+}  // namespace
+}  // namespace kvo::model

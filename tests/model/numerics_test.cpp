@@ -1,0 +1,163 @@
+// The __host__ __device__ arithmetic the kernels share with the host path, checked on the CPU
+// against references computed independently in double precision.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "model/numerics.hpp"
+
+namespace kvo::model {
+namespace {
+
+// The nearest value of a format with `mantissa` stored bits to x, ties to even, by brute
+// force over the two neighbours (x normal, in range).
+double nearest(double x, int mantissa) {
+  int exponent = 0;
+  std::frexp(x, &exponent);
+  const double ulp = std::ldexp(1.0, exponent - 1 - mantissa);
+  const double below = std::floor(x / ulp) * ulp;
+  const double above = below + ulp;
+  if (x - below < above - x) return below;
+  if (above - x < x - below) return above;
+  return std::fmod(below / ulp, 2.0) == 0 ? below : above;
+}
+
+TEST(Numerics, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(1.00390625f), 0x3f80);  // halfway, to even
+  EXPECT_EQ(float_to_bf16(1.01171875f), 0x3f82);  // halfway, to even
+  EXPECT_EQ(float_to_bf16(-2.0f), 0xc000);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1000.0f, 1000.0f);
+  for (int i = 0; i < 100000; ++i) {
+    const float x = dist(rng);
+    if (x == 0) continue;
+    EXPECT_EQ(static_cast<double>(bf16_to_float(float_to_bf16(x))), nearest(x, 7)) << x;
+  }
+}
+
+TEST(Numerics, F16RoundsToNearestEvenAndRoundTrips) {
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const auto bits = static_cast<std::uint16_t>(h);
+    const float x = f16_to_float(bits);
+    if (std::isnan(x)) continue;
+    EXPECT_EQ(float_to_f16(x), bits) << h;
+  }
+  EXPECT_EQ(f16_to_float(0x3c00), 1.0f);
+  EXPECT_EQ(f16_to_float(0x7bff), 65504.0f);
+  EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);               // rounds to infinity
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -25)), 0x0000);  // half the smallest: to even (0)
+  EXPECT_EQ(float_to_f16(std::ldexp(3.0f, -25)), 0x0002);  // 1.5 ulp: to even (2)
+  EXPECT_EQ(f16_to_float(0x0001), std::ldexp(1.0f, -24));
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> dist(-60000.0f, 60000.0f);
+  for (int i = 0; i < 100000; ++i) {
+    const float x = dist(rng);
+    if (std::fabs(x) < 6.2e-5f) continue;
+    EXPECT_EQ(static_cast<double>(f16_to_float(float_to_f16(x))), nearest(x, 10)) << x;
+  }
+}
+
+TEST(Numerics, Llama3RopeScalingMatchesTheFormula) {
+  const int head_dim = 128;
+  const double theta = 500000.0;
+  const RopeScaling s{8.0f, 1.0f, 4.0f, 8192.0f};
+  int scaled = 0, kept = 0, smoothed = 0;
+  for (int i = 0; i < head_dim / 2; ++i) {
+    const double inv = 1.0 / std::pow(theta, 2.0 * i / head_dim);
+    const double wavelen = 2 * M_PI / inv;
+    double expected = inv;
+    if (wavelen > 8192.0 / 1.0) {
+      expected = inv / 8, ++scaled;
+    } else if (wavelen >= 8192.0 / 4.0) {
+      const double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+      expected = (1 - smooth) * inv / 8 + smooth * inv, ++smoothed;
+    } else {
+      ++kept;
+    }
+    EXPECT_NEAR(rope_inv_freq(i, head_dim, static_cast<float>(theta), s), expected, 2e-6 * expected)
+        << i;
+    EXPECT_NEAR(rope_inv_freq(i, head_dim, static_cast<float>(theta), RopeScaling{}), inv,
+                2e-6 * inv);
+  }
+  EXPECT_GT(scaled, 0);
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(smoothed, 0);
+}
+
+TEST(Numerics, RopeRotatesPairsLikeRotateHalf) {
+  const int d = 16;
+  std::vector<float> inv(d / 2), x(d);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist;
+  for (int i = 0; i < d / 2; ++i) inv[i] = rope_inv_freq(i, d, 10000.0f, {});
+  for (auto& v : x) v = dist(rng);
+  std::vector<float> y = x;
+  const int pos = 37;
+  rope_rotate(y.data(), d, inv.data(), pos);
+  for (int i = 0; i < d / 2; ++i) {
+    const double a = pos * static_cast<double>(inv[i]);
+    EXPECT_NEAR(y[i], x[i] * std::cos(a) - x[i + d / 2] * std::sin(a), 1e-5);
+    EXPECT_NEAR(y[i + d / 2], x[i + d / 2] * std::cos(a) + x[i] * std::sin(a), 1e-5);
+  }
+}
+
+TEST(Numerics, SoftmaxMergeEqualsOneSoftmax) {
+  std::mt19937 rng(4);
+  std::normal_distribution<float> dist(0, 5);
+  const int n = 100, d = 4;
+  std::vector<float> score(n), value(n * d);
+  for (auto& s : score) s = dist(rng);
+  for (auto& v : value) v = dist(rng);
+  // Reference in double.
+  double m = -INFINITY, sum = 0;
+  for (float s : score) m = std::max(m, static_cast<double>(s));
+  std::vector<double> expected(d, 0);
+  for (int j = 0; j < n; ++j) {
+    const double p = std::exp(score[j] - m);
+    sum += p;
+    for (int e = 0; e < d; ++e) expected[e] += p * value[j * d + e];
+  }
+  // Three partial ranges, one empty, merged.
+  const int cuts[] = {0, 30, 30, n};
+  SoftmaxState total;
+  std::vector<float> acc(d, 0);
+  for (int part = 0; part < 3; ++part) {
+    SoftmaxState st;
+    std::vector<float> partial(d, 0);
+    for (int j = cuts[part]; j < cuts[part + 1]; ++j) st.max = std::max(st.max, score[j]);
+    for (int j = cuts[part]; j < cuts[part + 1]; ++j) {
+      const float p = std::exp(score[j] - st.max);
+      st.sum += p;
+      for (int e = 0; e < d; ++e) partial[e] += p * value[j * d + e];
+    }
+    const MergeScales k = softmax_merge(total, st);
+    for (int e = 0; e < d; ++e) acc[e] = acc[e] * k.a + partial[e] * k.b;
+  }
+  for (int e = 0; e < d; ++e) {
+    EXPECT_NEAR(acc[e] / total.sum, expected[e] / sum, 1e-5 * (1 + std::fabs(expected[e] / sum)));
+  }
+}
+
+TEST(Numerics, SeededUniformIsInRangeAndCentred) {
+  double sum = 0;
+  float lo = 1, hi = -1;
+  for (int i = 0; i < 100000; ++i) {
+    const float u = seeded_uniform(7, 3, static_cast<std::uint64_t>(i));
+    lo = std::min(lo, u);
+    hi = std::max(hi, u);
+    sum += u;
+  }
+  EXPECT_GE(lo, -1.0f);
+  EXPECT_LT(hi, 1.0f);
+  EXPECT_LT(lo, -0.999f);
+  EXPECT_GT(hi, 0.999f);
+  EXPECT_NEAR(sum / 100000, 0.0, 0.01);
+  EXPECT_NE(seeded_uniform(7, 3, 0), seeded_uniform(8, 3, 0));
+  EXPECT_NE(seeded_uniform(7, 3, 0), seeded_uniform(7, 4, 0));
+}
+
+}  // namespace
+}  // namespace kvo::model
