@@ -1,0 +1,148 @@
+// kvoffload._native: the Python binding of the LibTorch adapter (kvoffload/torch.hpp), for the
+// transformers Cache in tools/python/kvoffload/hf.py. It adds no logic of its own: it builds a
+// CacheConfig from keyword arguments, forwards update/get_seq_length/reset/end_step, reads the
+// stats, and turns kvo::Error into Python exceptions. This is the only file of the package that
+// includes the Python and pybind11 headers (they come with the torch wheel).
+//
+// Errors: kvo::Error kInvalidArgument -> ValueError, kOutOfMemory -> MemoryError, every other code
+// -> RuntimeError; the message is the library's, unchanged.
+#include <torch/csrc/utils/pybind.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "kvoffload/torch.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+using Adapter = kvo::torch::OffloadedStaticCache;
+
+// Every field of CacheConfig the Python side sets; the rest keep their defaults (no reserved
+// regions: the model's own memory is torch's business).
+std::unique_ptr<Adapter> make_cache(int layers, int kv_heads, int head_dim, int max_seq, int slots,
+                                    const std::string& dtype, const std::string& backend,
+                                    int device, int resident_layers, int ring_depth,
+                                    std::uint64_t device_budget, std::uint32_t host_max_delay_us,
+                                    std::uint64_t host_delay_seed) {
+  kvo::CacheConfig config;
+  config.layers = layers;
+  config.kv_heads = kv_heads;
+  config.head_dim = head_dim;
+  config.max_seq = max_seq;
+  config.slots = slots;
+  config.dtype = kvo::parse_dtype(dtype);
+  config.backend = kvo::parse_backend(backend);
+  config.device = device;
+  config.resident_layers = resident_layers;
+  config.ring_depth = ring_depth;
+  config.device_budget = device_budget;
+  config.host.max_delay_us = host_max_delay_us;
+  config.host.delay_seed = host_delay_seed;
+  return std::make_unique<Adapter>(config);
+}
+
+py::dict plan_dict(const kvo::CachePlan& plan) {
+  py::dict d;
+  d["layers"] = plan.layers;
+  d["resident_layers"] = plan.resident_layers;
+  d["streamed_layers"] = plan.streamed_layers;
+  d["ring_depth"] = plan.ring_depth;
+  d["row_bytes"] = plan.row_bytes;
+  d["tensor_bytes"] = plan.tensor_bytes;
+  d["layer_bytes"] = plan.layer_bytes;
+  d["resident_bytes"] = plan.resident_bytes;
+  d["staging_bytes"] = plan.staging_bytes;
+  d["reserved_bytes"] = plan.reserved_bytes;
+  d["device_bytes"] = plan.device_bytes;
+  d["host_bytes"] = plan.host_bytes;
+  d["budget"] = plan.budget;
+  return d;
+}
+
+py::dict stats_dict(const kvo::CacheStats& stats) {
+  py::dict d;
+  d["steps"] = stats.steps;
+  d["h2d_bytes_total"] = stats.h2d_bytes_total;
+  d["d2h_bytes_total"] = stats.d2h_bytes_total;
+  d["h2d_bytes_last_step"] = stats.h2d_bytes_last_step;
+  d["d2h_bytes_last_step"] = stats.d2h_bytes_last_step;
+  d["acquire_wait_s"] = stats.acquire_wait_s;
+  d["prefetch_reissues"] = stats.prefetch_reissues;
+  d["device_allocations"] = stats.device_allocations;
+  d["plan"] = plan_dict(stats.plan);
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "kvoffload's native cache (the LibTorch adapter), for kvoffload.hf";
+
+  py::register_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) std::rethrow_exception(error);
+    } catch (const kvo::Error& e) {
+      switch (e.code()) {
+        case kvo::ErrorCode::kInvalidArgument:
+          PyErr_SetString(PyExc_ValueError, e.what());
+          return;
+        case kvo::ErrorCode::kOutOfMemory:
+          PyErr_SetString(PyExc_MemoryError, e.what());
+          return;
+        default:
+          PyErr_SetString(PyExc_RuntimeError, e.what());
+          return;
+      }
+    }
+  });
+
+  m.def("parse_size", &kvo::parse_size, py::arg("text"),
+        "Bytes in a size such as '24GiB', '512MiB', '1.5GB' or '4096'.");
+  m.def("format_bytes", &kvo::format_bytes, py::arg("bytes"));
+  m.def("cuda_device_count", &kvo::cuda_device_count,
+        "Usable CUDA devices for the library (0 when built without CUDA).");
+
+  py::class_<Adapter>(m, "Cache")
+      .def(py::init(&make_cache), py::arg("layers"), py::arg("kv_heads"), py::arg("head_dim"),
+           py::arg("max_seq"), py::arg("slots"), py::arg("dtype"), py::arg("backend"),
+           py::arg("device") = 0, py::arg("resident_layers") = kvo::kAutoResidentLayers,
+           py::arg("ring_depth") = 2, py::arg("device_budget") = 0,
+           py::arg("host_max_delay_us") = 0, py::arg("host_delay_seed") = 0,
+           "Plans and allocates every byte of the cache (see kvoffload/cache.hpp).")
+      // The GIL is released while the adapter works: on CUDA it only enqueues, on the host
+      // backend it copies on the calling thread.
+      .def(
+          "update",
+          [](Adapter& cache, const at::Tensor& key_states, const at::Tensor& value_states,
+             std::int64_t layer_idx, const std::optional<at::Tensor>& cache_position) {
+            return cache.update(key_states, value_states, layer_idx,
+                                cache_position.value_or(at::Tensor()));
+          },
+          py::arg("key_states"), py::arg("value_states"), py::arg("layer_idx"),
+          py::arg("cache_position") = py::none(), py::call_guard<py::gil_scoped_release>())
+      .def("get_seq_length", &Adapter::get_seq_length, py::call_guard<py::gil_scoped_release>())
+      .def("get_max_cache_shape", &Adapter::get_max_cache_shape)
+      .def("reset", &Adapter::reset, py::call_guard<py::gil_scoped_release>())
+      .def("end_step", &Adapter::end_step, py::call_guard<py::gil_scoped_release>())
+      // Drops the last rows of every slot: commits the open step (it must be complete), then
+      // truncates between steps, where the C++ API allows it.
+      .def(
+          "truncate",
+          [](Adapter& cache, int length) {
+            cache.end_step();
+            for (int s = 0; s < cache.cache().config().slots; ++s) {
+              cache.cache().truncate_slot(s, length);
+            }
+          },
+          py::arg("length"), py::call_guard<py::gil_scoped_release>())
+      .def("stats", [](Adapter& cache) { return stats_dict(cache.cache().stats()); })
+      .def(
+          "synchronize", [](Adapter& cache) { cache.cache().synchronize(); },
+          py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly(
+          "backend", [](Adapter& cache) { return kvo::backend_name(cache.cache().backend()); });
+}

@@ -1,0 +1,82 @@
+"""The CUDA backend under transformers: the same tokens as StaticCache on the GPU, also when
+generate runs on a non-default current stream (the cache orders its work on torch's current
+stream), the exact bytes, and no device allocation after construction. Skipped without a GPU
+(torch.cuda.is_available() is False) or without a CUDA build of kvoffload."""
+
+import unittest
+
+import torch
+from transformers import StaticCache
+
+import kvoffload
+from kvoffload.hf import OffloadedStaticCache
+from tiny_models import make_model, prompts
+
+MAX_CACHE_LEN = 64
+NEW_TOKENS = 12
+PROMPT = 16
+BATCH = 3
+
+
+@unittest.skipUnless(
+    torch.cuda.is_available() and kvoffload.cuda_device_count() > 0,
+    "needs a CUDA device and a CUDA build of kvoffload",
+)
+class OnCuda(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.device = torch.device("cuda", torch.cuda.current_device())
+        cls.model = make_model("llama3").to(cls.device)
+        ids, mask = prompts(BATCH, PROMPT, seed=11, pad_rows=(0, 5, 2))
+        cls.ids, cls.mask = ids.to(cls.device), mask.to(cls.device)
+        cls.expected = cls.greedy(StaticCache(config=cls.model.config, max_cache_len=MAX_CACHE_LEN))
+
+    @classmethod
+    def greedy(cls, cache):
+        return cls.model.generate(
+            cls.ids, attention_mask=cls.mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+            cache=cache,
+        )
+
+    def make_cache(self, resident_layers):
+        return OffloadedStaticCache(
+            self.model.config, BATCH, MAX_CACHE_LEN, device=self.device, dtype=torch.float32,
+            resident_layers=resident_layers,
+        )
+
+    def test_same_tokens_streamed_and_resident(self):
+        for resident in (0, 1, 4):
+            cache = self.make_cache(resident)
+            self.assertEqual(cache.backend, "cuda")
+            self.assertEqual(self.greedy(cache).tolist(), self.expected.tolist(), resident)
+            cache.reset()
+            self.assertEqual(self.greedy(cache).tolist(), self.expected.tolist(), resident)
+
+    def test_on_a_side_stream(self):
+        cache = self.make_cache(0)
+        stream = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            got = self.greedy(cache)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        self.assertEqual(got.tolist(), self.expected.tolist())
+
+    def test_bytes_and_allocations(self):
+        cache = self.make_cache(1)
+        before = cache.stats()
+        self.assertEqual(before["device_allocations"], 1)
+        self.greedy(cache)
+        after = cache.stats()
+        plan = after["plan"]
+        row, streamed = plan["row_bytes"], plan["streamed_layers"]
+        final = PROMPT + NEW_TOKENS - 1
+        self.assertEqual(after["device_allocations"], 1)
+        self.assertEqual(after["d2h_bytes_total"], 2 * streamed * BATCH * final * row)
+        prefixes = sum(PROMPT + i for i in range(NEW_TOKENS - 1))
+        next_step = 2 * min(plan["ring_depth"], streamed) * BATCH * final * row
+        self.assertEqual(after["h2d_bytes_total"],
+                         2 * streamed * BATCH * prefixes * row + next_step)
+
+
+if __name__ == "__main__":
+    unittest.main()
