@@ -7,16 +7,10 @@
 
 #include "model/cuda_check.hpp"
 #include "model/kernels.hpp"
+#include "model/memory_plan.hpp"
 
 namespace kvo::model {
 namespace {
-
-constexpr int kMaxSplits = 32;
-constexpr std::uint64_t kCublasWorkspace = 32ull << 20;
-
-std::uint64_t align256(std::uint64_t bytes) {
-  return (bytes + 255) / 256 * 256;
-}
 
 Elem elem(DType d) {
   return static_cast<Elem>(static_cast<int>(d));
@@ -26,41 +20,20 @@ cudaDataType_t cuda_type(DType d) {
   return d == DType::kF32 ? CUDA_R_32F : d == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
 }
 
-// Workspace layout: cuBLAS workspace | GEMM input [rows][widest] (weight dtype) | attention
-// partials [decode rows][heads][kMaxSplits][head_dim + 2] f32.
-struct WorkspaceLayout {
-  std::uint64_t gemm_input = 0;
-  std::uint64_t partials = 0;
-  std::uint64_t bytes = 0;
-  explicit WorkspaceLayout(const OpsShape& s) {
-    const ModelConfig& c = s.config;
-    const std::uint64_t widest = static_cast<std::uint64_t>(
-        std::max({c.hidden_size, c.intermediate_size, static_cast<int>(c.q_dim())}));
-    gemm_input = kCublasWorkspace;
-    const std::uint64_t gemm_bytes = s.weight_dtype == DType::kF32
-                                         ? 0
-                                         : align256(static_cast<std::uint64_t>(s.max_rows) *
-                                                    widest * dtype_size(s.weight_dtype));
-    partials = gemm_input + gemm_bytes;
-    bytes = partials + align256(static_cast<std::uint64_t>(s.max_decode_rows) * c.heads *
-                                kMaxSplits * (c.head_dim + 2) * sizeof(float));
-  }
-};
-
 class CudaOps final : public Ops {
  public:
   CudaOps(const OpsShape& shape, void* stream, void* workspace)
       : shape_(shape),
         elem_(elem(shape.weight_dtype)),
         stream_(static_cast<cudaStream_t>(stream)),
-        layout_(shape) {
+        layout_(shape.config, shape.weight_dtype, shape.max_rows, shape.max_decode_rows) {
     auto* base = static_cast<std::byte*>(workspace);
     gemm_input_ = base + layout_.gemm_input;
     partials_ = reinterpret_cast<float*>(base + layout_.partials);
     KVO_MODEL_CUBLAS_CHECK(cublasCreate(&handle_));
     try {
       KVO_MODEL_CUBLAS_CHECK(cublasSetStream(handle_, stream_));
-      KVO_MODEL_CUBLAS_CHECK(cublasSetWorkspace(handle_, base, kCublasWorkspace));
+      KVO_MODEL_CUBLAS_CHECK(cublasSetWorkspace(handle_, base, kCublasWorkspaceBytes));
       KVO_MODEL_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
     } catch (...) {
       cublasDestroy(handle_);
@@ -116,7 +89,7 @@ class CudaOps final : public Ops {
     // Enough key ranges to fill the GPU when few rows decode over long prefixes.
     int longest = 0;
     for (int i = 0; i < n; ++i) longest = std::max(longest, rows.host_positions[i] + 1);
-    const int splits = std::clamp(longest / 256, 1, kMaxSplits);
+    const int splits = std::clamp(longest / 256, 1, kMaxAttentionSplits);
     cuda::attention(a, splits, partials_, stream_);
   }
   void swiglu(float* gate, const float* up, std::int64_t count) override {
@@ -152,10 +125,6 @@ class CudaOps final : public Ops {
 };
 
 }  // namespace
-
-std::uint64_t cuda_workspace_bytes(const OpsShape& shape) {
-  return WorkspaceLayout(shape).bytes;
-}
 
 std::unique_ptr<Ops> make_cuda_ops(const OpsShape& shape, void* stream, void* workspace) {
   return std::make_unique<CudaOps>(shape, stream, workspace);

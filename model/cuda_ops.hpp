@@ -11,11 +11,8 @@
 
 namespace kvo::model {
 
-// Device bytes the CUDA path needs besides the activations: the cuBLAS workspace and the
-// split-sequence partials of decode attention.
-std::uint64_t cuda_workspace_bytes(const OpsShape& shape);
-
-// Ops on `stream` (a cudaStream_t), using `workspace` [cuda_workspace_bytes(shape)].
+// Ops on `stream` (a cudaStream_t), using `workspace` [WorkspaceLayout(...).bytes] of
+// model/memory_plan.hpp: the cuBLAS workspace and the split-sequence partials of decode attention.
 std::unique_ptr<Ops> make_cuda_ops(const OpsShape& shape, void* stream, void* workspace);
 
 // Draws the synthetic values of `entry` on the device straight into `dst`, on `stream`.

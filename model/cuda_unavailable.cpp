@@ -10,9 +10,6 @@ namespace {
 }
 }  // namespace
 
-std::uint64_t cuda_workspace_bytes(const OpsShape&) {
-  return 0;
-}
 std::unique_ptr<Ops> make_cuda_ops(const OpsShape&, void*, void*) {
   unavailable();
 }

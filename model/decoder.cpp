@@ -6,6 +6,7 @@
 #include "kvoffload/error.hpp"
 #include "model/cuda_ops.hpp"
 #include "model/host_ops.hpp"
+#include "model/memory_plan.hpp"
 #include "model/safetensors.hpp"
 
 namespace kvo::model {
@@ -15,57 +16,7 @@ Error invalid(const std::string& what) {
   return Error(ErrorCode::kInvalidArgument, what);
 }
 
-std::uint64_t align256(std::uint64_t bytes) {
-  return (bytes + 255) / 256 * 256;
-}
-
 }  // namespace
-
-// The activations region, carved into buffers. R = rows of the largest chunk or decode batch,
-// P = longest prompt (the residual stream of a layer-major prefill holds all of it).
-struct Decoder::Activations {
-  float* residual = nullptr;       // [P][hidden]
-  float* xnorm = nullptr;          // [R][hidden]
-  float* q = nullptr;              // [R][heads][head_dim]
-  float* k = nullptr;              // [R][kv_heads][head_dim]
-  float* v = nullptr;              // [R][kv_heads][head_dim]
-  float* attn = nullptr;           // [R][heads][head_dim]
-  float* gate = nullptr;           // [R][intermediate]
-  float* up = nullptr;             // [R][intermediate]
-  void* k_rows = nullptr;          // [R][kv_heads][head_dim], cache dtype
-  void* v_rows = nullptr;          // same
-  float* logits = nullptr;         // [slots][vocab]
-  std::int32_t* tokens = nullptr;  // [P]
-  std::int32_t* rows = nullptr;    // [3][slots]: tokens, slots, positions of a decode step
-  float* inv_freq = nullptr;       // [head_dim / 2]
-
-  // Lays the buffers out from `base` (nullptr: only counts). Returns the bytes used.
-  std::uint64_t carve(std::byte* base, const ModelConfig& c, DType dtype, int R, int P, int slots) {
-    std::uint64_t offset = 0;
-    auto take = [&](std::uint64_t bytes) {
-      std::byte* p = base == nullptr ? nullptr : base + offset;
-      offset += align256(bytes);
-      return p;
-    };
-    const auto f = sizeof(float);
-    const std::uint64_t r = static_cast<std::uint64_t>(R);
-    residual = reinterpret_cast<float*>(take(f * static_cast<std::uint64_t>(P) * c.hidden_size));
-    xnorm = reinterpret_cast<float*>(take(f * r * c.hidden_size));
-    q = reinterpret_cast<float*>(take(f * r * c.q_dim()));
-    k = reinterpret_cast<float*>(take(f * r * c.kv_dim()));
-    v = reinterpret_cast<float*>(take(f * r * c.kv_dim()));
-    attn = reinterpret_cast<float*>(take(f * r * c.q_dim()));
-    gate = reinterpret_cast<float*>(take(f * r * c.intermediate_size));
-    up = reinterpret_cast<float*>(take(f * r * c.intermediate_size));
-    k_rows = take(dtype_size(dtype) * r * c.kv_dim());
-    v_rows = take(dtype_size(dtype) * r * c.kv_dim());
-    logits = reinterpret_cast<float*>(take(f * static_cast<std::uint64_t>(slots) * c.vocab_size));
-    tokens = reinterpret_cast<std::int32_t*>(take(4 * static_cast<std::uint64_t>(P)));
-    rows = reinterpret_cast<std::int32_t*>(take(4 * 3 * static_cast<std::uint64_t>(slots)));
-    inv_freq = reinterpret_cast<float*>(take(f * static_cast<std::uint64_t>(c.head_dim / 2)));
-    return offset;
-  }
-};
 
 Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
                  const DecoderOptions& options)
@@ -73,29 +24,24 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
       options_(options),
       layout_(config, options.override_dtype ? options.dtype : config.dtype) {
   validate(config_);
-  if (options_.max_seq < 1 || options_.slots < 1 || options_.chunk < 1) {
-    throw invalid("max_seq, slots and chunk must be positive");
-  }
-  if (options_.max_prompt <= 0 || options_.max_prompt > options_.max_seq) {
-    options_.max_prompt = options_.max_seq;
-  }
-  const DType dtype = layout_.dtype();
-  const int R = std::max(std::min(options_.chunk, options_.max_prompt), options_.slots);
-  const int P = std::max(options_.max_prompt, options_.slots);
-  act_ = std::make_unique<Activations>();
-  activation_bytes_ = act_->carve(nullptr, config_, dtype, R, P, options_.slots);
-
   BackendKind backend = options_.backend;
   if (backend == BackendKind::kAuto) {
     backend = cuda_device_count() > 0 ? BackendKind::kCuda : BackendKind::kHost;
   }
+  const DecoderMemory memory = plan_decoder_memory(config_, options_, backend);
+  options_.max_prompt = memory.max_prompt;
+  const DType dtype = memory.dtype;
+  const int R = memory.max_rows;
+  const int P = memory.prompt_rows;
+  act_ = std::make_unique<ActivationLayout>();
+  activation_bytes_ = memory.activations;
+
   OpsShape shape;
   shape.config = config_;
   shape.weight_dtype = dtype;
   shape.max_rows = R;
   shape.max_decode_rows = options_.slots;
   shape.max_seq = options_.max_seq;
-  const std::uint64_t workspace = backend == BackendKind::kCuda ? cuda_workspace_bytes(shape) : 0;
 
   if (options_.device_budget != 0 && layout_.bytes() > options_.device_budget) {
     throw Error(ErrorCode::kOutOfMemory, "the weights alone need " + format_bytes(layout_.bytes()) +
@@ -103,23 +49,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
                                              "), more than the device budget of " +
                                              format_bytes(options_.device_budget));
   }
-
-  CacheConfig cc;
-  cc.layers = config_.layers;
-  cc.kv_heads = config_.kv_heads;
-  cc.head_dim = config_.head_dim;
-  cc.max_seq = options_.max_seq;
-  cc.slots = options_.slots;
-  cc.dtype = dtype;
-  cc.resident_layers = options_.resident_layers;
-  cc.ring_depth = options_.ring_depth;
-  cc.device_budget = options_.device_budget;
-  cc.backend = backend;
-  cc.host = options_.host;
-  cc.reserved.push_back({"weights", layout_.bytes()});
-  cc.reserved.push_back({"activations", activation_bytes_});
-  if (workspace > 0) cc.reserved.push_back({"workspace", workspace});
-  cache_ = std::make_unique<OffloadedStaticCache>(cc);
+  cache_ = std::make_unique<OffloadedStaticCache>(memory.cache);
 
   act_->carve(static_cast<std::byte*>(cache_->reserved("activations")), config_, dtype, R, P,
               options_.slots);
@@ -183,7 +113,7 @@ void Decoder::attention_block(int layer, const LayerView& view, float* x, int n,
                               int first_position, bool decode) {
   const LayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
   const ModelConfig& c = config_;
-  Activations& a = *act_;
+  ActivationLayout& a = *act_;
   const int h = c.hidden_size;
   const int qd = static_cast<int>(c.q_dim());
   const int kvd = static_cast<int>(c.kv_dim());
@@ -221,7 +151,7 @@ void Decoder::attention_block(int layer, const LayerView& view, float* x, int n,
 void Decoder::mlp_block(int layer, float* x, int n) {
   const LayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
   const ModelConfig& c = config_;
-  Activations& a = *act_;
+  ActivationLayout& a = *act_;
   const int h = c.hidden_size;
   const int ff = c.intermediate_size;
   ops_->rms_norm(x, n, w.mlp_norm, a.xnorm);
@@ -262,7 +192,7 @@ void Decoder::prefill(int slot, const std::vector<std::int32_t>& tokens, float* 
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0) throw invalid("token id " + std::to_string(tokens[i]) + " is negative");
   }
-  Activations& a = *act_;
+  ActivationLayout& a = *act_;
   if (stream_ != nullptr) cache_->synchronize_stream(stream_);
   cache_->copy_to_device(a.tokens, tokens.data(), tokens.size() * sizeof(std::int32_t));
   ops_->embed(a.tokens, n, weights_.embed, a.residual);
@@ -308,7 +238,7 @@ void Decoder::decode(const std::vector<std::int32_t>& tokens, float* logits) {
     ++n;
   }
   if (n == 0) return;
-  Activations& a = *act_;
+  ActivationLayout& a = *act_;
   if (stream_ != nullptr) cache_->synchronize_stream(stream_);
   cache_->copy_to_device(a.rows, host_rows_.data(), host_rows_.size() * sizeof(std::int32_t));
   ops_->embed(a.rows, n, weights_.embed, a.residual);

@@ -24,6 +24,7 @@
 namespace kvo::model {
 
 class Ops;
+struct ActivationLayout;
 
 // Where the weights come from: a checkpoint directory (config.json + safetensors), or, when
 // `checkpoint_dir` is empty, values drawn from `seed` on the device itself.
@@ -78,7 +79,6 @@ class Decoder {
   std::uint64_t activation_bytes() const { return activation_bytes_; }
 
  private:
-  struct Activations;
   void check_tokens(const std::vector<std::int32_t>& tokens) const;
   void attention_block(int layer, const LayerView& view, float* x, int n, int slot,
                        int first_position, bool decode);
@@ -89,7 +89,7 @@ class Decoder {
   DecoderOptions options_;
   WeightLayout layout_;
   std::unique_ptr<OffloadedStaticCache> cache_;
-  std::unique_ptr<Activations> act_;
+  std::unique_ptr<ActivationLayout> act_;
   std::unique_ptr<Ops> ops_;
   ModelWeights weights_;
   void* stream_ = nullptr;

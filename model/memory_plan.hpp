@@ -1,0 +1,67 @@
+// The decoder's device memory, computed from its shape alone: the one source of truth that the
+// Decoder allocates by (through the cache's reserved regions) and that the public planner
+// (include/kvoffload/planner.hpp) and kvo-vram report.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvoffload/config.hpp"
+#include "model/decoder.hpp"
+#include "model/model_config.hpp"
+
+namespace kvo::model {
+
+// Largest split count of decode attention, and cuBLAS's workspace: fixed sizes of the CUDA path.
+inline constexpr int kMaxAttentionSplits = 32;
+inline constexpr std::uint64_t kCublasWorkspaceBytes = 32ull << 20;
+
+// The CUDA path's workspace: cuBLAS workspace | GEMM input [rows][widest] (weight dtype, none in
+// f32) | decode-attention partials [decode rows][heads][kMaxAttentionSplits][head_dim + 2] f32.
+struct WorkspaceLayout {
+  std::uint64_t gemm_input = 0;  // offsets in bytes
+  std::uint64_t partials = 0;
+  std::uint64_t bytes = 0;
+  WorkspaceLayout(const ModelConfig& config, DType weight_dtype, int max_rows, int max_decode_rows);
+};
+
+// The activations region, carved into buffers. R = rows of the largest chunk or decode batch,
+// P = longest prompt (the residual stream of a layer-major prefill holds all of it).
+struct ActivationLayout {
+  float* residual = nullptr;       // [P][hidden]
+  float* xnorm = nullptr;          // [R][hidden]
+  float* q = nullptr;              // [R][heads][head_dim]
+  float* k = nullptr;              // [R][kv_heads][head_dim]
+  float* v = nullptr;              // [R][kv_heads][head_dim]
+  float* attn = nullptr;           // [R][heads][head_dim]
+  float* gate = nullptr;           // [R][intermediate]
+  float* up = nullptr;             // [R][intermediate]
+  void* k_rows = nullptr;          // [R][kv_heads][head_dim], cache dtype
+  void* v_rows = nullptr;          // same
+  float* logits = nullptr;         // [slots][vocab]
+  std::int32_t* tokens = nullptr;  // [P]
+  std::int32_t* rows = nullptr;    // [3][slots]: tokens, slots, positions of a decode step
+  float* inv_freq = nullptr;       // [head_dim / 2]
+
+  // Lays the buffers out from `base` (nullptr: only counts). Returns the bytes used.
+  std::uint64_t carve(std::byte* base, const ModelConfig& c, DType dtype, int R, int P, int slots);
+};
+
+// Everything the decoder puts on the device besides its K/V, and the cache config that holds it.
+struct DecoderMemory {
+  DType dtype = DType::kBF16;  // weights and K/V
+  int max_rows = 1;            // R
+  int max_prompt = 1;          // longest prompt prefilled at once
+  int prompt_rows = 1;         // P: max(max_prompt, slots), rows of the residual stream
+  std::uint64_t weights = 0;
+  std::uint64_t activations = 0;
+  std::uint64_t workspace = 0;  // CUDA only
+  CacheConfig cache;            // shape, budget, and the three regions above as reserved ones
+};
+
+// REQUIRES: validate(config) passes; `backend` is resolved (kCuda or kHost).
+// Throws kvo::Error(kInvalidArgument) for bad options.
+DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOptions& options,
+                                  BackendKind backend);
+
+}  // namespace kvo::model
