@@ -5,7 +5,7 @@
 
 #include "kvoffload/error.hpp"
 
-namespace kvo::offload {
+namespace kvo {
 
 std::uint64_t host_available_bytes() {
   std::ifstream meminfo("/proc/meminfo");
@@ -17,6 +17,8 @@ std::uint64_t host_available_bytes() {
   }
   return UINT64_MAX;
 }
+
+namespace offload {
 
 HostStore::HostStore(prefetch::Backend& backend, const CachePlan& plan, int slots, int max_seq)
     : backend_(backend),
@@ -45,4 +47,5 @@ void HostStore::truncate(int slot, int length) {
   if (length < this->length(slot)) set_length(slot, length);
 }
 
-}  // namespace kvo::offload
+}  // namespace offload
+}  // namespace kvo

@@ -11,12 +11,10 @@
 #include <vector>
 
 #include "kvoffload/plan.hpp"
+#include "kvoffload/planner.hpp"
 #include "prefetch/backend.hpp"
 
 namespace kvo::offload {
-
-// MemAvailable from /proc/meminfo, or UINT64_MAX where it cannot be read.
-std::uint64_t host_available_bytes();
 
 class HostStore {
  public:

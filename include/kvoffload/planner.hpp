@@ -1,0 +1,69 @@
+// The memory planner: for a model (a preset or a Hugging Face config.json), a context length and
+// a VRAM budget, the device bytes of every component and the host bytes, for kvoffload and for
+// the strategies a user would compare it with. The decoder allocates exactly what this plans.
+// plan_memory and compare_strategies live in the kvo_model library (they need model shapes);
+// host_available_bytes in kvoffload.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvoffload/config.hpp"
+#include "kvoffload/types.hpp"
+
+namespace kvo {
+
+struct MemoryQuery {
+  // A preset name (tiny, llama3-8b, mistral-7b, qwen2.5-7b), a directory with a config.json, or
+  // the path of a config.json.
+  std::string model = "llama3-8b";
+  bool override_dtype = false;  // else the model's own dtype
+  DType dtype = DType::kBF16;   // weights and K/V
+  int max_seq = 4096;           // the context, tokens per slot
+  int slots = 1;
+  int chunk = 512;     // prefill rows per attention/MLP chunk
+  int max_prompt = 0;  // longest prompt prefilled at once; 0: max_seq
+  int ring_depth = 2;
+  int resident_layers = kAutoResidentLayers;
+  std::uint64_t budget = 0;  // device bytes; 0: none
+  // Which path's workspaces to count: kCuda (cuBLAS and attention partials) or kHost (none).
+  BackendKind backend = BackendKind::kCuda;
+};
+
+enum class Strategy {
+  kAllOnDevice,        // a plain static cache: every layer's full K/V on the device
+  kHfOffloadedStatic,  // transformers' OffloadedStaticCache: layer 0 and two full-length
+                       // one-layer buffers on the device, the other layers on the host
+  kKvoffload,          // resident layers that fit the budget, a ring of staging buffers
+};
+
+const char* strategy_name(Strategy strategy);  // "all-on-device", "hf-offloaded-static", ...
+
+struct MemoryPlan {
+  Strategy strategy = Strategy::kKvoffload;
+  std::uint64_t weights_bytes = 0;
+  std::uint64_t kv_device_bytes = 0;  // K/V on the device: resident layers + buffers
+  std::uint64_t activation_bytes = 0;
+  std::uint64_t workspace_bytes = 0;  // library workspaces (cuBLAS, attention partials)
+  std::uint64_t total_bytes = 0;      // all of the above
+  std::uint64_t host_bytes = 0;       // pinned host K/V
+  int resident_layers = 0;            // layers whose K/V stays on the device
+  int layers = 0;
+  bool fits = false;                       // total_bytes <= budget (always true without a budget)
+  std::uint64_t host_available_bytes = 0;  // this machine's available memory
+  bool host_fits = false;                  // host_bytes <= host_available_bytes
+};
+
+// kvoffload's plan: as many resident layers as the budget holds. Throws kvo::Error:
+// kOutOfMemory naming the missing bytes when not even a ring fits (or the weights alone do
+// not), kInvalidArgument for an unknown model, a malformed config or bad sizes.
+MemoryPlan plan_memory(const MemoryQuery& query);
+
+// The three strategies side by side. Never throws for a budget they do not fit: `fits` says.
+std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query);
+
+// MemAvailable of this machine (UINT64_MAX where it cannot be read).
+std::uint64_t host_available_bytes();
+
+}  // namespace kvo

@@ -1,0 +1,201 @@
+// The memory planner: what it plans is what the decoder allocates, to the byte; R is the largest
+// that fits; the comparison strategies follow their own formulas; bad input is a clear error.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "kvoffload/kvoffload.hpp"
+#include "kvoffload/planner.hpp"
+#include "model/decoder.hpp"
+#include "model/model_config.hpp"
+
+namespace kvo {
+namespace {
+
+MemoryQuery tiny(int max_seq, std::uint64_t budget, int slots = 1, int chunk = 64) {
+  MemoryQuery q;
+  q.model = "tiny";
+  q.max_seq = max_seq;
+  q.slots = slots;
+  q.chunk = chunk;
+  q.budget = budget;
+  q.backend = BackendKind::kHost;
+  return q;
+}
+
+model::DecoderOptions options_of(const MemoryQuery& q) {
+  model::DecoderOptions o;
+  o.max_seq = q.max_seq;
+  o.slots = q.slots;
+  o.chunk = q.chunk;
+  o.max_prompt = q.max_prompt;
+  o.device_budget = q.budget;
+  o.resident_layers = q.resident_layers;
+  o.ring_depth = q.ring_depth;
+  o.backend = BackendKind::kHost;
+  return o;
+}
+
+std::uint64_t layer_kv_bytes(const MemoryQuery& q) {
+  const model::ModelConfig c = model::preset(q.model);
+  return 2ull * q.slots * c.kv_heads * q.max_seq * c.head_dim * dtype_size(c.dtype);
+}
+
+TEST(Planner, TheDecoderAllocatesExactlyThePlan) {
+  const model::ModelConfig config = model::preset("tiny");
+  struct Case {
+    int max_seq, slots, chunk;
+    double budget_in_layers;  // the budget: plan without KV + this many layers of KV
+  };
+  for (const Case& c : {Case{256, 1, 64, 1e9}, Case{512, 2, 100, 2.5}, Case{1000, 3, 33, 3.2},
+                        Case{2048, 1, 512, 4.0}, Case{777, 2, 7, 2.0}}) {
+    MemoryQuery q = tiny(c.max_seq, 0, c.slots, c.chunk);
+    const MemoryPlan unbounded = plan_memory(q);
+    const std::uint64_t non_kv = unbounded.total_bytes - unbounded.kv_device_bytes;
+    q.budget = c.budget_in_layers > 100
+                   ? 0
+                   : non_kv + static_cast<std::uint64_t>(c.budget_in_layers *
+                                                         static_cast<double>(layer_kv_bytes(q)));
+    const MemoryPlan plan = plan_memory(q);
+    model::Decoder decoder(config, {"", 7}, options_of(q));
+    const CacheStats st = decoder.cache().stats();
+    EXPECT_EQ(st.plan.device_bytes, plan.total_bytes) << c.max_seq;  // the one arena
+    EXPECT_EQ(st.device_allocations, 1u);
+    EXPECT_EQ(st.plan.host_bytes, plan.host_bytes);
+    EXPECT_EQ(st.plan.resident_layers, plan.resident_layers);
+    EXPECT_EQ(decoder.weight_bytes(), plan.weights_bytes);
+    EXPECT_EQ(decoder.activation_bytes(), plan.activation_bytes);
+    EXPECT_EQ(plan.workspace_bytes, 0u);  // the host path has no library workspace
+    if (q.budget != 0) {
+      EXPECT_LE(plan.total_bytes, q.budget);
+    }
+  }
+}
+
+TEST(Planner, KeepsTheLargestResidentCountThatFits) {
+  MemoryQuery q = tiny(1024, 0);
+  const MemoryPlan unbounded = plan_memory(q);
+  ASSERT_EQ(unbounded.resident_layers, 4);
+  const std::uint64_t non_kv = unbounded.total_bytes - unbounded.kv_device_bytes;
+  for (std::uint64_t kv = 2 * layer_kv_bytes(q); kv <= 5 * layer_kv_bytes(q);
+       kv += layer_kv_bytes(q) / 5) {
+    q.budget = non_kv + kv;
+    const MemoryPlan plan = plan_memory(q);
+    EXPECT_LE(plan.total_bytes, q.budget);
+    if (plan.resident_layers < 4) {
+      MemoryQuery more = q;
+      more.budget = 0;
+      more.resident_layers = plan.resident_layers + 1;
+      EXPECT_GT(plan_memory(more).total_bytes, q.budget) << "R=" << plan.resident_layers;
+    }
+  }
+}
+
+TEST(Planner, WhenEverythingFitsNothingMoves) {
+  MemoryQuery q = tiny(512, 0);
+  q.budget = plan_memory(q).total_bytes;  // exactly everything resident
+  const MemoryPlan plan = plan_memory(q);
+  EXPECT_EQ(plan.resident_layers, 4);
+  EXPECT_EQ(plan.host_bytes, 0u);
+  model::Decoder decoder(model::preset("tiny"), {"", 3}, options_of(q));
+  std::vector<float> logits(4096);
+  decoder.prefill(0, std::vector<std::int32_t>(100, 5), logits.data());
+  for (int i = 0; i < 5; ++i) decoder.decode({17}, logits.data());
+  EXPECT_EQ(decoder.cache().stats().h2d_bytes_total, 0u);
+  EXPECT_EQ(decoder.cache().stats().d2h_bytes_total, 0u);
+}
+
+TEST(Planner, StrategiesFollowTheirFormulas) {
+  for (int max_seq : {4096, 32768, 131072}) {
+    MemoryQuery q;
+    q.model = "llama3-8b";
+    q.max_seq = max_seq;
+    q.budget = 24ull << 30;
+    const auto plans = compare_strategies(q);
+    ASSERT_EQ(plans.size(), 3u);
+    // 32 layers x K and V x 8 heads x 128 x bf16 = 128 KiB per token; a layer is 4 KiB per token.
+    const std::uint64_t layer = 4096ull * max_seq;
+    const MemoryPlan& all = plans[0];
+    const MemoryPlan& hf = plans[1];
+    EXPECT_EQ(all.strategy, Strategy::kAllOnDevice);
+    EXPECT_EQ(all.kv_device_bytes, 32 * layer);
+    EXPECT_EQ(all.host_bytes, 0u);
+    EXPECT_EQ(hf.strategy, Strategy::kHfOffloadedStatic);
+    EXPECT_EQ(hf.kv_device_bytes, 3 * layer);  // layer 0 + two full-length buffers
+    EXPECT_EQ(hf.host_bytes, 31 * layer);
+    for (const MemoryPlan& p : plans) {
+      EXPECT_EQ(p.weights_bytes, all.weights_bytes);
+      EXPECT_EQ(p.total_bytes,
+                p.weights_bytes + p.kv_device_bytes + p.activation_bytes + p.workspace_bytes);
+      EXPECT_EQ(p.fits, p.total_bytes <= q.budget);
+    }
+    EXPECT_EQ(plans[2].strategy, Strategy::kKvoffload);
+  }
+  // The headline: at 128K on a 24 GiB budget, everything on the device does not fit; kvoffload
+  // does. Llama-3-8B's weights are 8.03e9 parameters in bf16.
+  MemoryQuery q;
+  q.max_seq = 131072;
+  q.budget = 24ull << 30;
+  const auto plans = compare_strategies(q);
+  EXPECT_EQ(plans[0].weights_bytes / 2, 8030261248u);
+  EXPECT_FALSE(plans[0].fits);
+  EXPECT_TRUE(plans[2].fits);
+  EXPECT_GT(plans[2].resident_layers, 0);
+  EXPECT_LT(plans[2].resident_layers, 32);
+}
+
+TEST(Planner, ImpossibleBudgetsNameTheMissingBytes) {
+  MemoryQuery q = tiny(1024, 0);
+  q.resident_layers = 0;
+  const MemoryPlan smallest = plan_memory(q);
+  q.resident_layers = kAutoResidentLayers;
+  q.budget = smallest.total_bytes - 1000;
+  try {
+    plan_memory(q);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+    EXPECT_NE(std::string(e.what()).find("missing 1000 B"), std::string::npos) << e.what();
+  }
+  const auto plans = compare_strategies(q);  // no throw: says it does not fit
+  EXPECT_FALSE(plans[2].fits);
+  q.budget = smallest.weights_bytes - 1;
+  try {
+    plan_memory(q);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the weights alone need"), std::string::npos);
+  }
+}
+
+TEST(Planner, ModelsByPresetOrConfigAndClearErrors) {
+  MemoryQuery q = tiny(256, 0);
+  q.model = "no-such-model";
+  try {
+    plan_memory(q);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("llama3-8b"), std::string::npos) << e.what();
+  }
+  // A config.json path and its directory plan the same as the preset it was written from.
+  const std::string dir = ::testing::TempDir() + "/planner_model";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json") << model::to_config_json(model::preset("tiny"));
+  const std::uint64_t expected = plan_memory(tiny(256, 0)).total_bytes;
+  q.model = dir;
+  EXPECT_EQ(plan_memory(q).total_bytes, expected);
+  q.model = dir + "/config.json";
+  EXPECT_EQ(plan_memory(q).total_bytes, expected);
+  // The CUDA path adds its workspace, nothing else.
+  MemoryQuery cuda = tiny(256, 0);
+  cuda.backend = BackendKind::kCuda;
+  EXPECT_GT(plan_memory(cuda).workspace_bytes, 32u << 20);
+  EXPECT_EQ(plan_memory(cuda).total_bytes - plan_memory(cuda).workspace_bytes, expected);
+  EXPECT_GT(host_available_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace kvo
