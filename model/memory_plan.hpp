@@ -5,8 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kvoffload/config.hpp"
+#include "kvoffload/planner.hpp"
 #include "model/decoder.hpp"
 #include "model/model_config.hpp"
 
@@ -63,5 +65,12 @@ struct DecoderMemory {
 // Throws kvo::Error(kInvalidArgument) for bad options.
 DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOptions& options,
                                   BackendKind backend);
+
+// The model a MemoryQuery names: a preset, a directory holding a config.json, or its path.
+// Throws kvo::Error(kInvalidArgument) naming the presets when it is none of them.
+ModelConfig resolve_model(const std::string& name);
+
+// The decoder options a MemoryQuery describes (backend left as the query's).
+DecoderOptions decoder_options(const MemoryQuery& query);
 
 }  // namespace kvo::model

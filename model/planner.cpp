@@ -12,39 +12,11 @@
 namespace kvo {
 namespace {
 
-model::ModelConfig resolve_model(const std::string& name) {
-  const auto presets = model::preset_names();
-  if (std::find(presets.begin(), presets.end(), name) != presets.end()) {
-    return model::preset(name);
-  }
-  const std::filesystem::path path(name);
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    return model::load_model_config((path / "config.json").string());
-  }
-  if (std::filesystem::is_regular_file(path, ec)) return model::load_model_config(name);
-  std::string known;
-  for (const auto& p : presets) known += (known.empty() ? "" : ", ") + p;
-  throw Error(ErrorCode::kInvalidArgument, "unknown model '" + name + "': neither a preset (" +
-                                               known +
-                                               ") nor a config.json or a directory holding one");
-}
-
 model::DecoderMemory decoder_memory(const MemoryQuery& q, const model::ModelConfig& config) {
   if (q.backend == BackendKind::kAuto) {
     throw Error(ErrorCode::kInvalidArgument, "the planner needs a backend: cuda or host");
   }
-  model::DecoderOptions options;
-  options.max_seq = q.max_seq;
-  options.slots = q.slots;
-  options.chunk = q.chunk;
-  options.max_prompt = q.max_prompt;
-  options.resident_layers = q.resident_layers;
-  options.ring_depth = q.ring_depth;
-  options.device_budget = q.budget;
-  options.override_dtype = q.override_dtype;
-  options.dtype = q.dtype;
-  return model::plan_decoder_memory(config, options, q.backend);
+  return model::plan_decoder_memory(config, model::decoder_options(q), q.backend);
 }
 
 MemoryPlan base_plan(Strategy strategy, const model::DecoderMemory& m, int layers) {
@@ -105,12 +77,12 @@ const char* strategy_name(Strategy strategy) {
 }
 
 MemoryPlan plan_memory(const MemoryQuery& query) {
-  const model::ModelConfig config = resolve_model(query.model);
+  const model::ModelConfig config = model::resolve_model(query.model);
   return kvoffload_plan(decoder_memory(query, config), config.layers, query.budget);
 }
 
 std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query) {
-  const model::ModelConfig config = resolve_model(query.model);
+  const model::ModelConfig config = model::resolve_model(query.model);
   const model::DecoderMemory m = decoder_memory(query, config);
   const std::uint64_t layer = plain_layer_bytes(m);
   const auto layers = static_cast<std::uint64_t>(config.layers);
@@ -150,3 +122,40 @@ std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query) {
 }
 
 }  // namespace kvo
+
+namespace kvo::model {
+
+ModelConfig resolve_model(const std::string& name) {
+  const auto presets = preset_names();
+  if (std::find(presets.begin(), presets.end(), name) != presets.end()) {
+    return preset(name);
+  }
+  const std::filesystem::path path(name);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return load_model_config((path / "config.json").string());
+  }
+  if (std::filesystem::is_regular_file(path, ec)) return load_model_config(name);
+  std::string known;
+  for (const auto& p : presets) known += (known.empty() ? "" : ", ") + p;
+  throw Error(ErrorCode::kInvalidArgument, "unknown model '" + name + "': neither a preset (" +
+                                               known +
+                                               ") nor a config.json or a directory holding one");
+}
+
+DecoderOptions decoder_options(const MemoryQuery& q) {
+  DecoderOptions options;
+  options.max_seq = q.max_seq;
+  options.slots = q.slots;
+  options.chunk = q.chunk;
+  options.max_prompt = q.max_prompt;
+  options.resident_layers = q.resident_layers;
+  options.ring_depth = q.ring_depth;
+  options.device_budget = q.budget;
+  options.override_dtype = q.override_dtype;
+  options.dtype = q.dtype;
+  options.backend = q.backend;
+  return options;
+}
+
+}  // namespace kvo::model

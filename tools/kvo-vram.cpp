@@ -11,6 +11,7 @@
 #include "kvoffload/planner.hpp"
 #include "model/cuda_ops.hpp"
 #include "model/decoder.hpp"
+#include "model/memory_plan.hpp"
 #include "model/model_config.hpp"
 #include "tools/cli.hpp"
 #include "tools/svg_chart.hpp"
@@ -91,15 +92,7 @@ std::string gib_tick(double value) {
 
 // Runs one context for real on the GPU and returns the peak device bytes the run added.
 std::uint64_t measure(const kvo::MemoryQuery& q, const kvo::model::ModelConfig& config) {
-  kvo::model::DecoderOptions options;
-  options.max_seq = q.max_seq;
-  options.slots = q.slots;
-  options.chunk = q.chunk;
-  options.max_prompt = q.max_prompt;
-  options.ring_depth = q.ring_depth;
-  options.device_budget = q.budget;
-  options.override_dtype = q.override_dtype;
-  options.dtype = q.dtype;
+  kvo::model::DecoderOptions options = kvo::model::decoder_options(q);
   options.backend = kvo::BackendKind::kCuda;
   const std::uint64_t before = kvo::model::cuda_device_bytes_in_use();
   std::uint64_t peak = before;
