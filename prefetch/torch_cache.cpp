@@ -89,10 +89,10 @@ void OffloadedStaticCache::check_states(const at::Tensor& states, const char* na
                   device_of(device_) + " (the " + backend_name(cache_.backend()) + " backend)");
   }
   const CacheConfig& c = cache_.config();
-  if (states.dim() != 4 || states.size(0) != c.slots || states.size(1) != c.kv_heads ||
-      states.size(2) < 1 || states.size(3) != c.head_dim) {
-    throw invalid(where + name + " has shape " + shape_of(states) + ", expected [" +
-                  std::to_string(c.slots) + " (batch = slots), " + std::to_string(c.kv_heads) +
+  if (states.dim() != 4 || states.size(0) < 1 || states.size(0) > c.slots ||
+      states.size(1) != c.kv_heads || states.size(2) < 1 || states.size(3) != c.head_dim) {
+    throw invalid(where + name + " has shape " + shape_of(states) + ", expected [1.." +
+                  std::to_string(c.slots) + " (batch <= slots), " + std::to_string(c.kv_heads) +
                   " (kv_heads), n >= 1 (tokens), " + std::to_string(c.head_dim) + " (head_dim)]");
   }
 }
@@ -139,10 +139,11 @@ std::tuple<at::Tensor, at::Tensor> OffloadedStaticCache::update(const at::Tensor
                   " differ in shape");
   }
   const std::int64_t n = key_states.size(2);
+  const int batch = static_cast<int>(key_states.size(0));  // rows use slots [0, batch)
 
   // Where the rows go: the length the step starts from, the same for every row of the batch.
   const std::int64_t committed = cache_.length(0);
-  for (int s = 1; s < slots_; ++s) {
+  for (int s = 1; s < batch; ++s) {
     if (cache_.length(s) != committed) {
       throw protocol(
           "update: rows of the batch hold different lengths (slot 0: " + std::to_string(committed) +
@@ -181,6 +182,11 @@ std::tuple<at::Tensor, at::Tensor> OffloadedStaticCache::update(const at::Tensor
       throw invalid("update of layer " + std::to_string(layer) + " with " + std::to_string(n) +
                     " tokens, but layer 0 of this step had " + std::to_string(step_tokens_));
     }
+    if (batch != step_batch_) {
+      throw invalid("update of layer " + std::to_string(layer) + " with a batch of " +
+                    std::to_string(batch) + " rows, but layer 0 of this step had " +
+                    std::to_string(step_batch_));
+    }
   }
   check_positions(cache_position, length, n);
 
@@ -195,10 +201,14 @@ std::tuple<at::Tensor, at::Tensor> OffloadedStaticCache::update(const at::Tensor
       cache_.end_step();
       in_step_ = false;
     }
-    std::fill(new_tokens_.begin(), new_tokens_.end(), static_cast<std::int32_t>(n));
+    // Rows [0, batch) get n tokens; the slots past the batch sit the step out.
+    for (int s = 0; s < slots_; ++s) {
+      new_tokens_[static_cast<std::size_t>(s)] = s < batch ? static_cast<std::int32_t>(n) : 0;
+    }
     cache_.begin_step(new_tokens_);
     in_step_ = true;
     step_tokens_ = n;
+    step_batch_ = batch;
   } else {
     cache_.release(held_layer_, stream);
   }
@@ -209,14 +219,14 @@ std::tuple<at::Tensor, at::Tensor> OffloadedStaticCache::update(const at::Tensor
   const std::size_t slot_bytes = static_cast<std::size_t>(k_rows.stride(0)) * k_rows.element_size();
   const auto* k_base = static_cast<const char*>(k_rows.data_ptr());
   const auto* v_base = static_cast<const char*>(v_rows.data_ptr());
-  for (int s = 0; s < slots_; ++s) {
+  for (int s = 0; s < batch; ++s) {
     const std::size_t offset = static_cast<std::size_t>(s) * slot_bytes;
     cache_.append(layer, s, k_base + offset, v_base + offset, static_cast<int>(n), stream);
   }
 
   // [batch, kv_heads, length + n, head_dim] over the NHD buffer: zero-copy, strided.
   const at::TensorOptions options = at::TensorOptions().dtype(dtype_).device(device_);
-  const std::vector<std::int64_t> sizes = {slots_, view.kv_heads, length + n, view.head_dim};
+  const std::vector<std::int64_t> sizes = {batch, view.kv_heads, length + n, view.head_dim};
   const std::vector<std::int64_t> strides = {view.slot_stride, view.head_stride, view.token_stride,
                                              1};
   return {at::from_blob(view.k, sizes, strides, options),
@@ -241,6 +251,7 @@ void OffloadedStaticCache::reset() {
     in_step_ = false;
     held_layer_ = -1;
     step_tokens_ = 0;
+    step_batch_ = 0;
   }
   for (int s = 0; s < slots_; ++s) cache_.reset_slot(s);
 }
@@ -258,6 +269,7 @@ void OffloadedStaticCache::end_step() {
   in_step_ = false;
   held_layer_ = -1;
   step_tokens_ = 0;
+  step_batch_ = 0;
 }
 
 }  // namespace kvo::torch

@@ -5,8 +5,9 @@
 // How the HF calls map onto the per-step protocol (kvoffload/cache.hpp):
 //
 //   update(k, v, 0, ...)     ends the previous step if one is open (release of its last layer,
-//                            end_step), begin_step(n = k.size(2) for every row), acquire(0),
-//                            append the rows of every batch row
+//                            end_step), begin_step(n = k.size(2) for every row of the batch, 0
+//                            for the slots past it), acquire(0), append the rows of every
+//                            batch row
 //   update(k, v, l > 0, ...) release(l - 1) (the caller's attention on l - 1 is enqueued by
 //                            now), acquire(l), append
 //   get_seq_length(), reset(), end_step()
@@ -23,8 +24,9 @@
 // call on this cache, which may release the buffer for reuse. Use them for this layer's
 // attention, do not keep them, do not write to them.
 //
-// Rows of the batch are the cache's slots and all sit at the same position, as in HF's static
-// cache: batch == config.slots. Tensors: CPU tensors on the host backend, CUDA tensors of device
+// Rows of the batch are the cache's first slots and all sit at the same position, as in HF's
+// static cache: 1 <= batch <= config.slots, the same batch for every layer of a step; slots past
+// the batch sit the step out. Tensors: CPU tensors on the host backend, CUDA tensors of device
 // config.device on the CUDA backend, dtype matching config.dtype (f32 float, f16 half, bf16
 // bfloat16). On CUDA the work is ordered on the current torch CUDA stream of that device.
 //
@@ -95,7 +97,8 @@ class OffloadedStaticCache {
   bool in_step_ = false;
   int held_layer_ = -1;                   // acquired and not yet released
   std::int64_t step_tokens_ = 0;          // n of the open step
-  std::vector<std::int32_t> new_tokens_;  // [slots], all step_tokens_
+  int step_batch_ = 0;                    // rows of the open step: slots [0, step_batch_)
+  std::vector<std::int32_t> new_tokens_;  // [slots]: step_tokens_ for the batch, 0 past it
   void* last_stream_ = nullptr;
 };
 

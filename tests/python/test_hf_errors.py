@@ -110,11 +110,17 @@ class Mismatches(unittest.TestCase):
         self.assertIn("max_batch_size=1", message)
         self.assert_untouched(cache)
 
-    def test_batch_smaller_than_max_batch_size(self):
-        cache = cpu_cache(self.model, batch=2)
-        with self.assertRaises(ValueError) as raised:
-            greedy(self.model, cache, self.ids, self.mask, 2)
-        self.assertIn("exactly max_batch_size", str(raised.exception))
+    def test_batch_smaller_than_max_batch_size_uses_the_first_slots(self):
+        # A cache sized for 3 rows serves a batch of 1, and then a batch of 3 after reset(),
+        # with exactly the tokens of transformers' own StaticCache.
+        cache = cpu_cache(self.model, batch=3)
+        for rows in (1, 3):
+            ids, mask = prompts(rows, 6, seed=20 + rows)
+            cache.reset()
+            ours = greedy(self.model, cache, ids, mask, 5)
+            theirs = greedy(self.model, StaticCache(config=self.model.config,
+                                                    max_cache_len=MAX_CACHE_LEN), ids, mask, 5)
+            self.assertEqual(ours.tolist(), theirs.tolist(), f"batch of {rows}")
 
     def test_past_max_cache_len_during_decode(self):
         # 6 prompt tokens + 20 new ones need 25 positions; the cache has 24. The error comes at

@@ -52,8 +52,8 @@ that device (acquire waits on an event, release records one; copies run on the c
 streams). For CPU tensors it uses the host backend: "device" memory is host memory, copies happen on
 the calling thread, and every byte count is exact.
 
-Limits: every row of a batch is one of the cache's slots, so the batch must be exactly
-max_batch_size; all rows advance together (left padding, as generate does); no beam search; only
+Limits: every row of a batch is one of the cache's slots, so the batch holds at most
+max_batch_size rows (a smaller batch uses the first slots); all rows advance together (left padding, as generate does); no beam search; only
 attention layers that keep every token (full attention, or a sliding/chunked window no shorter
 than max_cache_len); one kv_heads/head_dim for every layer.
 """
@@ -256,7 +256,7 @@ class OffloadedStaticCache(Cache):
     Args:
         config: the model's config (``model.config``); its decoder part gives the number of
             layers, ``num_key_value_heads`` and ``head_dim``, and the layer types.
-        max_batch_size: rows per batch; generate must be called with exactly this many rows.
+        max_batch_size: the most rows a batch may have; generate may be called with fewer.
         max_cache_len: tokens per row, prompt included, allocated now; a generate that goes past
             it raises ValueError.
         device: where attention runs (``model.device``); a CUDA device uses the CUDA backend, the
@@ -383,12 +383,6 @@ class OffloadedStaticCache(Cache):
             raise ValueError(
                 f"the batch has {batch} rows but the cache was built for max_batch_size="
                 f"{self.max_batch_size}; build it with max_batch_size={batch}"
-            )
-        if batch < self.max_batch_size:
-            raise ValueError(
-                f"the batch has {batch} rows but the cache was built for max_batch_size="
-                f"{self.max_batch_size}: every row is one of the cache's slots, so the batch must "
-                f"be exactly max_batch_size (build the cache with max_batch_size={batch})"
             )
         if layer_idx == 0:
             held = self._native.get_seq_length()  # commits the previous step
