@@ -54,11 +54,15 @@ class Backend {
   // Host blocks until `event`'s last record has completed / until `stream` is drained.
   virtual void synchronize_event(EventHandle event) = 0;
   virtual void synchronize_stream(StreamHandle stream) = 0;
+  // fn must not call into the backend or the cache (as with cudaLaunchHostFunc).
   virtual void launch_host_func(StreamHandle stream, void (*fn)(void*), void* arg) = 0;
+  // Host blocks until every stream this backend made (and, on CUDA, the device) is idle.
+  virtual void synchronize_all() = 0;
   // Blocking copies for tools and tests (not on the hot path).
   virtual void copy_sync(void* dst, const void* src, std::size_t bytes) = 0;
 
-  // Total time wait_measured() held streams so far. May wait for outstanding measurements.
+  // Total time wait_measured() held streams, counting the waits that have completed; never
+  // blocks. Exact once the streams that waited are idle.
   virtual double stall_seconds() = 0;
 
   virtual MemoryCounters memory() const = 0;

@@ -37,9 +37,27 @@ struct OffloadedStaticCache::Impl {
     if (plan.streamed_layers > 0) {
       ring = std::make_unique<prefetch::StagingRing>(*backend, *store, *arena, plan);
     }
+    resident_released.resize(static_cast<std::size_t>(plan.resident_layers));
+    for (auto& event : resident_released) event = backend->create_event();
     new_tokens.assign(static_cast<std::size_t>(config.slots), 0);
     appended.assign(static_cast<std::size_t>(config.slots), 0);
   }
+
+  // The caller's streams may still read or append to the arena: let them finish before anything
+  // is freed, then destroy in reverse order of construction.
+  ~Impl() {
+    try {
+      if (backend) backend->synchronize_all();
+    } catch (...) {
+      // A destructor has no caller to report to; freeing goes on regardless.
+    }
+    ring.reset();
+    if (backend) {
+      for (auto event : resident_released) backend->destroy_event(event);
+    }
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
 
   void check_slot(int slot) const {
     if (slot < 0 || slot >= config.slots) {
@@ -77,6 +95,10 @@ struct OffloadedStaticCache::Impl {
   std::unique_ptr<offload::HostStore> store;
   std::unique_ptr<offload::DeviceArena> arena;
   std::unique_ptr<prefetch::StagingRing> ring;
+  // Per resident layer: recorded at release on the caller's stream, waited at acquire, so a
+  // step on another stream starts after the previous one's work on the layer (as the ring's
+  // events do for streamed layers).
+  std::vector<prefetch::EventHandle> resident_released;
 
   bool in_step = false;
   int next_layer = 0;
@@ -136,8 +158,12 @@ LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
                    (m.next_layer == m.config.layers ? " (none: call end_step)" : "") + ", got " +
                    std::to_string(layer));
   }
-  m.held_buffer =
-      m.is_resident(layer) ? nullptr : m.ring->acquire(layer - m.plan.resident_layers, stream);
+  if (m.is_resident(layer)) {
+    m.backend->wait_measured(stream, m.resident_released[static_cast<std::size_t>(layer)]);
+    m.held_buffer = nullptr;
+  } else {
+    m.held_buffer = m.ring->acquire(layer - m.plan.resident_layers, stream);
+  }
   m.held_layer = layer;
   std::fill(m.appended.begin(), m.appended.end(), 0);
 
@@ -196,7 +222,11 @@ void OffloadedStaticCache::release(int layer, void* stream) {
                      std::to_string(m.new_tokens[index]) + " new rows appended");
     }
   }
-  if (!m.is_resident(layer)) m.ring->release(layer - m.plan.resident_layers, stream);
+  if (m.is_resident(layer)) {
+    m.backend->record(m.resident_released[static_cast<std::size_t>(layer)], stream);
+  } else {
+    m.ring->release(layer - m.plan.resident_layers, stream);
+  }
   m.held_layer = -1;
   m.held_buffer = nullptr;
   m.next_layer = layer + 1;
@@ -224,6 +254,9 @@ void OffloadedStaticCache::end_step() {
 void OffloadedStaticCache::abort_step(void* stream) {
   Impl& m = *impl_;
   if (!m.in_step) throw protocol("abort_step without an open step");
+  if (m.held_layer >= 0 && m.is_resident(m.held_layer)) {
+    m.backend->record(m.resident_released[static_cast<std::size_t>(m.held_layer)], stream);
+  }
   if (m.ring) {
     const int held = m.held_layer >= 0 && !m.is_resident(m.held_layer)
                          ? m.held_layer - m.plan.resident_layers

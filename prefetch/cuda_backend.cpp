@@ -18,12 +18,19 @@ void cuda_check(cudaError_t status, const char* call, const char* file, int line
 
 namespace {
 
-// Makes `device` current for one scope and puts the caller's device back.
+// Makes `device` current for one scope and puts the caller's device back. A failure to switch
+// throws (never go on silently on the wrong device), except in the noexcept release paths,
+// which pass check = false and do their best.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
+  explicit DeviceGuard(int device, bool check = true) {
     if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device) {
-      if (cudaSetDevice(device) == cudaSuccess) restore_ = true;
+      const cudaError_t status = cudaSetDevice(device);
+      if (status == cudaSuccess) {
+        restore_ = true;
+      } else if (check) {
+        cuda_check(status, "cudaSetDevice(device)", __FILE__, __LINE__);
+      }
     }
   }
   ~DeviceGuard() {
@@ -61,19 +68,32 @@ CudaBackend::CudaBackend(int device) : device_(device) {
                                                  ")");
   }
   DeviceGuard guard(device_);
-  KVO_CUDA_CHECK(cudaSetDevice(device_));
-  for (StallProbe& probe : probes_) {
-    KVO_CUDA_CHECK(cudaEventCreate(&probe.start));
-    KVO_CUDA_CHECK(cudaEventCreate(&probe.end));
+  try {
+    KVO_CUDA_CHECK(cudaSetDevice(device_));
+    for (StallProbe& probe : probes_) {
+      KVO_CUDA_CHECK(cudaEventCreate(&probe.start));
+      KVO_CUDA_CHECK(cudaEventCreate(&probe.end));
+    }
+    KVO_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  } catch (...) {
+    destroy_probes();
+    throw;
   }
 }
 
-CudaBackend::~CudaBackend() {
-  DeviceGuard guard(device_);
+void CudaBackend::destroy_probes() noexcept {
   for (StallProbe& probe : probes_) {
     if (probe.start != nullptr) cudaEventDestroy(probe.start);
     if (probe.end != nullptr) cudaEventDestroy(probe.end);
+    probe = StallProbe{};
   }
+  if (copy_stream_ != nullptr) cudaStreamDestroy(copy_stream_);
+  copy_stream_ = nullptr;
+}
+
+CudaBackend::~CudaBackend() {
+  DeviceGuard guard(device_, false);
+  destroy_probes();
 }
 
 void* CudaBackend::alloc_device(std::size_t bytes) {
@@ -101,7 +121,7 @@ void* CudaBackend::alloc_device(std::size_t bytes) {
 
 void CudaBackend::free_device(void* ptr) noexcept {
   if (ptr == nullptr) return;
-  DeviceGuard guard(device_);
+  DeviceGuard guard(device_, false);
   cudaFree(ptr);
   std::lock_guard<std::mutex> lock(mutex_);
   memory_.device_bytes -= take_size(ptr);
@@ -127,7 +147,7 @@ void* CudaBackend::alloc_host(std::size_t bytes) {
 
 void CudaBackend::free_host(void* ptr) noexcept {
   if (ptr == nullptr) return;
-  DeviceGuard guard(device_);
+  DeviceGuard guard(device_, false);
   cudaFreeHost(ptr);
   std::lock_guard<std::mutex> lock(mutex_);
   memory_.host_bytes -= take_size(ptr);
@@ -157,7 +177,7 @@ StreamHandle CudaBackend::create_stream() {
 
 void CudaBackend::destroy_stream(StreamHandle stream) noexcept {
   if (stream == nullptr) return;
-  DeviceGuard guard(device_);
+  DeviceGuard guard(device_, false);
   cudaStreamSynchronize(as_stream(stream));
   cudaStreamDestroy(as_stream(stream));
 }
@@ -171,7 +191,7 @@ EventHandle CudaBackend::create_event() {
 
 void CudaBackend::destroy_event(EventHandle event) noexcept {
   if (event == nullptr) return;
-  DeviceGuard guard(device_);
+  DeviceGuard guard(device_, false);
   cudaEventDestroy(as_event(event));
 }
 
@@ -194,7 +214,7 @@ void CudaBackend::wait(StreamHandle stream, EventHandle event) {
 void CudaBackend::wait_measured(StreamHandle stream, EventHandle event) {
   DeviceGuard guard(device_);
   StallProbe& probe = probes_[next_probe_];
-  if (probe.pending) harvest_probes(false);
+  if (probe.pending) harvest_probes();
   if (probe.pending) {  // still in flight: leave this wait unmeasured rather than block
     KVO_CUDA_CHECK(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0));
     return;
@@ -206,12 +226,10 @@ void CudaBackend::wait_measured(StreamHandle stream, EventHandle event) {
   next_probe_ = (next_probe_ + 1) % kProbes;
 }
 
-void CudaBackend::harvest_probes(bool block) {
+void CudaBackend::harvest_probes() {
   for (StallProbe& probe : probes_) {
     if (!probe.pending) continue;
-    if (block) {
-      KVO_CUDA_CHECK(cudaEventSynchronize(probe.end));
-    } else if (cudaEventQuery(probe.end) != cudaSuccess) {
+    if (cudaEventQuery(probe.end) != cudaSuccess) {
       cudaGetLastError();  // cudaErrorNotReady is not an error here
       continue;
     }
@@ -237,14 +255,22 @@ void CudaBackend::launch_host_func(StreamHandle stream, void (*fn)(void*), void*
   KVO_CUDA_CHECK(cudaLaunchHostFunc(as_stream(stream), fn, arg));
 }
 
+// On a stream of its own and waited for: plain cudaMemcpy may return before a pageable
+// host-to-device copy has landed, and the legacy stream does not order non-blocking streams.
 void CudaBackend::copy_sync(void* dst, const void* src, std::size_t bytes) {
   DeviceGuard guard(device_);
-  KVO_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  KVO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, copy_stream_));
+  KVO_CUDA_CHECK(cudaStreamSynchronize(copy_stream_));
+}
+
+void CudaBackend::synchronize_all() {
+  DeviceGuard guard(device_);
+  KVO_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 double CudaBackend::stall_seconds() {
   DeviceGuard guard(device_);
-  harvest_probes(true);
+  harvest_probes();
   return stall_ms_ * 1e-3;
 }
 

@@ -38,6 +38,7 @@ class CudaBackend final : public Backend {
   void synchronize_event(EventHandle event) override;
   void synchronize_stream(StreamHandle stream) override;
   void launch_host_func(StreamHandle stream, void (*fn)(void*), void* arg) override;
+  void synchronize_all() override;
   void copy_sync(void* dst, const void* src, std::size_t bytes) override;
   double stall_seconds() override;
   MemoryCounters memory() const override;
@@ -49,12 +50,14 @@ class CudaBackend final : public Backend {
     cudaEvent_t end = nullptr;
     bool pending = false;
   };
-  // Adds the completed probes to stall_ms_; with `block`, waits for the pending ones first.
-  void harvest_probes(bool block);
+  // Adds the probes that have completed to stall_ms_; never blocks.
+  void harvest_probes();
+  void destroy_probes() noexcept;
   // REQUIRES: mutex_ held. Forgets an allocation and returns its size (0 if unknown).
   std::size_t take_size(void* ptr);
 
   int device_;
+  cudaStream_t copy_stream_ = nullptr;  // copy_sync's own stream: ordered and waited on
   static constexpr std::size_t kProbes = 128;
   std::array<StallProbe, kProbes> probes_{};
   std::size_t next_probe_ = 0;

@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "kvoffload/error.hpp"
 
@@ -37,11 +38,10 @@ class HostEvent {
   std::uint64_t next_record() { return ++recorded_; }
   std::uint64_t last_record() const { return recorded_.load(); }
 
+  // Notifies under the lock: a waiter may destroy the event as soon as it sees the completion.
   void complete(std::uint64_t gen) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (gen > completed_) completed_ = gen;
-    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (gen > completed_) completed_ = gen;
     cv_.notify_all();
   }
   void wait_for(std::uint64_t gen) {
@@ -340,6 +340,15 @@ void HostBackend::synchronize_stream(StreamHandle stream) {
   HostEvent drained;
   record(&drained, stream);
   synchronize_event(&drained);
+}
+
+void HostBackend::synchronize_all() {
+  std::vector<HostStream*> streams;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    streams.assign(streams_.begin(), streams_.end());
+  }
+  for (HostStream* stream : streams) synchronize_stream(stream);
 }
 
 void HostBackend::launch_host_func(StreamHandle stream, void (*fn)(void*), void* arg) {

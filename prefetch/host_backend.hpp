@@ -41,6 +41,7 @@ class HostBackend final : public Backend {
   void synchronize_event(EventHandle event) override;
   void synchronize_stream(StreamHandle stream) override;
   void launch_host_func(StreamHandle stream, void (*fn)(void*), void* arg) override;
+  void synchronize_all() override;
   void copy_sync(void* dst, const void* src, std::size_t bytes) override;
   double stall_seconds() override;
   MemoryCounters memory() const override;

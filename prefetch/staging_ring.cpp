@@ -31,7 +31,7 @@ StagingRing::StagingRing(Backend& backend, offload::HostStore& store, offload::D
     }
     for (int i = 0; i < streamed_; ++i) layer_written_.push_back(backend_.create_event());
   } catch (...) {
-    this->~StagingRing();  // the destructor tolerates a half-built ring
+    destroy_handles();  // a half-built ring: members are destroyed by the unwinding itself
     throw;
   }
 }
@@ -42,6 +42,10 @@ StagingRing::~StagingRing() {
   } catch (...) {
     // Nothing to report to from a destructor; the streams are destroyed below regardless.
   }
+  destroy_handles();
+}
+
+void StagingRing::destroy_handles() noexcept {
   for (Buffer& buffer : buffers_) {
     backend_.destroy_event(buffer.filled);
     backend_.destroy_event(buffer.released);

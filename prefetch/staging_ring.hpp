@@ -69,6 +69,8 @@ class StagingRing {
   // committed length for the current step and length + n for the next one.
   void prefetch(std::int64_t q);
   std::int64_t step_base() const { return step_ * streamed_; }
+  // Destroys the events and streams made so far (null handles are skipped).
+  void destroy_handles() noexcept;
 
   Backend& backend_;
   offload::HostStore& store_;

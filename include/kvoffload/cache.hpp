@@ -72,10 +72,11 @@ struct CacheStats {
   std::uint64_t d2h_bytes_total = 0;      // written-back new rows, exact
   std::uint64_t h2d_bytes_last_step = 0;  // prefetches made for the last committed step
   std::uint64_t d2h_bytes_last_step = 0;  // write-backs of the last committed step
-  double acquire_wait_s = 0;              // time acquire's waits held the caller's stream
-  std::uint64_t prefetch_reissues = 0;    // prefetches discarded by abort_step
-  CachePlan plan;                         // planned (and allocated) bytes per purpose
-  std::uint64_t device_allocations = 0;   // device allocations made; fixed after construction
+  double acquire_wait_s = 0;  // time acquire's waits held the caller's stream: the waits that
+                              // have completed (exact once the caller's stream is idle)
+  std::uint64_t prefetch_reissues = 0;   // prefetches discarded by abort_step
+  CachePlan plan;                        // planned (and allocated) bytes per purpose
+  std::uint64_t device_allocations = 0;  // device allocations made; fixed after construction
 };
 
 class OffloadedStaticCache {
@@ -85,7 +86,8 @@ class OffloadedStaticCache {
   // fit the budget (naming the missing bytes) or an allocation fails (naming its size),
   // kDevice when the CUDA backend was asked for and no device is usable.
   explicit OffloadedStaticCache(const CacheConfig& config);
-  // Waits for in-flight copies, then frees everything. Never throws.
+  // Waits until the cache's copies and the work on every stream it made (the whole device, on
+  // CUDA) are done, then frees everything. Never throws.
   ~OffloadedStaticCache();
   OffloadedStaticCache(const OffloadedStaticCache&) = delete;
   OffloadedStaticCache& operator=(const OffloadedStaticCache&) = delete;
@@ -109,6 +111,7 @@ class OffloadedStaticCache {
   // Ends an open step without committing it: lengths stay as they were, the held layer (if any)
   // is given back (its buffer is reused only after `stream` has passed this call), and what was
   // prefetched is re-issued by the next begin_step. Waits on the host for the copy streams.
+  // REQUIRES: `stream` is the stream the held layer was acquired and appended on.
   void abort_step(void* stream = nullptr);
 
   // Between steps only.
@@ -128,6 +131,7 @@ class OffloadedStaticCache {
   void* create_stream();
   void destroy_stream(void* stream) noexcept;
   // Runs fn(arg) on `stream` after the work enqueued before it (cudaLaunchHostFunc on CUDA).
+  // fn must not call into the cache, its backend or CUDA.
   void launch_host_func(void* stream, void (*fn)(void*), void* arg);
   void synchronize_stream(void* stream);
   // Host waits until every copy the cache issued has completed.

@@ -3,6 +3,8 @@
 // random copy delays; every acquire must expose exactly the reference rows.
 #include <gtest/gtest.h>
 
+#include <deque>
+
 #include "prefetch/cache_driver.hpp"
 
 namespace kvo {
@@ -48,7 +50,8 @@ std::vector<std::unique_ptr<CacheUnderTest>> make_caches(const CacheConfig& base
 }
 
 const std::vector<Variant> kVariants = {
-    {0, 2, false}, {0, 2, true}, {2, 2, true}, {0, 3, true}, {1, 3, false}, {6, 2, false},
+    {0, 2, false}, {0, 2, true},  {2, 2, true}, {0, 3, true},
+    {1, 3, false}, {6, 2, false}, {0, 1, true},
 };
 
 class EquivalenceUnderDelays : public ::testing::TestWithParam<int> {};
@@ -153,6 +156,60 @@ TEST(Equivalence, AbortedStepChangesNothing) {
   EXPECT_EQ(cache.length(1), 12);
   EXPECT_EQ(cut.failures(), 0);
   EXPECT_GT(cache.stats().prefetch_reissues, 0u);
+}
+
+// The caller may use another stream for every step. Each step's checks and appends run late on
+// their own stream (long delays); the next step, on a different stream, must still see them:
+// acquire orders resident layers after the previous release as it does streamed ones.
+TEST(Equivalence, StreamsMayChangeBetweenSteps) {
+  CacheConfig config = shape(5, 2, 48, DType::kF32);
+  config.resident_layers = 2;
+  config.ring_depth = 2;
+  config.host.max_delay_us = 400;
+  OffloadedStaticCache cache(config);
+  void* streams[3] = {cache.create_stream(), nullptr, cache.create_stream()};
+  const std::size_t row = 2 * 8 * 4;
+  testing::Reference ref(5, 2, 48, row);
+  std::deque<std::vector<std::uint8_t>> inputs;  // alive until every stream has run
+  std::deque<testing::CheckTask> tasks;
+  std::atomic<int> failures{0};
+  std::mt19937_64 rng(11);
+  int length = 0;
+  for (int step = 0; step < 12; ++step) {
+    void* stream = streams[step % 3];
+    const int n = step == 0 ? 9 : 1;
+    cache.begin_step({n, n});
+    for (int layer = 0; layer < 5; ++layer) {
+      const LayerView view = cache.acquire(layer, stream);
+      for (int s = 0; s < 2; ++s) {
+        for (int kv = 0; kv < 2; ++kv) {
+          const std::size_t bytes = static_cast<std::size_t>(length) * row;
+          if (bytes > 0) {
+            tasks.push_back(
+                {static_cast<const std::uint8_t*>(kv == 0 ? view.k_row(s, 0) : view.v_row(s, 0)),
+                 ref.row(layer, kv, s, 0), bytes, &failures});
+            cache.launch_host_func(stream, &testing::CheckTask::run, &tasks.back());
+          }
+        }
+        auto& k = inputs.emplace_back(static_cast<std::size_t>(n) * row);
+        auto& v = inputs.emplace_back(static_cast<std::size_t>(n) * row);
+        for (auto& b : k) b = static_cast<std::uint8_t>(rng());
+        for (auto& b : v) b = static_cast<std::uint8_t>(rng());
+        std::memcpy(ref.row(layer, 0, s, length), k.data(), k.size());
+        std::memcpy(ref.row(layer, 1, s, length), v.data(), v.size());
+        cache.append(layer, s, k.data(), v.data(), n, stream);
+      }
+      cache.release(layer, stream);
+    }
+    cache.end_step();
+    length += n;
+  }
+  cache.synchronize_stream(streams[0]);
+  cache.synchronize_stream(streams[2]);
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(tasks.size(), 11u * 5 * 2 * 2);  // every step after the first checks every layer
+  cache.destroy_stream(streams[0]);
+  cache.destroy_stream(streams[2]);
 }
 
 }  // namespace
