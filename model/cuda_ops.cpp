@@ -1,9 +1,11 @@
 // The CUDA path: cuBLAS for every projection (f32 accumulation; bf16/f16 weights take their
-// input converted to the same type), kernels for the rest. Everything is ordered on one stream
+// input converted to the same type) and for the two products of each key block of prefill
+// attention, kernels for the rest. Everything is ordered on one stream
 // and uses only the workspace planned with the cache.
 #include "model/cuda_ops.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "model/cuda_check.hpp"
 #include "model/kernels.hpp"
@@ -30,6 +32,9 @@ class CudaOps final : public Ops {
     auto* base = static_cast<std::byte*>(workspace);
     gemm_input_ = base + layout_.gemm_input;
     partials_ = reinterpret_cast<float*>(base + layout_.partials);
+    scores_ = reinterpret_cast<float*>(base + layout_.prefill_scores);
+    stats_ = reinterpret_cast<float*>(base + layout_.prefill_stats);
+    kv_block_ = reinterpret_cast<float*>(base + layout_.prefill_kv);
     KVO_MODEL_CUBLAS_CHECK(cublasCreate(&handle_));
     try {
       KVO_MODEL_CUBLAS_CHECK(cublasSetStream(handle_, stream_));
@@ -74,12 +79,77 @@ class CudaOps final : public Ops {
   void to_cache_rows(const float* x, std::int64_t count, void* out) override {
     cuda::convert(x, count, out, elem_, stream_);
   }
+  // Keys in blocks of B = kPrefillKeyBlock, per block: S = scale Q K^T (cuBLAS, f32; a bf16/f16
+  // block is converted first), the masked online-softmax step (kernel), out += P V (cuBLAS);
+  // then out /= the running sums. Per kv head g, one strided-batched GEMM covers its `group`
+  // query heads: the K/V block is shared (stride 0), the heads' Q and out columns are d apart.
   void attention_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
                          float* out) override {
-    cuda::AttentionArgs a = args(q, n, view, out);
-    a.slot = slot;
-    a.first_position = first_position;
-    cuda::attention(a, 1, partials_, stream_);
+    if (n == 0) return;
+    const ModelConfig& c = shape_.config;
+    const int d = c.head_dim;
+    const int group = c.heads / c.kv_heads;
+    const int B = kPrefillKeyBlock;
+    const int last = first_position + n - 1;
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+    const float one = 1.0f;
+    const float zero = 0.0f;
+    const std::int64_t score_stride = static_cast<std::int64_t>(n) * B;  // one head's [n][B]
+    float* k_block = kv_block_;
+    float* v_block = kv_block_ + static_cast<std::int64_t>(B) * c.kv_dim();
+    cuda::PrefillBlock block;
+    block.n = n;
+    block.heads = c.heads;
+    block.head_dim = d;
+    block.first_position = first_position;
+    block.sliding_window = c.sliding_window;
+    block.key_stride = B;
+    const int begin = first_key(c, first_position);
+    for (int k0 = begin; k0 <= last; k0 += B) {
+      const int keys = std::min(B, last + 1 - k0);
+      const std::int64_t offset = slot * view.slot_stride + k0 * view.token_stride;
+      // K/V block as f32 rows: token j of kv head g at base + j * ld + g * head_offset.
+      const float* k_rows = nullptr;
+      const float* v_rows = nullptr;
+      std::int64_t ld = 0;
+      std::int64_t head_offset = 0;
+      if (view.dtype == DType::kF32) {
+        k_rows = static_cast<const float*>(view.k) + offset;
+        v_rows = static_cast<const float*>(view.v) + offset;
+        ld = view.token_stride;
+        head_offset = view.head_stride;
+      } else {
+        cuda::gather_kv_block(view.k, view.v, elem(view.dtype), offset, view.token_stride,
+                              view.head_stride, keys, c.kv_heads, d, k_block, v_block, stream_);
+        k_rows = k_block;
+        v_rows = v_block;
+        ld = c.kv_dim();
+        head_offset = d;
+      }
+      // Row-major S_h [n][B] = Q_h [n][d] K^T is column-major S_h^T [keys][n] = K [keys][d]
+      // (stored d x keys, ld) transposed times Q_h^T (d x n, ld heads * d).
+      for (int g = 0; g < c.kv_heads; ++g) {
+        KVO_MODEL_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+            handle_, CUBLAS_OP_T, CUBLAS_OP_N, keys, n, d, &scale, k_rows + g * head_offset,
+            CUDA_R_32F, static_cast<int>(ld), 0, q + static_cast<std::int64_t>(g) * group * d,
+            CUDA_R_32F, c.heads * d, d, &zero, scores_ + g * group * score_stride, CUDA_R_32F, B,
+            score_stride, group, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }
+      block.key_begin = k0;
+      block.keys = keys;
+      block.first_block = k0 == begin;
+      cuda::prefill_softmax_block(block, scores_, stats_, out, stream_);
+      // Row-major O_h [n][d] += P_h [n][keys] V [keys][d] is column-major O_h^T (d x n, ld
+      // heads * d) += V^T (d x keys, ld) P_h^T (keys x n, ld B).
+      for (int g = 0; g < c.kv_heads; ++g) {
+        KVO_MODEL_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+            handle_, CUBLAS_OP_N, CUBLAS_OP_N, d, n, keys, &one, v_rows + g * head_offset,
+            CUDA_R_32F, static_cast<int>(ld), 0, scores_ + g * group * score_stride, CUDA_R_32F, B,
+            score_stride, &one, out + static_cast<std::int64_t>(g) * group * d, CUDA_R_32F,
+            c.heads * d, d, group, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }
+    }
+    cuda::prefill_normalize(n, c.heads, d, stats_, out, stream_);
   }
   void attention_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
                         float* out) override {
@@ -122,6 +192,9 @@ class CudaOps final : public Ops {
   cublasHandle_t handle_ = nullptr;
   std::byte* gemm_input_ = nullptr;
   float* partials_ = nullptr;
+  float* scores_ = nullptr;    // [heads][max_rows][kPrefillKeyBlock]
+  float* stats_ = nullptr;     // [2][heads][max_rows]
+  float* kv_block_ = nullptr;  // [2][kPrefillKeyBlock][kv_heads][head_dim] (bf16/f16 caches)
 };
 
 }  // namespace
@@ -134,6 +207,28 @@ void fill_synthetic_on_device(const WeightLayout& layout, const WeightEntry& ent
                               std::uint64_t seed, void* dst, void* stream) {
   cuda::fill_synthetic(dst, entry.elements, elem(layout.dtype()), seed, entry.stream, entry.scale,
                        entry.kind == WeightKind::kNorm, static_cast<cudaStream_t>(stream));
+}
+
+void sample_on_device(const OpsShape& shape, void* workspace, const float* logits, int n,
+                      const std::int32_t* host_rows, const SamplingParams& params,
+                      std::uint64_t seed, std::int32_t* host_tokens, void* stream) {
+  if (n == 0) return;
+  if (n > shape.max_decode_rows) {
+    throw Error(ErrorCode::kInvalidArgument, "sample_on_device: more rows than the plan's slots");
+  }
+  check_sampling(params);
+  const WorkspaceLayout layout(shape.config, shape.weight_dtype, shape.max_rows,
+                               shape.max_decode_rows);
+  auto* rows =
+      reinterpret_cast<std::int32_t*>(static_cast<std::byte*>(workspace) + layout.sampling);
+  std::int32_t* tokens = rows + 2 * shape.max_decode_rows;
+  auto s = static_cast<cudaStream_t>(stream);
+  const std::size_t row_bytes = sizeof(std::int32_t) * static_cast<std::size_t>(n);
+  KVO_MODEL_CUDA_CHECK(cudaMemcpyAsync(rows, host_rows, 2 * row_bytes, cudaMemcpyHostToDevice, s));
+  cuda::sample(logits, n, shape.config.vocab_size, params.temperature, params.top_k, params.top_p,
+               seed, rows, tokens, s);
+  KVO_MODEL_CUDA_CHECK(cudaMemcpyAsync(host_tokens, tokens, row_bytes, cudaMemcpyDeviceToHost, s));
+  KVO_MODEL_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 std::uint64_t cuda_device_bytes_in_use() {

@@ -17,6 +17,10 @@ void fill_synthetic_on_device(const WeightLayout&, const WeightEntry&, std::uint
                               void*) {
   unavailable();
 }
+void sample_on_device(const OpsShape&, void*, const float*, int, const std::int32_t*,
+                      const SamplingParams&, std::uint64_t, std::int32_t*, void*) {
+  unavailable();
+}
 std::uint64_t cuda_device_bytes_in_use() {
   return 0;
 }

@@ -64,7 +64,8 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   auto* weights = static_cast<std::byte*>(cache_->reserved("weights"));
   if (cache_->backend() == BackendKind::kCuda) {
     stream_ = cache_->create_stream();
-    ops_ = make_cuda_ops(shape, stream_, cache_->reserved("workspace"));
+    workspace_ = cache_->reserved("workspace");
+    ops_ = make_cuda_ops(shape, stream_, workspace_);
   } else {
     ops_ = std::make_unique<HostOps>(shape);
   }
@@ -86,6 +87,9 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   }
   weights_ = layout_.bind(weights);
   host_rows_.resize(3 * static_cast<std::size_t>(options_.slots));
+  shape_ = shape;
+  draws_.assign(static_cast<std::size_t>(options_.slots), 0);
+  sample_rows_.resize(2 * static_cast<std::size_t>(options_.slots));
 }
 
 Decoder::~Decoder() {
@@ -170,8 +174,63 @@ void Decoder::logits_of(const float* rows, int n, float* host_logits) {
                        sizeof(float) * static_cast<std::size_t>(n) * config_.vocab_size);
 }
 
+void Decoder::reset(int slot) {
+  cache_->reset_slot(slot);
+  draws_.at(static_cast<std::size_t>(slot)) = 0;
+}
+
+void Decoder::set_sampling(const SamplingParams& params, std::uint64_t seed) {
+  check_sampling(params);
+  sampling_ = params;
+  sampling_seed_ = seed;
+}
+
+void Decoder::sample_of(const float* rows, int n, const std::int32_t* row_slots,
+                        std::int32_t* tokens) {
+  ops_->rms_norm(rows, n, weights_.final_norm, act_->xnorm);
+  ops_->linear(act_->xnorm, n, config_.hidden_size, weights_.lm_head, nullptr, config_.vocab_size,
+               act_->logits, false);
+  for (int i = 0; i < n; ++i) {
+    sample_rows_[static_cast<std::size_t>(i)] = row_slots[i];
+    sample_rows_[static_cast<std::size_t>(n + i)] =
+        static_cast<std::int32_t>(draws_[static_cast<std::size_t>(row_slots[i])]++);
+  }
+  if (stream_ != nullptr) {
+    sample_on_device(shape_, workspace_, act_->logits, n, sample_rows_.data(), sampling_,
+                     sampling_seed_, tokens, stream_);
+    return;
+  }
+  const int vocab = config_.vocab_size;
+  decode_logits_.resize(static_cast<std::size_t>(n) * vocab);
+  cache_->copy_to_host(decode_logits_.data(), act_->logits,
+                       sizeof(float) * static_cast<std::size_t>(n) * vocab);
+  for (int i = 0; i < n; ++i) {
+    const float u = sampling_uniform(sampling_seed_, static_cast<std::uint64_t>(row_slots[i]),
+                                     static_cast<std::uint32_t>(sample_rows_[n + i]));
+    tokens[i] = sample_token(decode_logits_.data() + static_cast<std::int64_t>(i) * vocab, vocab,
+                             sampling_, u, sample_scratch_);
+  }
+}
+
 void Decoder::prefill(int slot, const std::vector<std::int32_t>& tokens, float* logits,
                       const ProgressFn& progress) {
+  prefill_layers(slot, tokens, progress);
+  const int n = static_cast<int>(tokens.size());
+  logits_of(act_->residual + static_cast<std::int64_t>(n - 1) * config_.hidden_size, 1, logits);
+}
+
+std::int32_t Decoder::prefill_sample(int slot, const std::vector<std::int32_t>& tokens,
+                                     const ProgressFn& progress) {
+  prefill_layers(slot, tokens, progress);
+  const int n = static_cast<int>(tokens.size());
+  std::int32_t token = 0;
+  sample_of(act_->residual + static_cast<std::int64_t>(n - 1) * config_.hidden_size, 1, &slot,
+            &token);
+  return token;
+}
+
+void Decoder::prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
+                             const ProgressFn& progress) {
   if (slot < 0 || slot >= options_.slots) {
     throw invalid("slot " + std::to_string(slot) + " is out of range (" +
                   std::to_string(options_.slots) + " slots)");
@@ -213,10 +272,34 @@ void Decoder::prefill(int slot, const std::vector<std::int32_t>& tokens, float* 
     if (progress) progress(layer + 1, config_.layers);
   }
   cache_->end_step();
-  logits_of(a.residual + static_cast<std::int64_t>(n - 1) * config_.hidden_size, 1, logits);
 }
 
 void Decoder::decode(const std::vector<std::int32_t>& tokens, float* logits) {
+  const int n = decode_layers(tokens);
+  if (n == 0) return;
+  const int slots = options_.slots;
+  // Logits of the n rows, then spread to their slots' places.
+  std::vector<float>& staging = decode_logits_;
+  staging.resize(static_cast<std::size_t>(n) * config_.vocab_size);
+  logits_of(act_->residual, n, staging.data());
+  for (int i = 0; i < n; ++i) {
+    const int s = host_rows_[static_cast<std::size_t>(slots + i)];
+    std::memcpy(logits + static_cast<std::int64_t>(s) * config_.vocab_size,
+                staging.data() + static_cast<std::int64_t>(i) * config_.vocab_size,
+                sizeof(float) * static_cast<std::size_t>(config_.vocab_size));
+  }
+}
+
+void Decoder::decode_sample(const std::vector<std::int32_t>& tokens, std::int32_t* next) {
+  const int n = decode_layers(tokens);
+  if (n == 0) return;
+  const int slots = options_.slots;
+  std::vector<std::int32_t> drawn(static_cast<std::size_t>(n));
+  sample_of(act_->residual, n, host_rows_.data() + slots, drawn.data());
+  for (int i = 0; i < n; ++i) next[host_rows_[static_cast<std::size_t>(slots + i)]] = drawn[i];
+}
+
+int Decoder::decode_layers(const std::vector<std::int32_t>& tokens) {
   const int slots = options_.slots;
   if (static_cast<int>(tokens.size()) != slots) {
     throw invalid("decode needs one token per slot (" + std::to_string(slots) + "), got " +
@@ -237,7 +320,7 @@ void Decoder::decode(const std::vector<std::int32_t>& tokens, float* logits) {
     counts[static_cast<std::size_t>(s)] = 1;
     ++n;
   }
-  if (n == 0) return;
+  if (n == 0) return 0;
   ActivationLayout& a = *act_;
   if (stream_ != nullptr) cache_->synchronize_stream(stream_);
   cache_->copy_to_device(a.rows, host_rows_.data(), host_rows_.size() * sizeof(std::int32_t));
@@ -250,16 +333,7 @@ void Decoder::decode(const std::vector<std::int32_t>& tokens, float* logits) {
     cache_->release(layer, stream_);
   }
   cache_->end_step();
-  // Logits of the n rows, then spread to their slots' places.
-  std::vector<float>& staging = decode_logits_;
-  staging.resize(static_cast<std::size_t>(n) * config_.vocab_size);
-  logits_of(a.residual, n, staging.data());
-  for (int i = 0; i < n; ++i) {
-    const int s = host_rows_[static_cast<std::size_t>(slots + i)];
-    std::memcpy(logits + static_cast<std::int64_t>(s) * config_.vocab_size,
-                staging.data() + static_cast<std::int64_t>(i) * config_.vocab_size,
-                sizeof(float) * static_cast<std::size_t>(config_.vocab_size));
-  }
+  return n;
 }
 
 }  // namespace kvo::model

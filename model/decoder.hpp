@@ -19,6 +19,8 @@
 
 #include "kvoffload/cache.hpp"
 #include "model/model_config.hpp"
+#include "model/ops.hpp"
+#include "model/sampler.hpp"
 #include "model/weights.hpp"
 
 namespace kvo::model {
@@ -68,7 +70,19 @@ class Decoder {
   // One step: tokens[s] >= 0 is the next token of slot s, -1 leaves the slot out. Writes
   // logits[s][vocab] (host) for each slot that took part.
   void decode(const std::vector<std::int32_t>& tokens, float* logits);
-  void reset(int slot) { cache_->reset_slot(slot); }
+
+  // The same steps with the next token drawn on the backend (on CUDA only the ids come back,
+  // never the logits): draw d of slot s is the token a Sampler(params, seed, s) picks at its
+  // draw d, where d counts the slot's draws since construction or reset(s). set_sampling throws
+  // kInvalidArgument for bad params; until it is called, sampling is greedy with seed 0.
+  void set_sampling(const SamplingParams& params, std::uint64_t seed);
+  // Returns the token drawn from the logits of the prompt's last token.
+  std::int32_t prefill_sample(int slot, const std::vector<std::int32_t>& tokens,
+                              const ProgressFn& progress = {});
+  // next[s] = the token drawn for each slot that took part (tokens[s] >= 0); others untouched.
+  void decode_sample(const std::vector<std::int32_t>& tokens, std::int32_t* next);
+
+  void reset(int slot);
   int length(int slot) const { return cache_->length(slot); }
 
   const ModelConfig& config() const { return config_; }
@@ -83,7 +97,13 @@ class Decoder {
   void attention_block(int layer, const LayerView& view, float* x, int n, int slot,
                        int first_position, bool decode);
   void mlp_block(int layer, float* x, int n);
+  // The steps without their head: the residual stream of the last layer in act_->residual.
+  void prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
+                      const ProgressFn& progress);
+  int decode_layers(const std::vector<std::int32_t>& tokens);  // returns the rows decoded
   void logits_of(const float* rows, int n, float* host_logits);
+  // host tokens [n] drawn from the logits of `rows` [n][hidden], row i for slot row_slots[i].
+  void sample_of(const float* rows, int n, const std::int32_t* row_slots, std::int32_t* tokens);
 
   ModelConfig config_;
   DecoderOptions options_;
@@ -92,7 +112,14 @@ class Decoder {
   std::unique_ptr<ActivationLayout> act_;
   std::unique_ptr<Ops> ops_;
   ModelWeights weights_;
+  OpsShape shape_;
+  void* workspace_ = nullptr;  // CUDA only
   void* stream_ = nullptr;
+  SamplingParams sampling_;
+  std::uint64_t sampling_seed_ = 0;
+  std::vector<std::uint32_t> draws_;       // [slots]: draws taken by each slot
+  std::vector<std::int32_t> sample_rows_;  // [2][slots]: slot, draw of each sampled row
+  std::vector<float> sample_scratch_;      // host backend
   std::uint64_t activation_bytes_ = 0;
   std::vector<std::int32_t> host_rows_;  // [3][slots]: tokens, slots, positions of a decode step
   std::vector<float> decode_logits_;     // [slots][vocab], host

@@ -44,17 +44,50 @@ struct AttentionArgs {
   std::int64_t slot_stride = 0;
   std::int64_t token_stride = 0;
   std::int64_t head_stride = 0;
-  // Row i: slots[i], positions[i]; or, when those are null, slot `slot` at first_position + i.
+  // Row i: slot slots[i] at position positions[i].
   const std::int32_t* slots = nullptr;
   const std::int32_t* positions = nullptr;
-  int slot = 0;
-  int first_position = 0;
 };
 
-// Split-sequence attention: each (row, head) is cut into `splits` key ranges computed in
+// Decode attention, split-sequence: each (row, head) is cut into `splits` key ranges computed in
 // parallel, each with its own online softmax, then merged. partials: [n][heads][splits][head_dim
 // + 2] f32 (unused when splits == 1).
 void attention(const AttentionArgs& args, int splits, float* partials, cudaStream_t stream);
+
+// Prefill attention runs over key blocks: cuBLAS computes the scores S = scale Q K^T of a block
+// and adds P V to the output; these kernels convert the block and do the online softmax between.
+struct PrefillBlock {
+  int n = 0;  // query rows, row i at position first_position + i
+  int heads = 0;
+  int head_dim = 0;
+  int first_position = 0;
+  int sliding_window = 0;  // 0: none
+  int key_begin = 0;       // the block's keys: [key_begin, key_begin + keys)
+  int keys = 0;
+  int key_stride = 0;  // B: row stride of the scores
+  bool first_block = false;
+};
+
+// k_out, v_out [keys][kv_heads][head_dim] f32 = keys [0, keys) of k and v (type), which start at
+// element `offset` (a slot's first key of the block) with the cache's token and head strides.
+void gather_kv_block(const void* k, const void* v, Elem type, std::int64_t offset,
+                     std::int64_t token_stride, std::int64_t head_stride, int keys, int kv_heads,
+                     int head_dim, float* k_out, float* v_out, cudaStream_t stream);
+// scores [heads][n][key_stride]: the block's scaled scores, replaced by exp(score - running max)
+// (0 where masked: causal, and sliding_window); stats [2][heads][n] (running max, running sum)
+// updated, out [n][heads][head_dim] rescaled to the new max (zeroed on the first keys seen).
+void prefill_softmax_block(const PrefillBlock& block, float* scores, float* stats, float* out,
+                           cudaStream_t stream);
+// out [n][heads][head_dim] /= the running sum in stats.
+void prefill_normalize(int n, int heads, int head_dim, const float* stats, float* out,
+                       cudaStream_t stream);
+
+// ---- kernels_sampling.cu ----
+// tokens[i] = the token sampled from logits [n][vocab] row i, for slot rows[i] and draw
+// rows[n + i] (rows [2][n] int32), by the rule of sample_token (model/sampler.hpp).
+void sample(const float* logits, int n, int vocab, float temperature, int top_k, float top_p,
+            std::uint64_t seed, const std::int32_t* rows, std::int32_t* tokens,
+            cudaStream_t stream);
 
 // ---- kernels_synthetic.cu ----
 // out [count] (type) = the synthetic weights of seed stream `stream_id` (see weights.hpp).

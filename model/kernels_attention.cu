@@ -1,7 +1,8 @@
-// Attention over the staged K/V prefix, for decode and prefill alike: each block takes one
-// (query row, head, key range); threads score a tile of keys (one key each), the tile goes
-// through an online softmax, and each thread accumulates its share of head_dim. With several
-// key ranges per row (decode: few rows, long prefixes) the partial states are merged after.
+// Attention over the staged K/V prefix. Decode: each block takes one (query row, head, key
+// range); threads score a tile of keys (one key each), the tile goes through an online softmax,
+// and each thread accumulates its share of head_dim; with several key ranges per row (few rows,
+// long prefixes) the partial states are merged after. Prefill: the kernels between the cuBLAS
+// GEMMs of a key block (cuda_ops.cpp) -- K/V conversion, masked online softmax, normalisation.
 // Grouped-query: head h reads kv head h / (heads / kv_heads). Kernels first, then launchers.
 #include "model/cuda_check.hpp"
 #include "model/kernels.hpp"
@@ -35,8 +36,8 @@ __global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
   const int row = blockIdx.x;
   const int head = blockIdx.y;
   const int split = blockIdx.z;
-  const int slot = a.slots != nullptr ? a.slots[row] : a.slot;
-  const int pos = a.positions != nullptr ? a.positions[row] : a.first_position + row;
+  const int slot = a.slots[row];
+  const int pos = a.positions[row];
   const int first =
       a.sliding_window > 0 && pos - a.sliding_window + 1 > 0 ? pos - a.sliding_window + 1 : 0;
   const int keys = pos - first + 1;
@@ -124,6 +125,72 @@ __global__ void merge_kernel(const float* partials, int heads, int head_dim, int
   }
 }
 
+// grid (keys, kv_heads); threads over head_dim.
+__global__ void gather_kv_kernel(const void* k, const void* v, Elem type, std::int64_t offset,
+                                 std::int64_t token_stride, std::int64_t head_stride, int head_dim,
+                                 float* k_out, float* v_out) {
+  const int key = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const std::int64_t from = offset + key * token_stride + kv_head * head_stride;
+  const std::int64_t to = (static_cast<std::int64_t>(key) * gridDim.y + kv_head) * head_dim;
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
+    k_out[to + e] = load_elem(k, from + e, type);
+    v_out[to + e] = load_elem(v, from + e, type);
+  }
+}
+
+// grid (n, heads); one (row, head) per block: the masked online-softmax step of one key block.
+__global__ void prefill_softmax_kernel(PrefillBlock b, float* scores, float* stats, float* out) {
+  __shared__ float reduce[kThreads / 32];
+  const int row = blockIdx.x;
+  const int head = blockIdx.y;
+  const int pos = b.first_position + row;
+  const int first =
+      b.sliding_window > 0 && pos - b.sliding_window + 1 > 0 ? pos - b.sliding_window + 1 : 0;
+  // Unmasked keys of this row in the block: [lo, hi) in block indices.
+  const int lo = max(0, first - b.key_begin);
+  const int hi = min(b.keys, pos + 1 - b.key_begin);
+  float* s = scores + (static_cast<std::int64_t>(head) * b.n + row) * b.key_stride;
+  float* max_of = stats + static_cast<std::int64_t>(head) * b.n + row;
+  float* sum_of = max_of + static_cast<std::int64_t>(b.heads) * b.n;
+
+  float local = -INFINITY;
+  for (int j = lo + threadIdx.x; j < hi; j += kThreads) local = fmaxf(local, s[j]);
+  const float block_max = block_reduce(local, reduce, true);
+  SoftmaxState state;
+  if (!b.first_block) {
+    state.max = *max_of;
+    state.sum = *sum_of;
+  }
+  const float factor = softmax_block_rescale(state, block_max);
+  float sum = 0;
+  for (int j = threadIdx.x; j < b.keys; j += kThreads) {
+    const float p = j >= lo && j < hi && state.max != -INFINITY ? expf(s[j] - state.max) : 0.0f;
+    s[j] = p;
+    sum += p;
+  }
+  sum = block_reduce(sum, reduce, false);
+  float* o = out + (static_cast<std::int64_t>(row) * b.heads + head) * b.head_dim;
+  for (int e = threadIdx.x; e < b.head_dim; e += kThreads)
+    o[e] = factor == 0 ? 0.0f : o[e] * factor;
+  if (threadIdx.x == 0) {
+    *max_of = state.max;
+    *sum_of = state.sum * factor + sum;
+  }
+}
+
+// grid (n, heads); threads over head_dim.
+__global__ void prefill_normalize_kernel(int n, int heads, int head_dim, const float* stats,
+                                         float* out) {
+  const int row = blockIdx.x;
+  const int head = blockIdx.y;
+  const float sum =
+      stats[static_cast<std::int64_t>(heads) * n + static_cast<std::int64_t>(head) * n + row];
+  const float inv = sum > 0 ? 1.0f / sum : 0.0f;
+  float* o = out + (static_cast<std::int64_t>(row) * heads + head) * head_dim;
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) o[e] *= inv;
+}
+
 }  // namespace
 
 void attention(const AttentionArgs& args, int splits, float* partials, cudaStream_t stream) {
@@ -141,6 +208,32 @@ void attention(const AttentionArgs& args, int splits, float* partials, cudaStrea
                    stream>>>(partials, args.heads, args.head_dim, splits, args.out);
     KVO_MODEL_LAUNCH_CHECK();
   }
+}
+
+void gather_kv_block(const void* k, const void* v, Elem type, std::int64_t offset,
+                     std::int64_t token_stride, std::int64_t head_stride, int keys, int kv_heads,
+                     int head_dim, float* k_out, float* v_out, cudaStream_t stream) {
+  if (keys == 0) return;
+  gather_kv_kernel<<<dim3(static_cast<unsigned>(keys), static_cast<unsigned>(kv_heads)), kThreads,
+                     0, stream>>>(k, v, type, offset, token_stride, head_stride, head_dim, k_out,
+                                  v_out);
+  KVO_MODEL_LAUNCH_CHECK();
+}
+
+void prefill_softmax_block(const PrefillBlock& block, float* scores, float* stats, float* out,
+                           cudaStream_t stream) {
+  if (block.n == 0) return;
+  prefill_softmax_kernel<<<dim3(static_cast<unsigned>(block.n), static_cast<unsigned>(block.heads)),
+                           kThreads, 0, stream>>>(block, scores, stats, out);
+  KVO_MODEL_LAUNCH_CHECK();
+}
+
+void prefill_normalize(int n, int heads, int head_dim, const float* stats, float* out,
+                       cudaStream_t stream) {
+  if (n == 0) return;
+  prefill_normalize_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), kThreads,
+                             0, stream>>>(n, heads, head_dim, stats, out);
+  KVO_MODEL_LAUNCH_CHECK();
 }
 
 }  // namespace kvo::model::cuda

@@ -25,8 +25,17 @@ WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, int m
           ? 0
           : align256(static_cast<std::uint64_t>(max_rows) * widest * dtype_size(weight_dtype));
   partials = gemm_input + gemm_bytes;
-  bytes = partials + align256(static_cast<std::uint64_t>(max_decode_rows) * c.heads *
-                              kMaxAttentionSplits * (c.head_dim + 2) * sizeof(float));
+  const std::uint64_t f = sizeof(float);
+  const std::uint64_t rows = static_cast<std::uint64_t>(max_rows);
+  const std::uint64_t decode_rows = static_cast<std::uint64_t>(max_decode_rows);
+  prefill_scores =
+      partials + align256(decode_rows * c.heads * kMaxAttentionSplits * (c.head_dim + 2) * f);
+  prefill_stats = prefill_scores + align256(f * c.heads * rows * kPrefillKeyBlock);
+  prefill_kv = prefill_stats + align256(f * 2 * c.heads * rows);
+  const std::uint64_t kv_bytes =
+      weight_dtype == DType::kF32 ? 0 : align256(f * 2 * kPrefillKeyBlock * c.kv_dim());
+  sampling = prefill_kv + kv_bytes;
+  bytes = sampling + align256(sizeof(std::int32_t) * 3 * decode_rows);
 }
 
 std::uint64_t ActivationLayout::carve(std::byte* base, const ModelConfig& c, DType dtype, int R,

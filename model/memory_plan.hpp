@@ -14,15 +14,30 @@
 
 namespace kvo::model {
 
-// Largest split count of decode attention, and cuBLAS's workspace: fixed sizes of the CUDA path.
+// Largest split count of decode attention, keys per block of prefill attention, and cuBLAS's
+// workspace: fixed sizes of the CUDA path.
 inline constexpr int kMaxAttentionSplits = 32;
+// Each key block costs two GEMM launches per KV head: at 256 keys a 128K prompt would be launch
+// bound (about 8K launches per chunk and layer); 1024 keys cost 64 MiB of scores at the
+// Llama-3-8B shape (32 heads x 512 rows) and cut the launches fourfold.
+inline constexpr int kPrefillKeyBlock = 1024;
 inline constexpr std::uint64_t kCublasWorkspaceBytes = 32ull << 20;
 
-// The CUDA path's workspace: cuBLAS workspace | GEMM input [rows][widest] (weight dtype, none in
-// f32) | decode-attention partials [decode rows][heads][kMaxAttentionSplits][head_dim + 2] f32.
+// The CUDA path's workspace, R = rows of the largest chunk or decode batch, B = kPrefillKeyBlock:
+//   cuBLAS workspace
+//   GEMM input       [R][widest] (weight dtype; none in f32)
+//   partials         [decode rows][heads][kMaxAttentionSplits][head_dim + 2] f32 (decode)
+//   prefill_scores   [heads][R][B] f32: scores, then probabilities, of one key block
+//   prefill_stats    [2][heads][R] f32: running max, running sum of each (head, row)
+//   prefill_kv       [2][B][kv_heads][head_dim] f32: a K and a V block converted (none in f32)
+//   sampling         [3][decode rows] int32: slot and draw of each row, then the sampled ids
 struct WorkspaceLayout {
   std::uint64_t gemm_input = 0;  // offsets in bytes
   std::uint64_t partials = 0;
+  std::uint64_t prefill_scores = 0;
+  std::uint64_t prefill_stats = 0;
+  std::uint64_t prefill_kv = 0;
+  std::uint64_t sampling = 0;
   std::uint64_t bytes = 0;
   WorkspaceLayout(const ModelConfig& config, DType weight_dtype, int max_rows, int max_decode_rows);
 };

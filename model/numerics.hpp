@@ -186,6 +186,18 @@ KVO_HD MergeScales softmax_merge(SoftmaxState& a, SoftmaxState b) {
   return scales;
 }
 
+// One key block of an online softmax for one query row, as the blocked prefill attention runs
+// it: `block_max` is the largest unmasked score of the block (-inf when all are masked). Raises
+// state.max to it and returns the factor by which the running sum and the accumulated values
+// must be scaled before the block's exp(score - state.max) are added. 0 means "nothing seen
+// yet": the caller starts its accumulator from zero instead of scaling it.
+KVO_HD float softmax_block_rescale(SoftmaxState& state, float block_max) {
+  if (block_max == -INFINITY || block_max <= state.max) return state.max == -INFINITY ? 0.0f : 1.0f;
+  const float factor = state.max == -INFINITY ? 0.0f : expf(state.max - block_max);
+  state.max = block_max;
+  return factor;
+}
+
 // ---- seeded synthetic values ----------------------------------------------------------------
 
 KVO_HD std::uint64_t splitmix64(std::uint64_t x) {
@@ -199,6 +211,22 @@ KVO_HD std::uint64_t splitmix64(std::uint64_t x) {
 KVO_HD float seeded_uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
   const std::uint64_t bits = splitmix64(splitmix64(seed ^ splitmix64(stream)) + index);
   return static_cast<float>(bits >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+
+// ---- sampling ---------------------------------------------------------------------------------
+
+// The uniform draw in [0, 1) that decides draw number `draw` of `slot`: a pure function of its
+// arguments (counter-based), so the host sampler and the device sampler pick the same token.
+KVO_HD float sampling_uniform(std::uint64_t seed, std::uint64_t slot, std::uint64_t draw) {
+  const std::uint64_t bits = splitmix64(splitmix64(seed ^ splitmix64(slot)) + draw);
+  return static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);
+}
+
+// A key with the order of the floats (NaN aside): a < b exactly when order_key(a) <
+// order_key(b). The device sampler bisects these keys to find top-k and top-p thresholds.
+KVO_HD std::uint32_t order_key(float x) {
+  const std::uint32_t u = float_bits(x == 0.0f ? 0.0f : x);  // -0 as +0
+  return (u & 0x80000000u) != 0 ? ~u : u | 0x80000000u;
 }
 
 }  // namespace kvo::model

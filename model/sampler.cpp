@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "kvoffload/error.hpp"
 #include "model/numerics.hpp"
@@ -16,57 +17,73 @@ std::int32_t argmax(const float* logits, int vocab) {
   return best;
 }
 
-Sampler::Sampler(const SamplingParams& params, std::uint64_t seed, int slot)
-    : params_(params), rng_(splitmix64(seed ^ splitmix64(static_cast<std::uint64_t>(slot)))) {
+void check_sampling(const SamplingParams& params) {
   if (!(params.temperature >= 0) || params.top_k < 0 || !(params.top_p > 0 && params.top_p <= 1)) {
     throw Error(ErrorCode::kInvalidArgument,
                 "sampling needs temperature >= 0, top_k >= 0 and 0 < top_p <= 1");
   }
 }
 
-std::int32_t Sampler::sample(const float* logits, int vocab) {
-  if (params_.temperature == 0) return argmax(logits, vocab);
-  candidates_.resize(static_cast<std::size_t>(vocab));
+std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& params, float u,
+                          std::vector<float>& scratch) {
+  if (params.temperature == 0) return argmax(logits, vocab);
+  // scratch: scaled [vocab] | sorted [vocab]
+  scratch.resize(2 * static_cast<std::size_t>(vocab));
+  float* scaled = scratch.data();
+  float* sorted = scratch.data() + vocab;
+  float top = -INFINITY;
   for (int i = 0; i < vocab; ++i) {
-    candidates_[static_cast<std::size_t>(i)] = {logits[i] / params_.temperature, i};
+    scaled[i] = logits[i] / params.temperature;
+    top = std::max(top, scaled[i]);
   }
-  auto by_logit = [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  std::size_t keep = candidates_.size();
-  if (params_.top_k > 0 && static_cast<std::size_t>(params_.top_k) < keep) {
-    keep = static_cast<std::size_t>(params_.top_k);
-    std::partial_sort(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(keep),
-                      candidates_.end(), by_logit);
-  } else {
-    std::sort(candidates_.begin(), candidates_.end(), by_logit);
+  float cut = -INFINITY;  // candidates >= cut are kept
+  if (params.top_k > 0 && params.top_k < vocab) {
+    std::copy(scaled, scaled + vocab, sorted);
+    std::nth_element(sorted, sorted + params.top_k - 1, sorted + vocab, std::greater<float>());
+    cut = sorted[params.top_k - 1];
   }
-  // Softmax over the kept candidates, in descending order.
-  const float top = candidates_[0].first;
-  double sum = 0;
-  for (std::size_t i = 0; i < keep; ++i) {
-    candidates_[i].first = std::exp(candidates_[i].first - top);
-    sum += candidates_[i].first;
+  double total = 0;
+  int kept = 0;
+  for (int i = 0; i < vocab; ++i) {
+    if (scaled[i] < cut) continue;
+    total += std::exp(scaled[i] - top);
+    sorted[kept++] = scaled[i];
   }
-  if (params_.top_p < 1) {
+  if (params.top_p < 1) {
+    std::sort(sorted, sorted + kept, std::greater<float>());
+    const double goal = static_cast<double>(params.top_p) * total;
     double cumulative = 0;
-    std::size_t nucleus = 0;
-    while (nucleus < keep) {
-      cumulative += candidates_[nucleus].first / sum;
-      ++nucleus;
-      if (cumulative >= params_.top_p) break;
+    int i = 0;
+    for (; i < kept - 1; ++i) {
+      cumulative += std::exp(sorted[i] - top);
+      if (cumulative >= goal) break;
     }
-    keep = nucleus;
-    sum = 0;
-    for (std::size_t i = 0; i < keep; ++i) sum += candidates_[i].first;
+    cut = sorted[i];
+    total = 0;
+    for (int j = 0; j < vocab; ++j) {
+      if (scaled[j] >= cut) total += std::exp(scaled[j] - top);
+    }
   }
-  const double target = std::uniform_real_distribution<double>(0.0, sum)(rng_);
+  const double target = static_cast<double>(u) * total;
   double running = 0;
-  for (std::size_t i = 0; i < keep; ++i) {
-    running += candidates_[i].first;
-    if (target < running) return candidates_[i].second;
+  int last = 0;
+  for (int i = 0; i < vocab; ++i) {
+    if (scaled[i] < cut) continue;
+    running += std::exp(scaled[i] - top);
+    last = i;
+    if (target < running) return i;
   }
-  return candidates_[keep - 1].second;
+  return last;
+}
+
+Sampler::Sampler(const SamplingParams& params, std::uint64_t seed, int slot)
+    : params_(params), seed_(seed), slot_(slot) {
+  check_sampling(params);
+}
+
+std::int32_t Sampler::sample(const float* logits, int vocab) {
+  const float u = sampling_uniform(seed_, static_cast<std::uint64_t>(slot_), draws_++);
+  return sample_token(logits, vocab, params_, u, scratch_);
 }
 
 }  // namespace kvo::model

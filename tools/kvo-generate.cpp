@@ -258,8 +258,13 @@ int run(const Options& o) {
       kvo::format_bytes(plan.host_bytes).c_str());
   std::fflush(stdout);
 
+  // On CUDA the tokens are drawn on the device (only the ids come back); on the host, by a
+  // Sampler per slot over the logits. Both follow the same rule and draws, so pick the same.
+  const bool device_sampling = decoder.backend() == kvo::BackendKind::kCuda;
+  if (device_sampling) decoder.set_sampling(o.sampling, o.seed);
   std::vector<kvo::model::Sampler> samplers;
   for (int s = 0; s < slots; ++s) samplers.emplace_back(o.sampling, o.seed, s);
+  std::vector<std::int32_t> first(static_cast<std::size_t>(slots), -1);
   std::vector<std::vector<std::int32_t>> generated(static_cast<std::size_t>(slots));
   std::vector<float> logits(static_cast<std::size_t>(slots) * c.vocab_size);
   const bool stream_tokens = !o.quiet;
@@ -271,8 +276,13 @@ int run(const Options& o) {
   for (int s = 0; s < slots; ++s) {
     const auto& prompt = o.prompts[static_cast<std::size_t>(s)];
     ProgressBar bar(static_cast<int>(prompt.size()), tty && prompt.size() >= 1024);
-    decoder.prefill(s, prompt, logits.data() + static_cast<std::int64_t>(s) * c.vocab_size,
-                    [&](int done, int total) { bar.update(done, total); });
+    auto progress = [&](int done, int total) { bar.update(done, total); };
+    if (device_sampling) {
+      first[static_cast<std::size_t>(s)] = decoder.prefill_sample(s, prompt, progress);
+    } else {
+      decoder.prefill(s, prompt, logits.data() + static_cast<std::int64_t>(s) * c.vocab_size,
+                      progress);
+    }
     prompt_tokens += static_cast<std::int64_t>(prompt.size());
     sample_memory();
   }
@@ -284,16 +294,29 @@ int run(const Options& o) {
   std::vector<std::int32_t> next(static_cast<std::size_t>(slots), -1);
   std::int64_t decode_tokens = 0;
   for (int step = 0; step < o.max_new; ++step) {
-    if (step > 0) {
-      decoder.decode(next, logits.data());
-      decode_tokens += slots;
-      sample_memory();
-    }
-    for (int s = 0; s < slots; ++s) {
-      const std::int32_t token = samplers[static_cast<std::size_t>(s)].sample(
-          logits.data() + static_cast<std::int64_t>(s) * c.vocab_size, c.vocab_size);
-      generated[static_cast<std::size_t>(s)].push_back(token);
-      next[static_cast<std::size_t>(s)] = token;
+    if (device_sampling) {
+      if (step == 0) {
+        next = first;
+      } else {
+        decoder.decode_sample(next, next.data());
+        decode_tokens += slots;
+        sample_memory();
+      }
+      for (int s = 0; s < slots; ++s) {
+        generated[static_cast<std::size_t>(s)].push_back(next[static_cast<std::size_t>(s)]);
+      }
+    } else {
+      if (step > 0) {
+        decoder.decode(next, logits.data());
+        decode_tokens += slots;
+        sample_memory();
+      }
+      for (int s = 0; s < slots; ++s) {
+        const std::int32_t token = samplers[static_cast<std::size_t>(s)].sample(
+            logits.data() + static_cast<std::int64_t>(s) * c.vocab_size, c.vocab_size);
+        generated[static_cast<std::size_t>(s)].push_back(token);
+        next[static_cast<std::size_t>(s)] = token;
+      }
     }
     if (stream_tokens) {
       if (slots == 1) {

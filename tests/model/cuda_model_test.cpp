@@ -1,53 +1,172 @@
-// The CUDA path against the host path on the same synthetic weights. Skipped without a GPU.
+// The CUDA path against the host path on the same synthetic weights: logits after prefill
+// (blocked cuBLAS attention: several chunk sizes, GQA ratios, dtypes, starting positions, a
+// sliding window) and decode, and device sampling against host sampling. Skipped without a GPU.
 #include "kvoffload/types.hpp"
+#include "model/memory_plan.hpp"
 #include "model/model_test_util.hpp"
 
 namespace kvo::model {
 namespace {
 
-void compare_backends(DType dtype, int slots, double tolerance) {
+struct Case {
+  DType dtype = DType::kF32;
+  int slots = 1;
+  double tolerance = 2e-3;
+  int heads = 4;
+  int kv_heads = 2;
+  int chunk = 64;
+  int sliding_window = 0;
+  int prompt = 150;      // slot s prefills prompt + 40 s tokens...
+  int continuation = 0;  // ...then, when > 0, this many more in a second prefill
+};
+
+void compare_backends(const Case& k) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   ModelConfig c = testing::small_config();
   c.vocab_size = 1000;
-  DecoderOptions o = testing::host_options(300, slots);
+  c.heads = k.heads;
+  c.kv_heads = k.kv_heads;
+  c.sliding_window = k.sliding_window;
+  DecoderOptions o = testing::host_options(1200, k.slots);
   o.override_dtype = true;
-  o.dtype = dtype;
-  o.chunk = 64;
+  o.dtype = k.dtype;
+  o.chunk = k.chunk;
   o.resident_layers = 1;
   Decoder host(c, WeightSource{"", 17}, o);
   o.backend = BackendKind::kCuda;
   Decoder cuda(c, WeightSource{"", 17}, o);
   ASSERT_EQ(cuda.backend(), BackendKind::kCuda);
-  std::vector<float> a(static_cast<std::size_t>(slots) * c.vocab_size), b(a.size());
-  std::vector<std::int32_t> next(static_cast<std::size_t>(slots));
-  for (int s = 0; s < slots; ++s) {
-    const auto prompt = testing::random_prompt(150 + 40 * s, c.vocab_size, 30 + s);
-    host.prefill(s, prompt, a.data() + s * c.vocab_size);
-    cuda.prefill(s, prompt, b.data() + s * c.vocab_size);
-    EXPECT_LT(testing::relative_error(b.data() + s * c.vocab_size, a.data() + s * c.vocab_size,
-                                      c.vocab_size),
-              tolerance)
-        << "prefill slot " << s;
-    next[s] = argmax(a.data() + s * c.vocab_size, c.vocab_size);
+  const int vocab = c.vocab_size;
+  std::vector<float> a(static_cast<std::size_t>(k.slots) * vocab), b(a.size());
+  std::vector<std::int32_t> next(static_cast<std::size_t>(k.slots));
+  for (int s = 0; s < k.slots; ++s) {
+    std::vector<std::vector<std::int32_t>> parts = {
+        testing::random_prompt(k.prompt + 40 * s, vocab, 30 + s)};
+    if (k.continuation > 0) parts.push_back(testing::random_prompt(k.continuation, vocab, 90 + s));
+    for (const auto& part : parts) {
+      host.prefill(s, part, a.data() + s * vocab);
+      cuda.prefill(s, part, b.data() + s * vocab);
+      EXPECT_LT(testing::relative_error(b.data() + s * vocab, a.data() + s * vocab, vocab),
+                k.tolerance)
+          << "prefill slot " << s << " at " << cuda.length(s);
+    }
+    next[s] = argmax(a.data() + s * vocab, vocab);
   }
   for (int step = 0; step < 5; ++step) {
     host.decode(next, a.data());
     cuda.decode(next, b.data());
-    for (int s = 0; s < slots; ++s) {
-      EXPECT_LT(testing::relative_error(b.data() + s * c.vocab_size, a.data() + s * c.vocab_size,
-                                        c.vocab_size),
-                tolerance)
+    for (int s = 0; s < k.slots; ++s) {
+      EXPECT_LT(testing::relative_error(b.data() + s * vocab, a.data() + s * vocab, vocab),
+                k.tolerance)
           << "decode step " << step << " slot " << s;
-      next[s] = argmax(a.data() + s * c.vocab_size, c.vocab_size);
+      next[s] = argmax(a.data() + s * vocab, vocab);
     }
   }
 }
 
 TEST(CudaModel, MatchesHostPathF32) {
-  compare_backends(DType::kF32, 2, 2e-3);
+  compare_backends(Case{});
 }
 TEST(CudaModel, MatchesHostPathBf16) {
-  compare_backends(DType::kBF16, 3, 3e-2);
+  Case k;
+  k.dtype = DType::kBF16;
+  k.slots = 3;
+  k.tolerance = 3e-2;
+  compare_backends(k);
+}
+TEST(CudaModel, PrefillOverSeveralKeyBlocksF16Gqa4) {
+  Case k;  // 700-token prompts in chunks of 300: chunks and key blocks cross each other
+  k.dtype = DType::kF16;
+  k.tolerance = 1e-2;
+  k.heads = 8;
+  k.kv_heads = 2;
+  k.chunk = 300;
+  k.prompt = 700;
+  compare_backends(k);
+}
+TEST(CudaModel, PrefillWithoutGroupingAndSmallChunks) {
+  Case k;  // heads == kv_heads, one-row and odd chunks, a second prefill at position 333
+  k.heads = 4;
+  k.kv_heads = 4;
+  k.chunk = 7;
+  k.prompt = 333;
+  k.continuation = 290;
+  compare_backends(k);
+}
+TEST(CudaModel, PrefillHonoursTheSlidingWindow) {
+  Case k;  // Mistral: keys before position - window + 1 are masked, whole blocks skipped
+  k.dtype = DType::kBF16;
+  k.tolerance = 3e-2;
+  k.heads = 4;
+  k.kv_heads = 1;
+  k.chunk = 256;
+  k.sliding_window = 100;
+  k.prompt = 600;
+  k.continuation = 50;
+  compare_backends(k);
+}
+TEST(CudaModel, PrefillOneRowChunks) {
+  Case k;
+  k.chunk = 1;
+  k.prompt = 40;
+  compare_backends(k);
+}
+
+// Device sampling against host sampling of the same logits: the CUDA decoder runs twice in
+// lockstep, once handing its logits to sample_token, once drawing on the device. Greedy must
+// agree exactly; seeded draws share the counter-based RNG, so they agree too unless a draw lands
+// within float rounding of a cumulative boundary (the device sums in float, the host in double).
+void compare_sampling(const SamplingParams& params, int allowed_mismatches) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  ModelConfig c = testing::small_config();
+  c.vocab_size = 3000;
+  const int slots = 3;
+  DecoderOptions o = testing::host_options(400, slots);
+  o.backend = BackendKind::kCuda;
+  o.chunk = 64;
+  Decoder logits_run(c, WeightSource{"", 23}, o);
+  Decoder sampled_run(c, WeightSource{"", 23}, o);
+  const std::uint64_t seed = 77;
+  sampled_run.set_sampling(params, seed);
+  const int vocab = c.vocab_size;
+  std::vector<float> logits(static_cast<std::size_t>(slots) * vocab);
+  std::vector<float> scratch;
+  std::vector<std::int32_t> next(slots), device(slots, -1);
+  int draws = 0, mismatches = 0;
+  for (int s = 0; s < slots; ++s) {
+    const auto prompt = testing::random_prompt(60 + 25 * s, vocab, 5 + s);
+    logits_run.prefill(s, prompt, logits.data() + s * vocab);
+    next[s] = sample_token(logits.data() + s * vocab, vocab, params,
+                           sampling_uniform(seed, static_cast<std::uint64_t>(s), 0), scratch);
+    device[s] = sampled_run.prefill_sample(s, prompt);
+    ++draws;
+    mismatches += device[s] != next[s];
+  }
+  for (int step = 1; step < 25; ++step) {
+    logits_run.decode(next, logits.data());
+    sampled_run.decode_sample(next, device.data());
+    for (int s = 0; s < slots; ++s) {
+      next[s] = sample_token(
+          logits.data() + s * vocab, vocab, params,
+          sampling_uniform(seed, static_cast<std::uint64_t>(s), static_cast<std::uint64_t>(step)),
+          scratch);
+      ++draws;
+      mismatches += device[s] != next[s];
+    }
+  }
+  EXPECT_LE(mismatches, allowed_mismatches) << "of " << draws << " draws";
+}
+
+TEST(CudaSampling, GreedyMatchesTheHostExactly) {
+  compare_sampling(SamplingParams{}, 0);
+}
+TEST(CudaSampling, TemperatureMatchesTheHost) {
+  compare_sampling(SamplingParams{0.7f, 0, 1.0f}, 1);
+}
+TEST(CudaSampling, TopKAndTopPMatchTheHost) {
+  compare_sampling(SamplingParams{1.3f, 40, 1.0f}, 1);
+  compare_sampling(SamplingParams{1.0f, 0, 0.8f}, 1);
+  compare_sampling(SamplingParams{0.9f, 200, 0.6f}, 1);
 }
 
 }  // namespace

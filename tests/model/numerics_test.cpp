@@ -2,6 +2,7 @@
 // against references computed independently in double precision.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -157,6 +158,88 @@ TEST(Numerics, SeededUniformIsInRangeAndCentred) {
   EXPECT_NEAR(sum / 100000, 0.0, 0.01);
   EXPECT_NE(seeded_uniform(7, 3, 0), seeded_uniform(8, 3, 0));
   EXPECT_NE(seeded_uniform(7, 3, 0), seeded_uniform(7, 4, 0));
+}
+
+// The blocked prefill attention's step: scores in blocks, some keys masked (whole blocks too),
+// rescaled as each block raises the max, give the softmax-weighted sum of one pass in double.
+TEST(Numerics, SoftmaxBlockRescaleEqualsOneSoftmax) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 4.0f);
+  const int keys = 50;
+  const int block = 8;
+  std::vector<float> score(keys), value(keys);
+  std::vector<bool> masked(keys);
+  for (int j = 0; j < keys; ++j) {
+    score[j] = normal(rng);
+    value[j] = normal(rng);
+    masked[j] = j < 11 || j % 7 == 3;  // the first block and a bit of the second all masked
+  }
+  double top = -INFINITY;
+  for (int j = 0; j < keys; ++j) {
+    if (!masked[j]) top = std::max(top, static_cast<double>(score[j]));
+  }
+  double num = 0, den = 0;
+  for (int j = 0; j < keys; ++j) {
+    if (masked[j]) continue;
+    num += std::exp(score[j] - top) * value[j];
+    den += std::exp(score[j] - top);
+  }
+  SoftmaxState state;
+  float acc = 12345.0f;  // garbage before the first key: must be dropped, not scaled
+  for (int k0 = 0; k0 < keys; k0 += block) {
+    float block_max = -INFINITY;
+    for (int j = k0; j < std::min(keys, k0 + block); ++j) {
+      if (!masked[j]) block_max = std::max(block_max, score[j]);
+    }
+    const float factor = softmax_block_rescale(state, block_max);
+    float sum = 0, weighted = 0;
+    for (int j = k0; j < std::min(keys, k0 + block); ++j) {
+      const float p = masked[j] || state.max == -INFINITY ? 0.0f : std::exp(score[j] - state.max);
+      sum += p;
+      weighted += p * value[j];
+    }
+    acc = (factor == 0 ? 0.0f : acc * factor) + weighted;
+    state.sum = state.sum * factor + sum;
+  }
+  EXPECT_FLOAT_EQ(state.max, static_cast<float>(top));
+  EXPECT_NEAR(state.sum, den, 1e-5 * den);
+  EXPECT_NEAR(acc / state.sum, num / den, 1e-5);
+}
+
+TEST(Numerics, SoftmaxBlockRescaleBeforeAnyKey) {
+  SoftmaxState state;
+  EXPECT_EQ(softmax_block_rescale(state, -INFINITY), 0.0f);  // still nothing seen
+  EXPECT_EQ(state.max, -INFINITY);
+  EXPECT_EQ(softmax_block_rescale(state, 2.0f), 0.0f);  // first keys: start from zero
+  EXPECT_EQ(state.max, 2.0f);
+  EXPECT_EQ(softmax_block_rescale(state, 1.0f), 1.0f);  // lower block: max kept
+  EXPECT_EQ(softmax_block_rescale(state, -INFINITY), 1.0f);
+  EXPECT_FLOAT_EQ(softmax_block_rescale(state, 3.0f), std::exp(-1.0f));
+  EXPECT_EQ(state.max, 3.0f);
+}
+
+TEST(Numerics, OrderKeyKeepsTheOrderOfFloats) {
+  const std::vector<float> sorted = {-INFINITY, -1e30f, -2.5f, -1e-40f, 0.0f,
+                                     1e-40f,    1.0f,   1.5f,  3e38f,   INFINITY};
+  for (std::size_t i = 1; i < sorted.size(); ++i) {
+    EXPECT_LT(order_key(sorted[i - 1]), order_key(sorted[i])) << sorted[i];
+  }
+  EXPECT_EQ(order_key(-0.0f), order_key(0.0f));
+}
+
+TEST(Numerics, SamplingUniformIsACounterBasedDraw) {
+  double sum = 0;
+  const int n = 20000;
+  for (int d = 0; d < n; ++d) {
+    const float u = sampling_uniform(9, 2, static_cast<std::uint64_t>(d));
+    ASSERT_GE(u, 0.0f);
+    ASSERT_LT(u, 1.0f);
+    sum += u;
+  }
+  EXPECT_NEAR(sum / n, 0.5, 0.01);
+  EXPECT_EQ(sampling_uniform(9, 2, 17), sampling_uniform(9, 2, 17));
+  EXPECT_NE(sampling_uniform(9, 2, 17), sampling_uniform(9, 3, 17));
+  EXPECT_NE(sampling_uniform(9, 2, 17), sampling_uniform(10, 2, 17));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <map>
 #include <vector>
 
+#include "model/numerics.hpp"
 #include "model/sampler.hpp"
 
 namespace kvo::model {
@@ -61,6 +62,36 @@ TEST(Sampler, SeedAndSlotFixTheSequence) {
   EXPECT_EQ(sa, sb);
   EXPECT_NE(sa, so);
   EXPECT_THROW(Sampler(SamplingParams{-1.0f, 0, 1.0f}, 1, 0), std::exception);
+}
+
+TEST(Sampler, TopKKeepsTiesAtTheCut) {
+  const std::vector<float> l = {3.0f, 1.0f, 2.0f, 2.0f, 0.0f};
+  std::vector<float> scratch;
+  std::map<int, int> counts;
+  for (int i = 0; i < 2000; ++i) {
+    counts[sample_token(l.data(), 5, SamplingParams{1.0f, 2, 1.0f},
+                        (static_cast<float>(i) + 0.5f) / 2000, scratch)]++;
+  }
+  EXPECT_EQ(counts.count(1) + counts.count(4), 0u);  // ids 2 and 3 tie at the cut: both kept
+  EXPECT_GT(counts[2], 0);
+  EXPECT_GT(counts[3], 0);
+}
+
+TEST(Sampler, DrawsFollowIdOrderAndTheCounter) {
+  // p = 0.5, 0.3, 0.15, 0.05 by id: u picks by the running sum in id order.
+  const std::vector<float> l = logits_of({0.5, 0.3, 0.15, 0.05});
+  std::vector<float> scratch;
+  const SamplingParams p{1.0f, 0, 1.0f};
+  EXPECT_EQ(sample_token(l.data(), 4, p, 0.49f, scratch), 0);
+  EXPECT_EQ(sample_token(l.data(), 4, p, 0.51f, scratch), 1);
+  EXPECT_EQ(sample_token(l.data(), 4, p, 0.79f, scratch), 1);
+  EXPECT_EQ(sample_token(l.data(), 4, p, 0.96f, scratch), 3);
+  Sampler s(p, 11, 4);
+  for (std::uint64_t d = 0; d < 32; ++d) {
+    EXPECT_EQ(s.sample(l.data(), 4),
+              sample_token(l.data(), 4, p, sampling_uniform(11, 4, d), scratch));
+  }
+  EXPECT_EQ(s.draws(), 32u);
 }
 
 }  // namespace
