@@ -4,6 +4,8 @@
 // max_cache_len mask; bad input raises a clear kvo::Error and leaves the adapter usable.
 #include <gtest/gtest.h>
 
+#include "expect_error.hpp"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -226,17 +228,7 @@ TEST(TorchCacheCuda, AttentionMatchesAConcatenatedCacheOverRandomSteps) {
   }
 }
 
-// Expects `call` to throw kvo::Error with `code` and a message containing `needle`.
-void expect_error(const std::function<void()>& call, ErrorCode code, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << needle << "'";
-  }
-}
+using testing::expect_error;
 
 TEST(TorchCacheErrors, BadInputIsNamedAndChangesNothing) {
   const CacheConfig config = small_config(BackendKind::kHost, DType::kF32);

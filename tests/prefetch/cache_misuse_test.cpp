@@ -2,6 +2,8 @@
 // cache's data is intact and usable afterwards.
 #include <gtest/gtest.h>
 
+#include "expect_error.hpp"
+
 #include <cstring>
 #include <functional>
 #include <string>
@@ -32,17 +34,7 @@ CacheConfig config() {
   return c;
 }
 
-// Expects `call` to throw kvo::Error with `code` and a message containing `needle`.
-void expect_error(const std::function<void()>& call, ErrorCode code, const std::string& needle) {
-  try {
-    call();
-    ADD_FAILURE() << "expected an error containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << needle << "'";
-  }
-}
+using testing::expect_error;
 
 // The row a (layer, kv, slot, token) holds in these tests: a recognisable pattern.
 std::vector<std::uint8_t> rows_for(int layer, int kv, int slot, int first, int count) {
