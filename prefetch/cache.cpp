@@ -272,7 +272,9 @@ void OffloadedStaticCache::reset_slot(int slot) {
   Impl& m = *impl_;
   m.check_between_steps("reset_slot");
   m.check_slot(slot);
+  if (m.store->length(slot) == 0) return;
   m.store->reset(slot);
+  if (m.ring) m.ring->forget_prefetches();
 }
 
 void OffloadedStaticCache::truncate_slot(int slot, int length) {
@@ -284,7 +286,9 @@ void OffloadedStaticCache::truncate_slot(int slot, int length) {
                   std::to_string(m.store->length(slot)) + " tokens; cannot truncate to " +
                   std::to_string(length));
   }
+  if (length == m.store->length(slot)) return;
   m.store->truncate(slot, length);
+  if (m.ring) m.ring->forget_prefetches();
 }
 
 int OffloadedStaticCache::length(int slot) const {

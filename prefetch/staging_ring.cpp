@@ -142,11 +142,16 @@ void StagingRing::abort_step(int held_streamed, StreamHandle stream) {
     backend_.record(buffers_[static_cast<std::size_t>(q % depth_)].released, stream);
   }
   drain();
-  counters_.prefetch_reissues += static_cast<std::uint64_t>(issued_ - step_base());
-  issued_ = step_base();
-  h2d_this_step_ = 0;
+  forget_prefetches();
   h2d_next_step_ = 0;
   d2h_this_step_ = 0;
+}
+
+void StagingRing::forget_prefetches() {
+  if (issued_ <= step_base()) return;
+  counters_.prefetch_reissues += static_cast<std::uint64_t>(issued_ - step_base());
+  issued_ = step_base();
+  h2d_this_step_ = 0;  // those bytes stay in the totals; the step will count its own
 }
 
 void StagingRing::drain() {

@@ -51,6 +51,10 @@ class StagingRing {
   // Forgets the open step: waits on the host for the copy streams, and makes the next
   // begin_step issue its prefetches again. `stream` is where the caller last used a buffer.
   void abort_step(int held_streamed, StreamHandle stream);
+  // Between steps: what was prefetched for the next step is issued again by its begin_step,
+  // after a host-side change (reset, truncate). No wait: the H2D stream is in order, and
+  // acquire waits on the latest fill of a buffer.
+  void forget_prefetches();
   // Host waits until every copy issued so far has completed.
   void drain();
 

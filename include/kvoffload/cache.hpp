@@ -74,7 +74,7 @@ struct CacheStats {
   std::uint64_t d2h_bytes_last_step = 0;  // write-backs of the last committed step
   double acquire_wait_s = 0;  // time acquire's waits held the caller's stream: the waits that
                               // have completed (exact once the caller's stream is idle)
-  std::uint64_t prefetch_reissues = 0;   // prefetches discarded by abort_step
+  std::uint64_t prefetch_reissues = 0;   // prefetches issued again (abort, reset, truncate)
   CachePlan plan;                        // planned (and allocated) bytes per purpose
   std::uint64_t device_allocations = 0;  // device allocations made; fixed after construction
 };
@@ -114,7 +114,9 @@ class OffloadedStaticCache {
   // REQUIRES: `stream` is the stream the held layer was acquired and appended on.
   void abort_step(void* stream = nullptr);
 
-  // Between steps only.
+  // Between steps only. A change of length makes the next begin_step issue again what the
+  // previous step prefetched for it (its first ring_depth streamed layers, at the old length),
+  // so the next step moves exactly its new prefixes; stats().prefetch_reissues counts them.
   void reset_slot(int slot);                 // length 0
   void truncate_slot(int slot, int length);  // REQUIRES: 0 <= length <= length(slot)
   int length(int slot) const;

@@ -133,5 +133,25 @@ TEST(Bytes, TotalsAddUpOverSteps) {
   EXPECT_EQ(st.steps, 7u);
 }
 
+// A reset or truncation between steps re-issues what was prefetched at the old length, so the
+// next step moves exactly its new prefixes.
+TEST(Bytes, ResetAndTruncateReissueWhatWasPrefetched) {
+  OffloadedStaticCache cache(small(6, 1, 2));
+  const std::uint64_t row = cache.stats().plan.row_bytes;
+  step(cache, {40, 30, 20});
+  step(cache, {1, 1, 1});
+  cache.reset_slot(0);
+  cache.truncate_slot(1, 5);
+  cache.truncate_slot(2, 21);                      // no change
+  EXPECT_EQ(cache.stats().prefetch_reissues, 2u);  // the ring's 2 buffers, once
+  step(cache, {1, 1, 1});
+  EXPECT_EQ(cache.stats().h2d_bytes_last_step, 2 * 5 * (0 + 5 + 21) * row);
+  cache.reset_slot(2);
+  cache.reset_slot(2);  // already empty: nothing more to re-issue
+  EXPECT_EQ(cache.stats().prefetch_reissues, 4u);
+  step(cache, {1, 1, 1});
+  EXPECT_EQ(cache.stats().h2d_bytes_last_step, 2 * 5 * (1 + 6 + 0) * row);
+}
+
 }  // namespace
 }  // namespace kvo
