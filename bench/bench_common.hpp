@@ -19,14 +19,6 @@ inline double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// The backend the benchmarks run on: --backend=cuda|host|auto (default auto).
-inline BackendKind resolve_backend(BackendKind kind) {
-  if (kind == BackendKind::kAuto) {
-    return cuda_device_count() > 0 ? BackendKind::kCuda : BackendKind::kHost;
-  }
-  return kind;
-}
-
 // Removes `--name=value` from argv (so Google Benchmark does not see it) and returns the value.
 inline std::string take_flag(int* argc, char** argv, const std::string& name,
                              const std::string& fallback) {

@@ -24,11 +24,8 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
       options_(options),
       layout_(config, options.override_dtype ? options.dtype : config.dtype) {
   validate(config_);
-  BackendKind backend = options_.backend;
-  if (backend == BackendKind::kAuto) {
-    backend = cuda_device_count() > 0 ? BackendKind::kCuda : BackendKind::kHost;
-  }
-  const DecoderMemory memory = plan_decoder_memory(config_, options_, backend);
+  const DecoderMemory memory =
+      plan_decoder_memory(config_, options_, resolve_backend(options_.backend));
   options_.max_prompt = memory.max_prompt;
   const DType dtype = memory.dtype;
   const int R = memory.max_rows;
@@ -43,12 +40,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   shape.max_decode_rows = options_.slots;
   shape.max_seq = options_.max_seq;
 
-  if (options_.device_budget != 0 && layout_.bytes() > options_.device_budget) {
-    throw Error(ErrorCode::kOutOfMemory, "the weights alone need " + format_bytes(layout_.bytes()) +
-                                             " (" + dtype_name(dtype) +
-                                             "), more than the device budget of " +
-                                             format_bytes(options_.device_budget));
-  }
+  require_weights_fit(memory, options_.device_budget);
   cache_ = std::make_unique<OffloadedStaticCache>(memory.cache);
 
   act_->carve(static_cast<std::byte*>(cache_->reserved("activations")), config_, dtype, R, P,

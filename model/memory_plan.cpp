@@ -65,6 +65,15 @@ std::uint64_t ActivationLayout::carve(std::byte* base, const ModelConfig& c, DTy
   return offset;
 }
 
+void require_weights_fit(const DecoderMemory& memory, std::uint64_t budget) {
+  if (budget != 0 && memory.weights > budget) {
+    throw Error(ErrorCode::kOutOfMemory, "the weights alone need " + format_bytes(memory.weights) +
+                                             " (" + dtype_name(memory.dtype) +
+                                             "), more than the device budget of " +
+                                             format_bytes(budget));
+  }
+}
+
 DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOptions& options,
                                   BackendKind backend) {
   if (options.max_seq < 1 || options.slots < 1 || options.chunk < 1) {

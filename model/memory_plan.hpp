@@ -81,6 +81,10 @@ struct DecoderMemory {
 DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOptions& options,
                                   BackendKind backend);
 
+// Throws kvo::Error(kOutOfMemory) giving both sizes when the weights alone exceed `budget`
+// (0: none): no plan of the cache can help then.
+void require_weights_fit(const DecoderMemory& memory, std::uint64_t budget);
+
 // The model a MemoryQuery names: a preset, a directory holding a config.json, or its path.
 // Throws kvo::Error(kInvalidArgument) naming the presets when it is none of them.
 ModelConfig resolve_model(const std::string& name);

@@ -38,11 +38,7 @@ void finish(MemoryPlan& p, std::uint64_t budget) {
 
 MemoryPlan kvoffload_plan(const model::DecoderMemory& m, int layers, std::uint64_t budget) {
   MemoryPlan p = base_plan(Strategy::kKvoffload, m, layers);
-  if (budget != 0 && m.weights > budget) {
-    throw Error(ErrorCode::kOutOfMemory,
-                "the weights alone need " + format_bytes(m.weights) + " (" + dtype_name(m.dtype) +
-                    "), more than the device budget of " + format_bytes(budget));
-  }
+  model::require_weights_fit(m, budget);
   const CachePlan cache = plan_cache(m.cache, budget);
   p.kv_device_bytes = cache.resident_bytes + cache.staging_bytes;
   p.host_bytes = cache.host_bytes;

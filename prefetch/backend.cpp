@@ -23,13 +23,15 @@ int cuda_device_count() {
 #endif
 }
 
+BackendKind resolve_backend(BackendKind kind) {
+  if (kind != BackendKind::kAuto) return kind;
+  return cuda_device_count() > 0 ? BackendKind::kCuda : BackendKind::kHost;
+}
+
 namespace prefetch {
 
 std::unique_ptr<Backend> make_backend(const CacheConfig& config) {
-  BackendKind kind = config.backend;
-  if (kind == BackendKind::kAuto) {
-    kind = cuda_device_count() > 0 ? BackendKind::kCuda : BackendKind::kHost;
-  }
+  const BackendKind kind = resolve_backend(config.backend);
   if (kind == BackendKind::kCuda) {
 #ifdef KVO_WITH_CUDA
     return std::make_unique<CudaBackend>(config.device);

@@ -227,8 +227,7 @@ std::string join(const std::vector<std::int32_t>& ids) {
 }
 
 int run(const Options& o) {
-  const bool cuda = o.decoder.backend == kvo::BackendKind::kCuda ||
-                    (o.decoder.backend == kvo::BackendKind::kAuto && kvo::cuda_device_count() > 0);
+  const bool cuda = kvo::resolve_backend(o.decoder.backend) == kvo::BackendKind::kCuda;
   const std::uint64_t in_use_before = cuda ? kvo::model::cuda_device_bytes_in_use() : 0;
   std::uint64_t peak_in_use = in_use_before;
   auto sample_memory = [&] {

@@ -27,6 +27,9 @@ BackendKind parse_backend(const std::string& name);
 
 // Number of usable CUDA devices; 0 when built without CUDA or when no driver/device is present.
 int cuda_device_count();
+// kAuto resolved: kCuda when a CUDA device is usable, else kHost. Other kinds are returned as
+// they are.
+BackendKind resolve_backend(BackendKind kind);
 
 // Parses a byte size such as "24GiB", "512MiB", "1.5GB", "4096" (bytes). Binary (KiB, MiB, GiB,
 // TiB) and decimal (KB, MB, GB, TB) units; throws kvo::Error for negative, malformed or

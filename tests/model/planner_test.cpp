@@ -9,6 +9,7 @@
 #include "kvoffload/kvoffload.hpp"
 #include "kvoffload/planner.hpp"
 #include "model/decoder.hpp"
+#include "model/memory_plan.hpp"
 #include "model/model_config.hpp"
 
 namespace kvo {
@@ -23,19 +24,6 @@ MemoryQuery tiny(int max_seq, std::uint64_t budget, int slots = 1, int chunk = 6
   q.budget = budget;
   q.backend = BackendKind::kHost;
   return q;
-}
-
-model::DecoderOptions options_of(const MemoryQuery& q) {
-  model::DecoderOptions o;
-  o.max_seq = q.max_seq;
-  o.slots = q.slots;
-  o.chunk = q.chunk;
-  o.max_prompt = q.max_prompt;
-  o.device_budget = q.budget;
-  o.resident_layers = q.resident_layers;
-  o.ring_depth = q.ring_depth;
-  o.backend = BackendKind::kHost;
-  return o;
 }
 
 std::uint64_t layer_kv_bytes(const MemoryQuery& q) {
@@ -59,7 +47,7 @@ TEST(Planner, TheDecoderAllocatesExactlyThePlan) {
                    : non_kv + static_cast<std::uint64_t>(c.budget_in_layers *
                                                          static_cast<double>(layer_kv_bytes(q)));
     const MemoryPlan plan = plan_memory(q);
-    model::Decoder decoder(config, {"", 7}, options_of(q));
+    model::Decoder decoder(config, {"", 7}, model::decoder_options(q));
     const CacheStats st = decoder.cache().stats();
     EXPECT_EQ(st.plan.device_bytes, plan.total_bytes) << c.max_seq;  // the one arena
     EXPECT_EQ(st.device_allocations, 1u);
@@ -99,7 +87,7 @@ TEST(Planner, WhenEverythingFitsNothingMoves) {
   const MemoryPlan plan = plan_memory(q);
   EXPECT_EQ(plan.resident_layers, 4);
   EXPECT_EQ(plan.host_bytes, 0u);
-  model::Decoder decoder(model::preset("tiny"), {"", 3}, options_of(q));
+  model::Decoder decoder(model::preset("tiny"), {"", 3}, model::decoder_options(q));
   std::vector<float> logits(4096);
   decoder.prefill(0, std::vector<std::int32_t>(100, 5), logits.data());
   for (int i = 0; i < 5; ++i) decoder.decode({17}, logits.data());
