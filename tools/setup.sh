@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks, then configures and builds kvoffload.
-#   tools/setup.sh [--python]   --python also prepares the Python reference environment
+#   tools/setup.sh [--python]   --python also prepares the Python reference environment and
+#                               the real model of the end-to-end checks (tools/smollm2.sh)
 # Environment: KVO_BUILD_DIR (default build), KVO_JOBS (default: number of cores).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,6 +25,7 @@ fi
 cmake_args=(-S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release)
 if [ "${1:-}" = "--python" ]; then
   cmake_args+=(-DKVO_PYTHON="$("$root/tools/python-env.sh")/bin/python")
+  cmake_args+=(-DKVO_SMOLLM2_DIR="$("$root/tools/smollm2.sh")")
 fi
 cmake "${cmake_args[@]}" >/dev/null
 cmake --build "$build" -j "$jobs"
