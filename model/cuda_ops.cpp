@@ -1,13 +1,16 @@
 // The CUDA path: cuBLAS for every projection (f32 accumulation; bf16/f16 weights take their
-// input converted to the same type) and for the two products of each key block of prefill
-// attention, kernels for the rest. Everything is ordered on one stream
-// and uses only the workspace planned with the cache.
+// input converted to the same type), FlashInfer's kernels for attention where they serve the
+// shape (model/attention_kernels.hpp), the built-in kernels elsewhere, kernels for the rest.
+// Everything is ordered on one stream and uses only the workspace planned with the cache (and two
+// small pinned host mirrors of FlashInfer's decode schedule, allocated here once).
 #include "model/cuda_ops.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "model/cuda_check.hpp"
+#include "model/flashinfer_attention.hpp"
 #include "model/kernels.hpp"
 #include "model/memory_plan.hpp"
 
@@ -28,24 +31,28 @@ class CudaOps final : public Ops {
       : shape_(shape),
         elem_(elem(shape.weight_dtype)),
         stream_(static_cast<cudaStream_t>(stream)),
-        layout_(shape.config, shape.weight_dtype, shape.max_rows, shape.max_decode_rows) {
-    auto* base = static_cast<std::byte*>(workspace);
-    gemm_input_ = base + layout_.gemm_input;
-    partials_ = reinterpret_cast<float*>(base + layout_.partials);
-    scores_ = reinterpret_cast<float*>(base + layout_.prefill_scores);
-    stats_ = reinterpret_cast<float*>(base + layout_.prefill_stats);
-    kv_block_ = reinterpret_cast<float*>(base + layout_.prefill_kv);
-    KVO_MODEL_CUBLAS_CHECK(cublasCreate(&handle_));
+        layout_(shape.config, shape.weight_dtype, shape.max_rows, shape.max_decode_rows,
+                shape.max_seq) {
+    base_ = static_cast<std::byte*>(workspace);
+    gemm_input_ = base_ + layout_.gemm_input;
+    partials_ = reinterpret_cast<float*>(base_ + layout_.partials);
+    scores_ = reinterpret_cast<float*>(base_ + layout_.prefill_scores);
+    stats_ = reinterpret_cast<float*>(base_ + layout_.prefill_stats);
+    kv_block_ = reinterpret_cast<float*>(base_ + layout_.prefill_kv);
     try {
+      if (layout_.kernels.flashinfer) setup_flashinfer();
+      KVO_MODEL_CUBLAS_CHECK(cublasCreate(&handle_));
       KVO_MODEL_CUBLAS_CHECK(cublasSetStream(handle_, stream_));
-      KVO_MODEL_CUBLAS_CHECK(cublasSetWorkspace(handle_, base, kCublasWorkspaceBytes));
+      KVO_MODEL_CUBLAS_CHECK(cublasSetWorkspace(handle_, base_, kCublasWorkspaceBytes));
       KVO_MODEL_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
     } catch (...) {
-      cublasDestroy(handle_);
+      release();
       throw;
     }
   }
-  ~CudaOps() override { cublasDestroy(handle_); }
+  ~CudaOps() override { release(); }
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
 
   void embed(const std::int32_t* tokens, int n, const void* table, float* out) override {
     cuda::embed(tokens, n, table, elem_, shape_.config.hidden_size, out, stream_);
@@ -79,13 +86,69 @@ class CudaOps final : public Ops {
   void to_cache_rows(const float* x, std::int64_t count, void* out) override {
     cuda::convert(x, count, out, elem_, stream_);
   }
-  // Keys in blocks of B = kPrefillKeyBlock, per block: S = scale Q K^T (cuBLAS, f32; a bf16/f16
-  // block is converted first), the masked online-softmax step (kernel), out += P V (cuBLAS);
-  // then out /= the running sums. Per kv head g, one strided-batched GEMM covers its `group`
-  // query heads: the K/V block is shared (stride 0), the heads' Q and out columns are d apart.
+  // Attention goes through FlashInfer where it serves the shape: the f32 queries are converted to
+  // the cache's type, FlashInfer reads the staged K/V in place, and its output is widened back.
   void attention_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
                          float* out) override {
     if (n == 0) return;
+    if (!layout_.kernels.flashinfer) {
+      builtin_prefill(q, n, slot, first_position, view, out);
+      return;
+    }
+    const ModelConfig& c = shape_.config;
+    const std::int64_t count = static_cast<std::int64_t>(n) * c.q_dim();
+    cuda::convert(q, count, attn_q_, elem_, stream_);
+    flashinfer_ops::PrefillCall call;
+    call.q = attn_q_;
+    call.out = attn_out_;
+    call.n = n;
+    call.heads = c.heads;
+    call.slot = slot;
+    call.first_position = first_position;
+    call.window_left = window_left();
+    call.sm_scale = sm_scale();
+    call.tmp = prefill_tmp_;
+    call.tmp_bytes = layout_.prefill_tmp_bytes;
+    flashinfer_ops::prefill(kv_layer(view), call, stream_);
+    cuda::widen(attn_out_, count, elem_, out, stream_);
+  }
+  void attention_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
+                        float* out) override {
+    if (n == 0) return;
+    if (!layout_.kernels.flashinfer) {
+      builtin_decode(q, n, rows, view, out);
+      return;
+    }
+    const ModelConfig& c = shape_.config;
+    const std::int64_t count = static_cast<std::int64_t>(n) * c.q_dim();
+    cuda::convert(q, count, attn_q_, elem_, stream_);
+    for (int i = 0; i < n; ++i) kv_lens_[static_cast<std::size_t>(i)] = rows.host_positions[i] + 1;
+    flashinfer_ops::DecodeCall call;
+    call.q = attn_q_;
+    call.out = attn_out_;
+    call.n = n;
+    call.heads = c.heads;
+    call.slots = rows.host_slots;
+    call.kv_lens = kv_lens_.data();
+    call.window_left = window_left();
+    call.sm_scale = sm_scale();
+    flashinfer_ops::decode(kv_layer(view), call, decode_ws_, stream_);
+    cuda::widen(attn_out_, count, elem_, out, stream_);
+  }
+  void swiglu(float* gate, const float* up, std::int64_t count) override {
+    cuda::swiglu(gate, up, count, stream_);
+  }
+
+ private:
+  // The built-in kernels, for shapes FlashInfer does not serve.
+  //
+  // Prefill: keys in blocks of B = kPrefillKeyBlock, per block: S = scale Q K^T (cuBLAS, f32; a
+  // bf16/f16 block is converted first), the masked online-softmax step (kernel), out += P V
+  // (cuBLAS); then out /= the running sums. Per kv head g, one strided-batched GEMM covers its
+  // `group` query heads: the K/V block is shared (stride 0), the heads' Q and out columns are d
+  // apart.
+  void builtin_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
+                       float* out) {
     const ModelConfig& c = shape_.config;
     const int d = c.head_dim;
     const int group = c.heads / c.kv_heads;
@@ -151,8 +214,9 @@ class CudaOps final : public Ops {
     }
     cuda::prefill_normalize(n, c.heads, d, stats_, out, stream_);
   }
-  void attention_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
-                        float* out) override {
+  // Decode: split-sequence over key ranges, merged after.
+  void builtin_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
+                      float* out) {
     cuda::AttentionArgs a = args(q, n, view, out);
     a.slots = rows.slots;
     a.positions = rows.positions;
@@ -162,11 +226,67 @@ class CudaOps final : public Ops {
     const int splits = std::clamp(longest / 256, 1, kMaxAttentionSplits);
     cuda::attention(a, splits, partials_, stream_);
   }
-  void swiglu(float* gate, const float* up, std::int64_t count) override {
-    cuda::swiglu(gate, up, count, stream_);
-  }
 
- private:
+  void setup_flashinfer() {
+    attn_q_ = base_ + layout_.attn_q;
+    attn_out_ = base_ + layout_.attn_out;
+    decode_ws_.float_buffer = base_ + layout_.decode_float;
+    decode_ws_.float_bytes = layout_.decode_float_bytes;
+    decode_ws_.int_buffer = base_ + layout_.decode_int;
+    decode_ws_.int_bytes = layout_.decode_int_bytes;
+    decode_ws_.pages = reinterpret_cast<std::int32_t*>(base_ + layout_.decode_pages);
+    decode_ws_.pages_count = layout_.decode_pages_count;
+    decode_ws_.grid = layout_.decode_grid;
+    KVO_MODEL_CUDA_CHECK(
+        cudaHostAlloc(&decode_ws_.int_host, layout_.decode_int_bytes, cudaHostAllocDefault));
+    void* pages_host = nullptr;
+    KVO_MODEL_CUDA_CHECK(cudaHostAlloc(
+        &pages_host, layout_.decode_pages_count * sizeof(std::int32_t), cudaHostAllocDefault));
+    decode_ws_.pages_host = static_cast<std::int32_t*>(pages_host);
+    KVO_MODEL_CUDA_CHECK(
+        cudaEventCreateWithFlags(&decode_ws_.mirrors_copied, cudaEventDisableTiming));
+    kv_lens_.resize(static_cast<std::size_t>(shape_.max_decode_rows));
+    // The prefill split-KV scratch was planned for kPlannedSms SMs: on a wider GPU FlashInfer
+    // would split further than it holds, so prefill does not split the keys there.
+    int device = 0;
+    int sms = 0;
+    KVO_MODEL_CUDA_CHECK(cudaGetDevice(&device));
+    KVO_MODEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    prefill_tmp_ = sms <= kPlannedSms ? base_ + layout_.prefill_tmp : nullptr;
+  }
+  // Frees what the constructor made; safe on a half-built object. Never throws.
+  void release() noexcept {
+    if (handle_ != nullptr) cublasDestroy(handle_);
+    handle_ = nullptr;
+    if (decode_ws_.mirrors_copied != nullptr) {
+      cudaEventSynchronize(decode_ws_.mirrors_copied);  // no copy may still read the mirrors
+      cudaEventDestroy(decode_ws_.mirrors_copied);
+    }
+    if (decode_ws_.int_host != nullptr) cudaFreeHost(decode_ws_.int_host);
+    if (decode_ws_.pages_host != nullptr) cudaFreeHost(decode_ws_.pages_host);
+    decode_ws_ = flashinfer_ops::DecodeWorkspace{};
+  }
+  flashinfer_ops::KvLayer kv_layer(const LayerView& view) const {
+    flashinfer_ops::KvLayer kv;
+    kv.k = view.k;
+    kv.v = view.v;
+    kv.type = elem(view.dtype);
+    kv.slot_stride = view.slot_stride;
+    kv.token_stride = view.token_stride;
+    kv.head_stride = view.head_stride;
+    kv.kv_heads = view.kv_heads;
+    kv.head_dim = view.head_dim;
+    kv.max_seq = view.max_seq;
+    kv.page_size = layout_.kernels.page_size;
+    return kv;
+  }
+  // FlashInfer counts the window's keys to the left of the query's own.
+  int window_left() const {
+    return shape_.config.sliding_window > 0 ? shape_.config.sliding_window - 1 : -1;
+  }
+  float sm_scale() const {
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape_.config.head_dim)));
+  }
   cuda::AttentionArgs args(const float* q, int n, const LayerView& view, float* out) const {
     cuda::AttentionArgs a;
     a.q = q;
@@ -190,11 +310,18 @@ class CudaOps final : public Ops {
   cudaStream_t stream_;
   WorkspaceLayout layout_;
   cublasHandle_t handle_ = nullptr;
+  std::byte* base_ = nullptr;
   std::byte* gemm_input_ = nullptr;
   float* partials_ = nullptr;
   float* scores_ = nullptr;    // [heads][max_rows][kPrefillKeyBlock]
   float* stats_ = nullptr;     // [2][heads][max_rows]
   float* kv_block_ = nullptr;  // [2][kPrefillKeyBlock][kv_heads][head_dim] (bf16/f16 caches)
+  // FlashInfer's (model/memory_plan.hpp):
+  std::byte* attn_q_ = nullptr;    // [R][heads][head_dim] (type)
+  std::byte* attn_out_ = nullptr;  // [R][heads][head_dim] (type)
+  std::byte* prefill_tmp_ = nullptr;
+  flashinfer_ops::DecodeWorkspace decode_ws_;
+  std::vector<std::int32_t> kv_lens_;  // [slots]: keys of each decode row
 };
 
 }  // namespace
@@ -218,7 +345,7 @@ void sample_on_device(const OpsShape& shape, void* workspace, const float* logit
   }
   check_sampling(params);
   const WorkspaceLayout layout(shape.config, shape.weight_dtype, shape.max_rows,
-                               shape.max_decode_rows);
+                               shape.max_decode_rows, shape.max_seq);
   auto* rows =
       reinterpret_cast<std::int32_t*>(static_cast<std::byte*>(workspace) + layout.sampling);
   std::int32_t* tokens = rows + 2 * shape.max_decode_rows;

@@ -23,6 +23,8 @@ void rope(float* q, float* k, int n, int heads, int kv_heads, int head_dim, cons
           const std::int32_t* positions, int first_position, cudaStream_t stream);
 // out [count] (type) = x [count] f32.
 void convert(const float* x, std::int64_t count, void* out, Elem type, cudaStream_t stream);
+// out [count] f32 = x [count] (type).
+void widen(const void* x, std::int64_t count, Elem type, float* out, cudaStream_t stream);
 // y [n][out] += bias [out].
 void add_bias(float* y, int n, int out, const void* bias, Elem type, cudaStream_t stream);
 // gate [count] = silu(gate) * up.

@@ -1,5 +1,5 @@
-// Element-wise and row-wise kernels of a decoder layer: embedding, RMSNorm, RoPE, conversion to
-// the cache dtype, bias, SwiGLU. Kernels first, then launchers.
+// Element-wise and row-wise kernels of a decoder layer: embedding, RMSNorm, RoPE, conversions to
+// and from the cache dtype, bias, SwiGLU. Kernels first, then launchers.
 #include "model/cuda_check.hpp"
 #include "model/kernels.hpp"
 
@@ -82,6 +82,13 @@ __global__ void convert_kernel(const float* x, std::int64_t count, void* out, El
   }
 }
 
+__global__ void widen_kernel(const void* x, std::int64_t count, Elem type, float* out) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = load_elem(x, i, type);
+  }
+}
+
 __global__ void add_bias_kernel(float* y, std::int64_t count, int out, const void* bias,
                                 Elem type) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
@@ -130,6 +137,12 @@ void rope(float* q, float* k, int n, int heads, int kv_heads, int head_dim, cons
 void convert(const float* x, std::int64_t count, void* out, Elem type, cudaStream_t stream) {
   if (count == 0) return;
   convert_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, out, type);
+  KVO_MODEL_LAUNCH_CHECK();
+}
+
+void widen(const void* x, std::int64_t count, Elem type, float* out, cudaStream_t stream) {
+  if (count == 0) return;
+  widen_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, type, out);
   KVO_MODEL_LAUNCH_CHECK();
 }
 

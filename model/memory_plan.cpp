@@ -16,26 +16,50 @@ std::uint64_t align256(std::uint64_t bytes) {
 }  // namespace
 
 WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, int max_rows,
-                                 int max_decode_rows) {
-  const std::uint64_t widest = static_cast<std::uint64_t>(
-      std::max({c.hidden_size, c.intermediate_size, static_cast<int>(c.q_dim())}));
-  gemm_input = kCublasWorkspaceBytes;
-  const std::uint64_t gemm_bytes =
-      weight_dtype == DType::kF32
-          ? 0
-          : align256(static_cast<std::uint64_t>(max_rows) * widest * dtype_size(weight_dtype));
-  partials = gemm_input + gemm_bytes;
+                                 int max_decode_rows, int max_seq)
+    : kernels(choose_attention_kernels(c, weight_dtype, max_decode_rows, max_seq)) {
   const std::uint64_t f = sizeof(float);
+  const std::uint64_t i32 = sizeof(std::int32_t);
   const std::uint64_t rows = static_cast<std::uint64_t>(max_rows);
   const std::uint64_t decode_rows = static_cast<std::uint64_t>(max_decode_rows);
-  prefill_scores =
-      partials + align256(decode_rows * c.heads * kMaxAttentionSplits * (c.head_dim + 2) * f);
-  prefill_stats = prefill_scores + align256(f * c.heads * rows * kPrefillKeyBlock);
-  prefill_kv = prefill_stats + align256(f * 2 * c.heads * rows);
-  const std::uint64_t kv_bytes =
-      weight_dtype == DType::kF32 ? 0 : align256(f * 2 * kPrefillKeyBlock * c.kv_dim());
-  sampling = prefill_kv + kv_bytes;
-  bytes = sampling + align256(sizeof(std::int32_t) * 3 * decode_rows);
+  const std::uint64_t heads = static_cast<std::uint64_t>(c.heads);
+  const std::uint64_t d = static_cast<std::uint64_t>(c.head_dim);
+  const std::uint64_t element = dtype_size(weight_dtype);
+  std::uint64_t offset = kCublasWorkspaceBytes;
+  auto take = [&offset](std::uint64_t size) {
+    const std::uint64_t at = offset;
+    offset += align256(size);
+    return at;
+  };
+  const std::uint64_t widest = static_cast<std::uint64_t>(
+      std::max({c.hidden_size, c.intermediate_size, static_cast<int>(c.q_dim())}));
+  gemm_input = take(weight_dtype == DType::kF32 ? 0 : rows * widest * element);
+  sampling = take(i32 * 3 * decode_rows);
+  if (kernels.flashinfer) {
+    attn_q = take(rows * heads * d * element);
+    attn_out = take(rows * heads * d * element);
+    // FlashInfer's decode schedule splits the keys into at most decode_grid / kv_heads partial
+    // rows (or none, when the slots alone fill the grid); each array is placed at 16 bytes.
+    decode_grid = kPlannedSms * kDecodeBlocksPerSm;
+    const std::uint64_t partial_rows =
+        std::max<std::uint64_t>(decode_rows, static_cast<std::uint64_t>(decode_grid / c.kv_heads));
+    decode_float_bytes = (heads * partial_rows * d * f + 15) + (heads * partial_rows * f + 15);
+    decode_float = take(decode_float_bytes);
+    decode_int_bytes = 3 * (partial_rows * i32 + 15) + i32 + i32 + (partial_rows + 15);
+    decode_int = take(decode_int_bytes);
+    decode_pages_count = (decode_rows + 1) + decode_rows +
+                         decode_rows * static_cast<std::uint64_t>(max_seq / kernels.page_size);
+    decode_pages = take(decode_pages_count * i32);
+    prefill_tmp_bytes = static_cast<std::uint64_t>(kPlannedSms) *
+                        flashinfer_prefill_rows_per_sm(c.head_dim) * (d * element + f);
+    prefill_tmp = take(prefill_tmp_bytes);
+  } else {
+    partials = take(decode_rows * heads * kMaxAttentionSplits * (d + 2) * f);
+    prefill_scores = take(f * heads * rows * kPrefillKeyBlock);
+    prefill_stats = take(f * 2 * heads * rows);
+    prefill_kv = take(weight_dtype == DType::kF32 ? 0 : f * 2 * kPrefillKeyBlock * c.kv_dim());
+  }
+  bytes = offset;
 }
 
 std::uint64_t ActivationLayout::carve(std::byte* base, const ModelConfig& c, DType dtype, int R,
@@ -89,9 +113,10 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
   m.weights = WeightLayout(config, m.dtype).bytes();
   m.activations =
       ActivationLayout().carve(nullptr, config, m.dtype, m.max_rows, m.prompt_rows, options.slots);
-  m.workspace = backend == BackendKind::kCuda
-                    ? WorkspaceLayout(config, m.dtype, m.max_rows, options.slots).bytes
-                    : 0;
+  m.workspace =
+      backend == BackendKind::kCuda
+          ? WorkspaceLayout(config, m.dtype, m.max_rows, options.slots, options.max_seq).bytes
+          : 0;
 
   CacheConfig& cc = m.cache;
   cc.layers = config.layers;

@@ -9,13 +9,14 @@
 
 #include "kvoffload/config.hpp"
 #include "kvoffload/planner.hpp"
+#include "model/attention_kernels.hpp"
 #include "model/decoder.hpp"
 #include "model/model_config.hpp"
 
 namespace kvo::model {
 
-// Largest split count of decode attention, keys per block of prefill attention, and cuBLAS's
-// workspace: fixed sizes of the CUDA path.
+// Fixed sizes of the CUDA path: the built-in decode attention's largest split count and prefill
+// key block (used where FlashInfer does not serve the shape), and cuBLAS's workspace.
 inline constexpr int kMaxAttentionSplits = 32;
 // Each key block costs two GEMM launches per KV head: at 256 keys a 128K prompt would be launch
 // bound (about 8K launches per chunk and layer); 1024 keys cost 64 MiB of scores at the
@@ -23,23 +24,45 @@ inline constexpr int kMaxAttentionSplits = 32;
 inline constexpr int kPrefillKeyBlock = 1024;
 inline constexpr std::uint64_t kCublasWorkspaceBytes = 32ull << 20;
 
-// The CUDA path's workspace, R = rows of the largest chunk or decode batch, B = kPrefillKeyBlock:
+// The CUDA path's workspace. R = rows of the largest chunk or decode batch, S = decode rows
+// (slots), B = kPrefillKeyBlock, d = head_dim, type = the weights' and K/V's dtype:
 //   cuBLAS workspace
-//   GEMM input       [R][widest] (weight dtype; none in f32)
-//   partials         [decode rows][heads][kMaxAttentionSplits][head_dim + 2] f32 (decode)
+//   GEMM input       [R][widest] (type; none in f32)
+//   sampling         [3][S] int32: slot and draw of each row, then the sampled ids
+// With FlashInfer's kernels (attention_kernels.hpp):
+//   attn_q           [R][heads][d] (type): the queries, as FlashInfer reads them
+//   attn_out         [R][heads][d] (type): its output
+//   decode_float     split-KV partial outputs and log-sum-exps: [heads][P][d] + [heads][P] f32,
+//                    P = max(S, kPlannedSms * kDecodeBlocksPerSm / kv_heads) partial rows
+//   decode_int       its schedule (request, tile and output indices, chunk size, valid mask),
+//                    copied from a pinned host mirror each step
+//   decode_pages     the paged view of the decoding slots: indptr [S + 1], last_page_len [S],
+//                    page indices [S][max_seq / page_size] int32
+//   prefill_tmp      split-KV partials of prefill: kPlannedSms x rows-per-SM x (d x 2 + 4) bytes
+// With the built-in kernels:
+//   partials         [S][heads][kMaxAttentionSplits][d + 2] f32 (decode)
 //   prefill_scores   [heads][R][B] f32: scores, then probabilities, of one key block
 //   prefill_stats    [2][heads][R] f32: running max, running sum of each (head, row)
-//   prefill_kv       [2][B][kv_heads][head_dim] f32: a K and a V block converted (none in f32)
-//   sampling         [3][decode rows] int32: slot and draw of each row, then the sampled ids
+//   prefill_kv       [2][B][kv_heads][d] f32: a K and a V block converted (none in f32)
 struct WorkspaceLayout {
+  AttentionKernels kernels;
   std::uint64_t gemm_input = 0;  // offsets in bytes
+  std::uint64_t sampling = 0;
+  std::uint64_t attn_q = 0;
+  std::uint64_t attn_out = 0;
+  std::uint64_t decode_float = 0, decode_float_bytes = 0;
+  std::uint64_t decode_int = 0, decode_int_bytes = 0;
+  std::uint64_t decode_pages = 0, decode_pages_count = 0;  // int32s
+  std::uint64_t prefill_tmp = 0, prefill_tmp_bytes = 0;
   std::uint64_t partials = 0;
   std::uint64_t prefill_scores = 0;
   std::uint64_t prefill_stats = 0;
   std::uint64_t prefill_kv = 0;
-  std::uint64_t sampling = 0;
   std::uint64_t bytes = 0;
-  WorkspaceLayout(const ModelConfig& config, DType weight_dtype, int max_rows, int max_decode_rows);
+  int decode_grid = 0;  // the most decode blocks FlashInfer's schedule may use
+
+  WorkspaceLayout(const ModelConfig& config, DType weight_dtype, int max_rows, int max_decode_rows,
+                  int max_seq);
 };
 
 // The activations region, carved into buffers. R = rows of the largest chunk or decode batch,

@@ -1,0 +1,49 @@
+// Which kernels the CUDA path attends with: FlashInfer's (ahead-of-time instantiated for bf16 and
+// f16 K/V, head_dim 64 and 128, GQA groups 1, 2, 3, 4 and 8, NHD layout) or the built-in ones
+// (model/kernels_attention.cu) for every other shape. A pure function of the shape and of the
+// build, so the planner, which sizes each choice's workspace, gives the same answer on a machine
+// without a GPU.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kvoffload/types.hpp"
+#include "model/model_config.hpp"
+
+namespace kvo::model {
+
+// The widest GPU the plan provisions FlashInfer's split-KV scratch for: more SMs than any GPU to
+// date (A100 108, RTX 4090 128, H100/H200 132, B200 148). On a wider one, decode splits the
+// sequence over at most this many SMs' worth of blocks, and prefill does not split the keys.
+inline constexpr int kPlannedSms = 160;
+// Blocks of 128 threads that one SM can hold at once (2048 threads): FlashInfer's decode kernel
+// runs 128-thread blocks at our head sizes, so a decode grid never usefully exceeds this per SM.
+inline constexpr int kDecodeBlocksPerSm = 16;
+// Shared memory of one SM on the largest GPUs (228 KiB): bounds how many prefill query tiles an
+// SM holds at once, and so FlashInfer's prefill split-KV scratch.
+inline constexpr std::uint64_t kMaxSharedMemoryPerSm = 228ull << 10;
+
+struct AttentionKernels {
+  bool flashinfer = false;
+  // FlashInfer decode reads each slot as pages of `page_size` tokens: the largest power of two
+  // up to 64 that divides max_seq, so a slot's pages are whole and in order.
+  int page_size = 0;
+  std::string reason;  // why the built-in kernels, when they are chosen
+
+  // "FlashInfer (bf16, head_dim 128, GQA group 4)" or "built-in kernels: <reason>".
+  std::string describe(const ModelConfig& config, DType kv_dtype) const;
+};
+
+// Whether this build has FlashInfer's kernels (KVO_WITH_FLASHINFER).
+bool flashinfer_built();
+
+AttentionKernels choose_attention_kernels(const ModelConfig& config, DType kv_dtype, int slots,
+                                          int max_seq);
+
+// Query rows one SM of the widest GPU can hold in FlashInfer prefill tiles at head_dim `d` (2-byte
+// queries): the bound of its split-KV scratch, which holds at most this many rows per SM of
+// [heads][d] outputs and their log-sum-exps.
+std::uint64_t flashinfer_prefill_rows_per_sm(int head_dim);
+
+}  // namespace kvo::model

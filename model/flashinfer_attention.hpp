@@ -1,0 +1,93 @@
+// Attention through FlashInfer's kernels, instantiated ahead of time in model/flashinfer_*.cu for
+// the configurations attention_kernels.hpp lists. This header is plain C++: the FlashInfer and
+// CUDA templates stay in those few translation units.
+//
+// K and V are the cache's views: [slot][token][kv_head][head_dim] (NHD) with explicit element
+// strides. Decode reads every slot as a run of pages of page_size tokens (slot s, token t is page
+// s * (max_seq / page_size) + t / page_size), so all decoding slots go in one launch, each with
+// its own length, and the keys are split over the GPU when the slots alone do not fill it.
+// Prefill reads one slot's keys in place with a causal mask aligned to the bottom right.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "model/numerics.hpp"
+
+namespace kvo::model::flashinfer_ops {
+
+// One layer's K and V on the device.
+struct KvLayer {
+  const void* k = nullptr;  // [slots][max_seq][kv_heads][head_dim]
+  const void* v = nullptr;
+  Elem type = Elem::kBF16;       // kBF16 or kF16
+  std::int64_t slot_stride = 0;  // elements
+  std::int64_t token_stride = 0;
+  std::int64_t head_stride = 0;
+  int kv_heads = 0;
+  int head_dim = 0;  // 64 or 128
+  int max_seq = 0;
+  int page_size = 0;  // divides max_seq
+};
+
+// The decode schedule's buffers: device regions of the workspace and their pinned host mirrors.
+struct DecodeWorkspace {
+  void* float_buffer = nullptr;  // split-KV partials (device)
+  std::size_t float_bytes = 0;
+  void* int_buffer = nullptr;  // the schedule (device)
+  void* int_host = nullptr;    // its pinned mirror, int_bytes
+  std::size_t int_bytes = 0;
+  std::int32_t* pages = nullptr;       // indptr, last_page_len, indices (device)
+  std::int32_t* pages_host = nullptr;  // their pinned mirror
+  std::size_t pages_count = 0;         // int32s of each
+  int grid = 0;  // the most blocks the schedule may use (it sized float_buffer)
+  // Recorded after the mirrors' copies; waited before they are written again.
+  cudaEvent_t mirrors_copied = nullptr;
+};
+
+// n query rows, row i for slot slots[i] with keys [0, kv_lens[i]) (its own key included).
+struct DecodeCall {
+  const void* q = nullptr;  // [n][heads][head_dim] (type), device
+  void* out = nullptr;      // [n][heads][head_dim] (type), device
+  int n = 0;
+  int heads = 0;
+  const std::int32_t* slots = nullptr;    // [n], host
+  const std::int32_t* kv_lens = nullptr;  // [n], host
+  int window_left = -1;                   // keys before position - window_left are masked
+  float sm_scale = 1;
+};
+
+// The query rows [first_position, first_position + n) of one slot over its keys
+// [0, first_position + n), causal.
+struct PrefillCall {
+  const void* q = nullptr;  // [n][heads][head_dim] (type), device
+  void* out = nullptr;      // [n][heads][head_dim] (type), device
+  int n = 0;
+  int heads = 0;
+  int slot = 0;
+  int first_position = 0;
+  int window_left = -1;
+  float sm_scale = 1;
+  void* tmp = nullptr;  // split-KV partials, tmp_bytes; nullptr: never split the keys
+  std::size_t tmp_bytes = 0;
+};
+
+// Both throw kvo::Error(kDevice) for a CUDA failure and kInternal for a shape FlashInfer does not
+// serve (choose_attention_kernels rules those out first). Everything is ordered on `stream`;
+// decode also waits, on the host, for its previous call's mirror copies before reusing them.
+void decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& workspace,
+            cudaStream_t stream);
+void prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
+
+// The instantiations behind them, one translation unit per (kernel, dtype) for a parallel build.
+// `host_indptr` [n + 1]: each row's page range in the device page arrays.
+template <Elem E, int kHeadDim>
+cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& workspace,
+                       const std::int32_t* indptr, const std::int32_t* last_page_len,
+                       const std::int32_t* indices, std::int32_t* host_indptr, cudaStream_t stream);
+template <Elem E, int kHeadDim>
+cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
+
+}  // namespace kvo::model::flashinfer_ops
