@@ -49,6 +49,15 @@ int effective_resident(const CacheConfig& config, int resident) {
 
 }  // namespace
 
+std::uint64_t device_headroom(std::uint64_t total_bytes) {
+  return std::max<std::uint64_t>(1ull << 30, total_bytes / 20);
+}
+
+std::uint64_t default_device_budget(std::uint64_t free_bytes, std::uint64_t total_bytes) {
+  const std::uint64_t headroom = device_headroom(total_bytes);
+  return free_bytes > headroom ? free_bytes - headroom : 0;
+}
+
 void validate(const CacheConfig& config) {
   require_positive(config.layers, "layers");
   require_positive(config.kv_heads, "kv_heads");

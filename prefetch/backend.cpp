@@ -1,5 +1,7 @@
 #include "prefetch/backend.hpp"
 
+#include <string>
+
 #include "kvoffload/error.hpp"
 #include "prefetch/host_backend.hpp"
 #ifdef KVO_WITH_CUDA
@@ -13,11 +15,36 @@ namespace kvo {
 int cuda_device_count() {
 #ifdef KVO_WITH_CUDA
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status == cudaSuccess) return count;
+  cudaGetLastError();
+  if (status == cudaErrorNoDevice) return 0;
+  int driver = 0;
+  int runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  // No NVIDIA driver at all reads as "insufficient driver" with version 0: a machine without a
+  // GPU, not a broken one.
+  if (status == cudaErrorInsufficientDriver && driver == 0) return 0;
+  const auto version = [](int v) {
+    return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+  };
+  if (status == cudaErrorInsufficientDriver) {
+    throw Error(ErrorCode::kDevice, "the NVIDIA driver supports CUDA " + version(driver) +
+                                        ", but this build of "
+                                        "kvoffload uses the CUDA " +
+                                        version(runtime) +
+                                        " runtime, which needs a driver "
+                                        "for CUDA " +
+                                        version(runtime) + " or newer (r" +
+                                        std::to_string(runtime >= 13000   ? 580
+                                                       : runtime >= 12000 ? 525
+                                                                          : 450) +
+                                        "+ on Linux): update the driver, or use the host backend");
   }
-  return count;
+  throw Error(ErrorCode::kDevice, std::string("cudaGetDeviceCount failed: ") +
+                                      cudaGetErrorName(status) + " (" + cudaGetErrorString(status) +
+                                      "); fix the CUDA setup, or use the host backend");
 #else
   return 0;
 #endif

@@ -37,6 +37,9 @@ class Backend {
   virtual void free_host(void* ptr) noexcept = 0;
   // Free device bytes right now (CUDA: cudaMemGetInfo; host: unlimited -> UINT64_MAX).
   virtual std::uint64_t device_free_bytes() = 0;
+  // The budget of a cache whose config leaves it at 0: on CUDA, default_device_budget() of the
+  // device's memory right now; on the host backend 0 (unlimited).
+  virtual std::uint64_t default_budget() = 0;
 
   virtual StreamHandle create_stream() = 0;
   virtual void destroy_stream(StreamHandle stream) noexcept = 0;

@@ -30,7 +30,15 @@ struct OffloadedStaticCache::Impl {
     validate(config);
     backend = prefetch::make_backend(config);
     std::uint64_t budget = config.device_budget;
-    if (budget == 0 && backend->kind() == BackendKind::kCuda) budget = backend->device_free_bytes();
+    if (budget == 0) {
+      budget = backend->default_budget();
+      if (budget == 0 && backend->kind() == BackendKind::kCuda) {
+        throw Error(ErrorCode::kOutOfMemory,
+                    "the GPU has no memory free beyond the headroom kept for cuBLAS, kernel "
+                    "modules and the caller's tensors (max(1 GiB, 5% of its memory)); free "
+                    "memory on the device or set a budget explicitly");
+      }
+    }
     plan = plan_cache(config, budget);
     store = std::make_unique<offload::HostStore>(*backend, plan, config.slots, config.max_seq);
     arena = std::make_unique<offload::DeviceArena>(*backend, plan, config.reserved);

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "kvoffload/error.hpp"
+#include "kvoffload/plan.hpp"
 #include "prefetch/cuda_check.hpp"
 
 namespace kvo::prefetch {
@@ -54,13 +55,11 @@ cudaEvent_t as_event(EventHandle event) {
 }  // namespace
 
 CudaBackend::CudaBackend(int device) : device_(device) {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    throw Error(ErrorCode::kDevice, std::string("no usable CUDA device (") +
-                                        cudaGetErrorString(status) +
-                                        "); use the host backend (--backend host)");
+  const int count = cuda_device_count();  // throws for a driver too old or a broken setup
+  if (count == 0) {
+    throw Error(ErrorCode::kDevice,
+                "no CUDA device (no NVIDIA driver, or no GPU visible); use the host backend "
+                "(--backend host)");
   }
   if (device < 0 || device >= count) {
     throw Error(ErrorCode::kInvalidArgument, "CUDA device " + std::to_string(device) +
@@ -168,6 +167,13 @@ std::uint64_t CudaBackend::device_free_bytes() {
   return free_bytes;
 }
 
+std::uint64_t CudaBackend::default_budget() {
+  DeviceGuard guard(device_);
+  std::size_t free_bytes = 0, total_bytes = 0;
+  KVO_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return default_device_budget(free_bytes, total_bytes);
+}
+
 StreamHandle CudaBackend::create_stream() {
   DeviceGuard guard(device_);
   cudaStream_t stream = nullptr;
@@ -229,10 +235,11 @@ void CudaBackend::wait_measured(StreamHandle stream, EventHandle event) {
 void CudaBackend::harvest_probes() {
   for (StallProbe& probe : probes_) {
     if (!probe.pending) continue;
-    if (cudaEventQuery(probe.end) != cudaSuccess) {
-      cudaGetLastError();  // cudaErrorNotReady is not an error here
-      continue;
-    }
+    // Not ready is the one expected answer; anything else (a sticky error from a failed
+    // kernel, say) is an error, not a wait still in flight.
+    const cudaError_t status = cudaEventQuery(probe.end);
+    if (status == cudaErrorNotReady) continue;
+    KVO_CUDA_CHECK(status);
     float ms = 0;
     KVO_CUDA_CHECK(cudaEventElapsedTime(&ms, probe.start, probe.end));
     stall_ms_ += ms;

@@ -28,6 +28,7 @@ class HostBackend final : public Backend {
   void* alloc_host(std::size_t bytes) override;
   void free_host(void* ptr) noexcept override;
   std::uint64_t device_free_bytes() override;
+  std::uint64_t default_budget() override { return 0; }  // unlimited
 
   StreamHandle create_stream() override;
   void destroy_stream(StreamHandle stream) noexcept override;

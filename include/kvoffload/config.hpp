@@ -46,8 +46,9 @@ struct CacheConfig {
   int ring_depth = 2;
 
   // Device bytes the whole plan (resident layers + staging ring + reserved regions) must fit.
-  // 0: on CUDA, the device's free memory when the cache is created; on the host backend,
-  // unlimited.
+  // 0: on CUDA, the device's free memory when the cache is created less a headroom of
+  // max(1 GiB, 5% of the device's memory) for cuBLAS, kernel modules loaded on first use and the
+  // caller's own tensors (default_device_budget in plan.hpp); on the host backend, unlimited.
   std::uint64_t device_budget = 0;
 
   // Caller regions planned and allocated with the cache.

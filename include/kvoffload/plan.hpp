@@ -24,6 +24,13 @@ struct CachePlan {
   std::uint64_t budget = 0;          // the budget the plan was made against (0: none)
 };
 
+// Device memory a CUDA cache leaves to others when its budget is left at 0: cuBLAS's workspace,
+// kernel modules loaded on first use, the caller's own tensors. max(1 GiB, 5% of the device).
+std::uint64_t device_headroom(std::uint64_t total_bytes);
+// The budget of such a cache: the device's free memory less device_headroom(total); 0 when the
+// headroom takes it all.
+std::uint64_t default_device_budget(std::uint64_t free_bytes, std::uint64_t total_bytes);
+
 // Bytes the plan needs for a given resident-layer count (before the "all fit" promotion).
 // REQUIRES: validate(config) passes.
 std::uint64_t plan_device_bytes(const CacheConfig& config, int resident_layers);

@@ -25,10 +25,12 @@ const char* backend_name(BackendKind kind);
 // Accepts "auto", "cuda", "host". Throws kvo::Error otherwise.
 BackendKind parse_backend(const std::string& name);
 
-// Number of usable CUDA devices; 0 when built without CUDA or when no driver/device is present.
+// Number of usable CUDA devices; 0 when built without CUDA or when there is no NVIDIA driver or
+// no device. Throws kvo::Error(kDevice) for a driver too old for this build's CUDA runtime
+// (naming the versions) or another failure of the CUDA setup, rather than reporting no device.
 int cuda_device_count();
-// kAuto resolved: kCuda when a CUDA device is usable, else kHost. Other kinds are returned as
-// they are.
+// kAuto resolved: kCuda when a CUDA device is usable, else kHost (throwing as cuda_device_count
+// does for a broken CUDA setup). Other kinds are returned as they are.
 BackendKind resolve_backend(BackendKind kind);
 
 // Parses a byte size such as "24GiB", "512MiB", "1.5GB", "4096" (bytes). Binary (KiB, MiB, GiB,

@@ -4,6 +4,7 @@
 // max_cache_len mask; bad input raises a clear kvo::Error and leaves the adapter usable.
 #include <gtest/gtest.h>
 
+#include "cuda_required.hpp"
 #include "expect_error.hpp"
 
 #include <ATen/ATen.h>
@@ -218,7 +219,7 @@ INSTANTIATE_TEST_SUITE_P(DTypes, TorchCacheCpu,
                          });
 
 TEST(TorchCacheCuda, AttentionMatchesAConcatenatedCacheOverRandomSteps) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KVO_SKIP_WITHOUT_CUDA();
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     CacheConfig config = small_config(BackendKind::kCuda, dtype);
     Lockstep run(config, at::Device(at::kCUDA, 0), 3);
@@ -321,7 +322,7 @@ TEST(TorchCacheErrors, BadInputIsNamedAndChangesNothing) {
 }
 
 TEST(TorchCacheErrors, CudaTensorsOnTheHostBackendAreRefused) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KVO_SKIP_WITHOUT_CUDA();
   kvo::torch::OffloadedStaticCache cache(small_config(BackendKind::kHost, DType::kF32));
   const at::Tensor cuda = at::zeros({2, 2, 1, 16}, at::TensorOptions().device(at::kCUDA));
   expect_error([&] { cache.update(cuda, cuda, 0); }, ErrorCode::kInvalidArgument,

@@ -1,6 +1,7 @@
 // The CUDA path against the host path on the same synthetic weights: logits after prefill
 // (blocked cuBLAS attention: several chunk sizes, GQA ratios, dtypes, starting positions, a
 // sliding window) and decode, and device sampling against host sampling. Skipped without a GPU.
+#include "cuda_required.hpp"
 #include "kvoffload/types.hpp"
 #include "model/memory_plan.hpp"
 #include "model/model_test_util.hpp"
@@ -21,7 +22,7 @@ struct Case {
 };
 
 void compare_backends(const Case& k) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KVO_SKIP_WITHOUT_CUDA();
   ModelConfig c = testing::small_config();
   c.vocab_size = 1000;
   c.heads = k.heads;
@@ -117,7 +118,7 @@ TEST(CudaModel, PrefillOneRowChunks) {
 // agree exactly; seeded draws share the counter-based RNG, so they agree too unless a draw lands
 // within float rounding of a cumulative boundary (the device sums in float, the host in double).
 void compare_sampling(const SamplingParams& params, int allowed_mismatches) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KVO_SKIP_WITHOUT_CUDA();
   ModelConfig c = testing::small_config();
   c.vocab_size = 3000;
   const int slots = 3;

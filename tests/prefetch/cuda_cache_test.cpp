@@ -2,6 +2,7 @@
 // there is no GPU.
 #include <gtest/gtest.h>
 
+#include "cuda_required.hpp"
 #include "prefetch/cache_driver.hpp"
 
 namespace kvo {
@@ -39,17 +40,17 @@ void run_equivalence(int max_seq, int steps, std::uint64_t seed) {
 }
 
 TEST(CudaCache, EveryAcquireMatchesTheReference) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KVO_SKIP_WITHOUT_CUDA();
   for (std::uint64_t seed = 1; seed <= 4; ++seed) run_equivalence(256, 40, seed);
 }
 
 TEST(CudaCache, LongPrefixes) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KVO_SKIP_WITHOUT_CUDA();
   run_equivalence(8192, 12, 77);
 }
 
 TEST(CudaCache, PinnedStoreAndOneDeviceAllocation) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  KVO_SKIP_WITHOUT_CUDA();
   CacheConfig config;
   config.layers = 8;
   config.max_seq = 1024;

@@ -10,6 +10,7 @@ from transformers import StaticCache
 
 import kvoffload
 from kvoffload.hf import OffloadedStaticCache
+from cuda_required import needs_cuda
 from tiny_models import make_model, prompts
 
 MAX_CACHE_LEN = 64
@@ -18,10 +19,7 @@ PROMPT = 16
 BATCH = 3
 
 
-@unittest.skipUnless(
-    torch.cuda.is_available() and kvoffload.cuda_device_count() > 0,
-    "needs a CUDA device and a CUDA build of kvoffload",
-)
+@needs_cuda
 class OnCuda(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -9,6 +9,7 @@ from transformers import StaticCache
 
 import kvoffload
 from kvoffload.hf import OffloadedStaticCache, UnsupportedModelError
+from cuda_required import needs_cuda
 from tiny_models import make_model, prompts, qwen2_config
 
 MAX_CACHE_LEN = 24
@@ -89,10 +90,7 @@ class Mismatches(unittest.TestCase):
             cpu_cache(self.model, device="meta")
         self.assertIn("cuda or cpu", str(raised.exception))
 
-    @unittest.skipUnless(
-        torch.cuda.is_available() and kvoffload.cuda_device_count() > 0,
-        "needs a CUDA device and a CUDA build of kvoffload",
-    )
+    @needs_cuda
     def test_cuda_cache_with_a_cpu_model(self):
         cache = OffloadedStaticCache(self.model.config, 1, MAX_CACHE_LEN, device="cuda",
                                      dtype=torch.float32)
