@@ -197,7 +197,7 @@ std::tuple<at::Tensor, at::Tensor> OffloadedStaticCache::update(const at::Tensor
 
   if (starts_step) {
     if (in_step_) {
-      cache_.release(held_layer_, stream);
+      cache_.release(held_layer_, held_stream_);
       cache_.end_step();
       in_step_ = false;
     }
@@ -210,11 +210,12 @@ std::tuple<at::Tensor, at::Tensor> OffloadedStaticCache::update(const at::Tensor
     step_tokens_ = n;
     step_batch_ = batch;
   } else {
-    cache_.release(held_layer_, stream);
+    cache_.release(held_layer_, held_stream_);
   }
   held_layer_ = -1;
   const LayerView view = cache_.acquire(layer, stream);
   held_layer_ = layer;
+  held_stream_ = stream;
   last_stream_ = stream;
   const std::size_t slot_bytes = static_cast<std::size_t>(k_rows.stride(0)) * k_rows.element_size();
   const auto* k_base = static_cast<const char*>(k_rows.data_ptr());
@@ -245,9 +246,8 @@ std::int64_t OffloadedStaticCache::get_max_cache_shape() const {
 }
 
 void OffloadedStaticCache::reset() {
-  void* stream = current_stream();
   if (in_step_) {
-    cache_.abort_step(stream);
+    cache_.abort_step(held_layer_ >= 0 ? held_stream_ : current_stream());
     in_step_ = false;
     held_layer_ = -1;
     step_tokens_ = 0;
@@ -262,10 +262,9 @@ void OffloadedStaticCache::end_step() {
     throw protocol("end_step after updating only layers [0, " + std::to_string(held_layer_ + 1) +
                    ") of " + std::to_string(layers_) + "; reset() drops the step");
   }
-  void* stream = current_stream();
-  cache_.release(held_layer_, stream);
+  cache_.release(held_layer_, held_stream_);
   cache_.end_step();
-  last_stream_ = stream;
+  last_stream_ = held_stream_;
   in_step_ = false;
   held_layer_ = -1;
   step_tokens_ = 0;

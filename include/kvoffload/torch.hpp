@@ -28,7 +28,9 @@
 // static cache: 1 <= batch <= config.slots, the same batch for every layer of a step; slots past
 // the batch sit the step out. Tensors: CPU tensors on the host backend, CUDA tensors of device
 // config.device on the CUDA backend, dtype matching config.dtype (f32 float, f16 half, bf16
-// bfloat16). On CUDA the work is ordered on the current torch CUDA stream of that device.
+// bfloat16). On CUDA the work is ordered on the current torch CUDA stream of that device at each
+// update; a layer is released on the stream of its own update, so switching streams between
+// updates, or before get_seq_length, end_step or reset, is safe.
 //
 // Errors throw kvo::Error: kInvalidArgument for a wrong dtype, device, shape, layer index or
 // position (naming what was expected), kProtocol for updates out of order. A call that throws
@@ -99,6 +101,10 @@ class OffloadedStaticCache {
   std::int64_t step_tokens_ = 0;          // n of the open step
   int step_batch_ = 0;                    // rows of the open step: slots [0, step_batch_)
   std::vector<std::int32_t> new_tokens_;  // [slots]: step_tokens_ for the batch, 0 past it
+  // The stream the held layer was updated on: its rows were appended there and its attention
+  // follows there, so its release (the write-back and the buffer's reuse wait on it) is recorded
+  // there too, whatever stream is current when the release happens.
+  void* held_stream_ = nullptr;
   void* last_stream_ = nullptr;
 };
 
