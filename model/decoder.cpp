@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "kvoffload/error.hpp"
 #include "model/cuda_ops.hpp"
@@ -55,7 +56,8 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
 
   auto* weights = static_cast<std::byte*>(cache_->reserved("weights"));
   if (cache_->backend() == BackendKind::kCuda) {
-    stream_ = cache_->create_stream();
+    owned_stream_ = OwnedStream(*cache_);
+    stream_ = owned_stream_.get();
     workspace_ = cache_->reserved("workspace");
     ops_ = make_cuda_ops(shape, stream_, workspace_);
   } else {
@@ -84,14 +86,40 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   sample_rows_.resize(2 * static_cast<std::size_t>(options_.slots));
 }
 
+OwnedStream::~OwnedStream() {
+  if (cache_ == nullptr || stream_ == nullptr) return;
+  try {
+    cache_->synchronize_stream(stream_);
+  } catch (...) {
+    // A destructor has no caller to report to; the stream is destroyed regardless.
+  }
+  cache_->destroy_stream(stream_);
+}
+
+OwnedStream::OwnedStream(OwnedStream&& other) noexcept
+    : cache_(other.cache_), stream_(other.stream_) {
+  other.cache_ = nullptr;
+  other.stream_ = nullptr;
+}
+
+OwnedStream& OwnedStream::operator=(OwnedStream&& other) noexcept {
+  if (this != &other) {
+    OwnedStream old(std::move(*this));
+    cache_ = other.cache_;
+    stream_ = other.stream_;
+    other.cache_ = nullptr;
+    other.stream_ = nullptr;
+  }
+  return *this;
+}
+
 Decoder::~Decoder() {
+  // The ops' kernels and copies on the stream finish before anything they use is freed.
   if (cache_ && stream_ != nullptr) {
     try {
       cache_->synchronize_stream(stream_);
     } catch (...) {
     }
-    ops_.reset();
-    cache_->destroy_stream(stream_);
   }
 }
 
