@@ -1,7 +1,9 @@
 // The decoder on the host backend: placement of layers, chunking and batching change nothing
 // but rounding (and here, not even that), and bad inputs are refused with clear errors.
 #include <cstring>
+#include <filesystem>
 #include <set>
+#include <utility>
 
 #include "kvoffload/error.hpp"
 #include "model/model_test_util.hpp"
@@ -13,6 +15,46 @@ using testing::greedy;
 using testing::host_options;
 using testing::random_prompt;
 using testing::small_config;
+
+// Threads of this process: a host-backend stream is a worker thread.
+int live_threads() {
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    (void)entry;
+    ++count;
+  }
+  return count;
+}
+
+// The decoder holds its stream in an OwnedStream member, so a constructor that throws after
+// making it (a bad checkpoint, an allocation) still destroys it, as unwinding destroys members.
+TEST(OwnedStream, IsDestroyedWhenItsOwnerUnwinds) {
+  CacheConfig config;
+  config.layers = 2;
+  config.max_seq = 16;
+  config.backend = BackendKind::kHost;
+  OffloadedStaticCache cache(config);
+  const int before = live_threads();
+  struct Owner {
+    OwnedStream stream;
+    explicit Owner(OffloadedStaticCache& c) : stream(c) {
+      throw Error(ErrorCode::kInvalidArgument, "a constructor that fails after the stream");
+    }
+  };
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_THROW(Owner{cache}, Error);
+  }
+  EXPECT_EQ(live_threads(), before);
+  {
+    OwnedStream a(cache);
+    EXPECT_NE(a.get(), nullptr);
+    EXPECT_EQ(live_threads(), before + 1);
+    OwnedStream b = std::move(a);  // moved, not duplicated: destroyed once
+    EXPECT_EQ(a.get(), nullptr);
+    EXPECT_NE(b.get(), nullptr);
+  }
+  EXPECT_EQ(live_threads(), before);
+}
 
 TEST(Decoder, StreamedLayersGiveBitIdenticalLogits) {
   const ModelConfig c = small_config();

@@ -106,6 +106,18 @@ TEST(Sizes, ParsesWhatUsersType) {
   }
 }
 
+TEST(Plan, DefaultCudaBudgetKeepsAHeadroom) {
+  const std::uint64_t gib = 1ull << 30;
+  // max(1 GiB, 5% of the device): 1 GiB on a 16 GiB card, 7.05 GiB on an H200's 141 GiB.
+  EXPECT_EQ(device_headroom(16 * gib), gib);
+  EXPECT_EQ(device_headroom(141 * gib), 141 * gib / 20);
+  EXPECT_EQ(default_device_budget(20 * gib, 24 * gib), 20 * gib - 24 * gib / 20);
+  EXPECT_EQ(default_device_budget(10 * gib, 16 * gib), 9 * gib);
+  // Nothing left beyond the headroom: 0, which the CUDA cache turns into a clear refusal.
+  EXPECT_EQ(default_device_budget(gib / 2, 16 * gib), 0u);
+  EXPECT_EQ(default_device_budget(gib, 16 * gib), 0u);
+}
+
 TEST(Sizes, NamesAndParsers) {
   EXPECT_EQ(format_bytes(100), "100 B");
   EXPECT_EQ(format_bytes(16ull << 30), "16.00 GiB (17179869184 bytes)");
