@@ -20,7 +20,7 @@ std::string AttentionKernels::describe(const ModelConfig& config, DType kv_dtype
 }
 
 AttentionKernels choose_attention_kernels(const ModelConfig& c, DType kv_dtype, int slots,
-                                          int max_seq) {
+                                          int max_seq, bool builtin_only) {
   AttentionKernels k;
   const int group = c.kv_heads > 0 ? c.heads / c.kv_heads : 0;
   // FlashInfer's kernels index K/V rows with 32-bit offsets: a slot's rows
@@ -30,7 +30,9 @@ AttentionKernels choose_attention_kernels(const ModelConfig& c, DType kv_dtype, 
                                       static_cast<std::uint64_t>(c.head_dim);
   const std::uint64_t all_tokens =
       static_cast<std::uint64_t>(max_seq) * static_cast<std::uint64_t>(slots);
-  if (!flashinfer_built()) {
+  if (builtin_only) {
+    k.reason = "asked for";
+  } else if (!flashinfer_built()) {
     k.reason = "this build has no FlashInfer (KVO_WITH_FLASHINFER=OFF)";
   } else if (kv_dtype != DType::kBF16 && kv_dtype != DType::kF16) {
     k.reason = std::string("FlashInfer's kernels are built for bf16 and f16 K/V, not ") +

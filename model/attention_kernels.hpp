@@ -38,8 +38,9 @@ struct AttentionKernels {
 // Whether this build has FlashInfer's kernels (KVO_WITH_FLASHINFER).
 bool flashinfer_built();
 
+// builtin_only: the built-in kernels even where FlashInfer serves the shape (to compare them).
 AttentionKernels choose_attention_kernels(const ModelConfig& config, DType kv_dtype, int slots,
-                                          int max_seq);
+                                          int max_seq, bool builtin_only = false);
 
 // Query rows one SM of the widest GPU can hold in FlashInfer prefill tiles at head_dim `d` (2-byte
 // queries): the bound of its split-KV scratch, which holds at most this many rows per SM of

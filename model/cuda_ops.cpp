@@ -32,7 +32,7 @@ class CudaOps final : public Ops {
         elem_(elem(shape.weight_dtype)),
         stream_(static_cast<cudaStream_t>(stream)),
         layout_(shape.config, shape.weight_dtype, shape.max_rows, shape.max_decode_rows,
-                shape.max_seq) {
+                shape.max_seq, shape.builtin_attention) {
     base_ = static_cast<std::byte*>(workspace);
     gemm_input_ = base_ + layout_.gemm_input;
     partials_ = reinterpret_cast<float*>(base_ + layout_.partials);
@@ -345,7 +345,7 @@ void sample_on_device(const OpsShape& shape, void* workspace, const float* logit
   }
   check_sampling(params);
   const WorkspaceLayout layout(shape.config, shape.weight_dtype, shape.max_rows,
-                               shape.max_decode_rows, shape.max_seq);
+                               shape.max_decode_rows, shape.max_seq, shape.builtin_attention);
   auto* rows =
       reinterpret_cast<std::int32_t*>(static_cast<std::byte*>(workspace) + layout.sampling);
   std::int32_t* tokens = rows + 2 * shape.max_decode_rows;

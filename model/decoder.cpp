@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "kvoffload/error.hpp"
+#include "model/attention_kernels.hpp"
 #include "model/cuda_ops.hpp"
 #include "model/host_ops.hpp"
 #include "model/memory_plan.hpp"
@@ -40,6 +41,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   shape.max_rows = R;
   shape.max_decode_rows = options_.slots;
   shape.max_seq = options_.max_seq;
+  shape.builtin_attention = options_.builtin_attention;
 
   require_weights_fit(memory, options_.device_budget);
   cache_ = std::make_unique<OffloadedStaticCache>(memory.cache);
@@ -121,6 +123,13 @@ Decoder::~Decoder() {
     } catch (...) {
     }
   }
+}
+
+std::string Decoder::attention_kernels() const {
+  if (cache_->backend() != BackendKind::kCuda) return "host";
+  return choose_attention_kernels(config_, layout_.dtype(), options_.slots, options_.max_seq,
+                                  options_.builtin_attention)
+      .describe(config_, layout_.dtype());
 }
 
 void Decoder::check_tokens(const std::vector<std::int32_t>& tokens) const {

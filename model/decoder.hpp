@@ -44,6 +44,8 @@ struct DecoderOptions {
   int ring_depth = 2;
   std::uint64_t device_budget = 0;  // 0: the device's free memory (CUDA), unlimited (host)
   BackendKind backend = BackendKind::kAuto;
+  // CUDA: attend with the built-in kernels even where FlashInfer serves the shape (to compare).
+  bool builtin_attention = false;
   bool override_dtype = false;  // else the checkpoint's (config) dtype
   DType dtype = DType::kBF16;   // weights and K/V
   HostBackendOptions host;
@@ -110,6 +112,9 @@ class Decoder {
   BackendKind backend() const { return cache_->backend(); }
   std::uint64_t weight_bytes() const { return layout_.bytes(); }
   std::uint64_t activation_bytes() const { return activation_bytes_; }
+  // Which kernels attend: "host" on the host backend; on CUDA, FlashInfer's or the built-in
+  // ones with the reason (AttentionKernels::describe).
+  std::string attention_kernels() const;
 
  private:
   void check_tokens(const std::vector<std::int32_t>& tokens) const;

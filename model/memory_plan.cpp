@@ -16,8 +16,9 @@ std::uint64_t align256(std::uint64_t bytes) {
 }  // namespace
 
 WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, int max_rows,
-                                 int max_decode_rows, int max_seq)
-    : kernels(choose_attention_kernels(c, weight_dtype, max_decode_rows, max_seq)) {
+                                 int max_decode_rows, int max_seq, bool builtin_attention)
+    : kernels(
+          choose_attention_kernels(c, weight_dtype, max_decode_rows, max_seq, builtin_attention)) {
   const std::uint64_t f = sizeof(float);
   const std::uint64_t i32 = sizeof(std::int32_t);
   const std::uint64_t rows = static_cast<std::uint64_t>(max_rows);
@@ -113,10 +114,11 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
   m.weights = WeightLayout(config, m.dtype).bytes();
   m.activations =
       ActivationLayout().carve(nullptr, config, m.dtype, m.max_rows, m.prompt_rows, options.slots);
-  m.workspace =
-      backend == BackendKind::kCuda
-          ? WorkspaceLayout(config, m.dtype, m.max_rows, options.slots, options.max_seq).bytes
-          : 0;
+  m.workspace = backend == BackendKind::kCuda
+                    ? WorkspaceLayout(config, m.dtype, m.max_rows, options.slots, options.max_seq,
+                                      options.builtin_attention)
+                          .bytes
+                    : 0;
 
   CacheConfig& cc = m.cache;
   cc.layers = config.layers;

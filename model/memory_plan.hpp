@@ -62,7 +62,7 @@ struct WorkspaceLayout {
   int decode_grid = 0;  // the most decode blocks FlashInfer's schedule may use
 
   WorkspaceLayout(const ModelConfig& config, DType weight_dtype, int max_rows, int max_decode_rows,
-                  int max_seq);
+                  int max_seq, bool builtin_attention = false);
 };
 
 // The activations region, carved into buffers. R = rows of the largest chunk or decode batch,

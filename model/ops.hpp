@@ -58,6 +58,7 @@ struct OpsShape {
   int max_decode_rows = 1;           // slots
   int max_seq = 1;
   const float* inv_freq = nullptr;  // [head_dim / 2], device
+  bool builtin_attention = false;   // CUDA: the built-in kernels even where FlashInfer serves
 };
 
 // Keys a query at `position` attends: [first_key(position), position].

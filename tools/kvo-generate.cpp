@@ -46,6 +46,8 @@ Cache:
   --resident N|all|auto  layers kept on the device (auto: as many as the budget holds)
   --ring D             staging buffers (2)
   --backend B          auto, cuda or host (auto: cuda when there is a GPU)
+  --attention K        CUDA attention kernels: auto (FlashInfer where it serves the shape) or
+                       builtin (the built-in kernels, to compare)
 Output:
   --json               print one JSON object as the last line
   --quiet              do not print tokens as they come
@@ -104,9 +106,9 @@ std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path)
 Options parse(int argc, char** argv) {
   const kvo::cli::Args args(
       argc, argv,
-      {"model", "preset", "dtype", "weight-seed", "prompt-tokens", "prompt-len", "max-new",
-       "max-seq", "slots", "chunk", "temperature", "top-k", "top-p", "seed", "vram-budget",
-       "resident", "ring", "backend", "max-delay-us"},
+      {"model",       "preset",   "dtype", "weight-seed", "prompt-tokens", "prompt-len",  "max-new",
+       "max-seq",     "slots",    "chunk", "temperature", "top-k",         "top-p",       "seed",
+       "vram-budget", "resident", "ring",  "backend",     "attention",     "max-delay-us"},
       {"json", "quiet", "help"});
   if (args.has("help")) {
     std::cout << kUsage;
@@ -181,6 +183,11 @@ Options parse(int argc, char** argv) {
                           : static_cast<int>(args.get_int("resident", 0, 0, o.config.layers));
   if (args.has("vram-budget")) d.device_budget = kvo::parse_size(args.get("vram-budget", ""));
   d.backend = kvo::parse_backend(args.get("backend", "auto"));
+  const std::string attention = args.get("attention", "auto");
+  if (attention != "auto" && attention != "builtin") {
+    throw kvo::cli::UsageError("--attention takes auto or builtin, not '" + attention + "'");
+  }
+  d.builtin_attention = attention == "builtin";
   if (args.has("max-delay-us")) {
     d.host.max_delay_us = static_cast<std::uint32_t>(args.get_int("max-delay-us", 0, 0, 1000000));
     d.host.delay_seed = o.seed;
@@ -255,6 +262,7 @@ int run(const Options& o) {
       kvo::format_bytes(decoder.weight_bytes()).c_str(),
       kvo::format_bytes(decoder.activation_bytes()).c_str(),
       kvo::format_bytes(plan.host_bytes).c_str());
+  std::printf("  attention       %s\n", decoder.attention_kernels().c_str());
   std::fflush(stdout);
 
   // On CUDA the tokens are drawn on the device (only the ids come back); on the host, by a
@@ -369,7 +377,8 @@ int run(const Options& o) {
         "\"d2h_bytes_total\":%llu,\"prefetch_stall_s\":%.6f,\"peak_device_bytes\":%llu,"
         "\"planned_device_bytes\":%llu,\"weight_bytes\":%llu,\"activation_bytes\":%llu,"
         "\"resident_layers\":%d,\"streamed_layers\":%d,\"ring_depth\":%d,\"backend\":\"%s\","
-        "\"slots\":%d,\"max_seq\":%d,\"chunk\":%d,\"prefill_s\":%.6f,\"decode_s\":%.6f}\n",
+        "\"slots\":%d,\"max_seq\":%d,\"chunk\":%d,\"prefill_s\":%.6f,\"decode_s\":%.6f,"
+        "\"attention\":\"%s\"}\n",
         tokens.c_str(), static_cast<long long>(prompt_tokens),
         static_cast<long long>(decode_tokens), prefill_tps, decode_tps, h2d_per_token, h2d_gbps,
         static_cast<unsigned long long>(st.h2d_bytes_total),
@@ -378,7 +387,8 @@ int run(const Options& o) {
         static_cast<unsigned long long>(decoder.weight_bytes()),
         static_cast<unsigned long long>(decoder.activation_bytes()), plan.resident_layers,
         plan.streamed_layers, plan.ring_depth, kvo::backend_name(decoder.backend()), slots,
-        o.decoder.max_seq, o.decoder.chunk, prefill_s, decode_s);
+        o.decoder.max_seq, o.decoder.chunk, prefill_s, decode_s,
+        decoder.attention_kernels().c_str());
   }
   return 0;
 }

@@ -4,6 +4,7 @@
 
 #include "cuda_required.hpp"
 #include "prefetch/cache_driver.hpp"
+#include "prefetch/slow_reader.hpp"
 
 namespace kvo {
 namespace {
@@ -60,6 +61,81 @@ TEST(CudaCache, PinnedStoreAndOneDeviceAllocation) {
   EXPECT_EQ(cache.backend(), BackendKind::kCuda);
   EXPECT_EQ(cache.stats().device_allocations, 1u);
   EXPECT_EQ(cache.stats().plan.device_bytes, 4 * cache.stats().plan.layer_bytes);
+}
+
+// Write-after-read, made observable: each layer's attention is a kernel that spins for
+// milliseconds before it copies its view, while releasing the layer lets the ring refill the same
+// buffer with the layer two ahead (and, near the end of a step, with the next step's first
+// layers). The copies must show the layer's own rows: a prefetch that did not wait for the
+// caller's release (or for the write-back that waits for it) would overwrite the buffer
+// mid-read. Every layer's rows carry its own bit pattern; the cache only moves bytes.
+TEST(CudaCache, ASlowReaderSeesItsOwnLayerWhileTheRingRefills) {
+  KVO_SKIP_WITHOUT_CUDA();
+  CacheConfig config;
+  config.layers = 6;
+  config.kv_heads = 2;
+  config.head_dim = 64;
+  config.max_seq = 1024;
+  config.dtype = DType::kBF16;
+  config.resident_layers = 0;
+  config.ring_depth = 2;
+  config.backend = BackendKind::kCuda;
+  const std::size_t row = static_cast<std::size_t>(config.kv_heads) * config.head_dim;
+  const int prompt = 600;
+  const int steps = 5;
+  config.reserved = {
+      {"rows", 2 * static_cast<std::uint64_t>(prompt) * row * 2},
+      {"copies", static_cast<std::uint64_t>(config.layers) * config.max_seq * row * 2}};
+  OffloadedStaticCache cache(config);
+  void* stream = cache.create_stream();
+  auto* rows = static_cast<std::uint16_t*>(cache.reserved("rows"));
+  auto* copies = static_cast<std::uint16_t*>(cache.reserved("copies"));
+  // K element e of token t of layer l: a pattern unique to (l, t, e).
+  const auto pattern = [&](int layer, int token, std::size_t e) {
+    return static_cast<std::uint16_t>((layer * 7919 + token * 131 + static_cast<int>(e)) & 0xffff);
+  };
+  std::vector<std::uint16_t> host_rows;
+  int length = 0;
+  for (int step = 0; step < steps; ++step) {
+    const int n = step == 0 ? prompt : 1;
+    cache.begin_step({n});
+    for (int layer = 0; layer < config.layers; ++layer) {
+      const LayerView view = cache.acquire(layer, stream);
+      cache.synchronize_stream(stream);  // the staging rows below are free again
+      host_rows.resize(2 * static_cast<std::size_t>(n) * row);
+      for (int t = 0; t < n; ++t) {
+        for (std::size_t e = 0; e < row; ++e) {
+          host_rows[static_cast<std::size_t>(t) * row + e] = pattern(layer, length + t, e);
+          host_rows[(static_cast<std::size_t>(n + t)) * row + e] = 0;  // V: not checked
+        }
+      }
+      cache.copy_to_device(rows, host_rows.data(), host_rows.size() * 2);
+      cache.append(layer, 0, rows, rows + static_cast<std::size_t>(n) * row, n, stream);
+      // About 2 ms at 2 GHz: far longer than the ring's copies of these few hundred KiB.
+      testing::slow_copy(static_cast<const std::uint16_t*>(view.k),
+                         copies + static_cast<std::size_t>(layer) * config.max_seq * row,
+                         static_cast<std::size_t>(length + n) * row, 4000000, stream);
+      cache.release(layer, stream);
+    }
+    cache.end_step();
+    cache.synchronize_stream(stream);
+    length += n;
+    std::vector<std::uint16_t> seen(static_cast<std::size_t>(length) * row);
+    for (int layer = 0; layer < config.layers; ++layer) {
+      cache.copy_to_host(seen.data(),
+                         copies + static_cast<std::size_t>(layer) * config.max_seq * row,
+                         seen.size() * 2);
+      int wrong = 0;
+      for (int t = 0; t < length; ++t) {
+        for (std::size_t e = 0; e < row; ++e) {
+          wrong += seen[static_cast<std::size_t>(t) * row + e] != pattern(layer, t, e);
+        }
+      }
+      EXPECT_EQ(wrong, 0) << "step " << step << ", layer " << layer;
+    }
+  }
+  EXPECT_GT(cache.stats().h2d_bytes_total, 0u);
+  cache.destroy_stream(stream);
 }
 
 }  // namespace

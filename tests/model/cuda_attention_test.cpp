@@ -1,0 +1,426 @@
+// The CUDA path's attention alone, against a float64 reference on the host: decode (every slot in
+// one launch, each with its own length, long prefixes split over the GPU) and prefill (a chunk of
+// rows after a prefix, causal from the bottom right, sliding windows), through FlashInfer where
+// it serves the shape and the built-in kernels elsewhere. Skipped without a GPU.
+//
+// Error bound. K, V and the queries are drawn as values the cache's type holds exactly, and the
+// reference reads those same values, so what remains is the kernels' own arithmetic:
+// - scores q.k: products of two bf16/f16 values are exact in f32; the f32 sums over head_dim
+//   add about head_dim * 2^-24 * sum|q_i k_i|, far below what follows;
+// - FlashInfer prefill rounds the softmax weights p_j to the K/V type before its P.V product on
+//   tensor cores: each p_j by at most u (2^-9 for bf16, 2^-12 for f16) relative, so the output
+//   sum_j p_j v_j / sum_j p_j moves by at most u * max|v|; decode keeps p in f32;
+// - the output is rounded to the type once more: at most u * |o| <= u * max|v|.
+// Hence |o - o_ref| <= 2u * max|v| per element; the tests allow 2.5u * max|v| (ex2.approx and the
+// f32 sums). The built-in kernels compute in f32 throughout: 1e-4 * max|v| covers f32 sums over
+// a few thousand keys.
+//
+// Masks are what such a bound could hide (one key of 8K moves a smooth softmax by ~1e-4), so
+// every case also runs with sharp scores (standard deviation 5): the softmax then rests on a few
+// keys, and admitting one masked key or dropping one admitted key moves the output by O(max|v|).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_required.hpp"
+#include "kvoffload/cache.hpp"
+#include "model/attention_kernels.hpp"
+#include "model/cuda_ops.hpp"
+#include "model/memory_plan.hpp"
+
+namespace kvo::model {
+namespace {
+
+struct Shape {
+  int heads = 32;
+  int kv_heads = 8;
+  int head_dim = 128;
+  DType dtype = DType::kBF16;
+  int slots = 1;
+  int max_seq = 4096;
+  int sliding_window = 0;
+  int max_rows = 64;  // the largest chunk
+  double score_std = 1;
+};
+
+std::uint16_t to_bits(float x, DType t) {
+  return t == DType::kBF16 ? float_to_bf16(x) : float_to_f16(x);
+}
+float from_bits(std::uint16_t b, DType t) {
+  return t == DType::kBF16 ? bf16_to_float(b) : f16_to_float(b);
+}
+
+// One layer of K/V on the CUDA backend, filled through the public protocol, with the model's
+// CUDA ops over it and a host copy of every row for the reference.
+class AttentionRig {
+ public:
+  explicit AttentionRig(const Shape& s)
+      : s_(s), rng_(static_cast<std::uint64_t>(s.head_dim * 7 + s.heads)) {
+    config_ = preset("tiny");
+    config_.heads = s.heads;
+    config_.kv_heads = s.kv_heads;
+    config_.head_dim = s.head_dim;
+    config_.sliding_window = s.sliding_window;
+    layout_ = std::make_unique<WorkspaceLayout>(config_, s.dtype, s.max_rows, s.slots, s.max_seq);
+    const std::uint64_t row_elems = static_cast<std::uint64_t>(s.kv_heads) * s.head_dim;
+    const std::uint64_t q_elems = static_cast<std::uint64_t>(s.max_rows) * s.heads * s.head_dim;
+    rows_capacity_ = static_cast<std::uint64_t>(s.max_seq);
+    CacheConfig c;
+    c.layers = 1;
+    c.kv_heads = s.kv_heads;
+    c.head_dim = s.head_dim;
+    c.max_seq = s.max_seq;
+    c.slots = s.slots;
+    c.dtype = s.dtype;
+    c.backend = BackendKind::kCuda;
+    c.reserved = {{"workspace", layout_->bytes},
+                  {"rows", 2 * rows_capacity_ * row_elems * dtype_size(s.dtype)},
+                  {"q", q_elems * sizeof(float)},
+                  {"out", q_elems * sizeof(float)},
+                  {"decode_rows", 2 * static_cast<std::uint64_t>(s.slots) * sizeof(std::int32_t)}};
+    cache_ = std::make_unique<OffloadedStaticCache>(c);
+    stream_ = cache_->create_stream();
+    OpsShape shape;
+    shape.config = config_;
+    shape.weight_dtype = s.dtype;
+    shape.max_rows = s.max_rows;
+    shape.max_decode_rows = s.slots;
+    shape.max_seq = s.max_seq;
+    ops_ = make_cuda_ops(shape, stream_, cache_->reserved("workspace"));
+    k_.assign(static_cast<std::size_t>(s.slots), {});
+    v_.assign(static_cast<std::size_t>(s.slots), {});
+  }
+  ~AttentionRig() {
+    cache_->synchronize_stream(stream_);
+    ops_.reset();
+    cache_->destroy_stream(stream_);
+  }
+
+  bool flashinfer() const { return layout_->kernels.flashinfer; }
+  double tolerance() const {
+    if (!flashinfer()) return 1e-4;  // f32 sums over up to a few thousand keys
+    return 2.5 * (s_.dtype == DType::kBF16 ? 0x1p-9 : 0x1p-12);
+  }
+
+  // Draws n K/V rows (values of the cache type) for `slot`.
+  void draw_rows(int slot, int n, std::vector<std::uint16_t>& k, std::vector<std::uint16_t>& v) {
+    // Keys carry the score scale: score = q.k / sqrt(d) has standard deviation score_std when
+    // q and k entries have standard deviation sqrt(score_std).
+    std::normal_distribution<float> key(0.0f, static_cast<float>(std::sqrt(s_.score_std)));
+    std::normal_distribution<float> value(0.0f, 1.0f);
+    const std::size_t count = static_cast<std::size_t>(n) * s_.kv_heads * s_.head_dim;
+    k.resize(count);
+    v.resize(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      k[i] = to_bits(key(rng_), s_.dtype);
+      v[i] = to_bits(value(rng_), s_.dtype);
+    }
+    auto& hk = k_[static_cast<std::size_t>(slot)];
+    auto& hv = v_[static_cast<std::size_t>(slot)];
+    hk.insert(hk.end(), k.begin(), k.end());
+    hv.insert(hv.end(), v.begin(), v.end());
+  }
+
+  // Queries [n][heads][d], f32 values that the cache type holds exactly.
+  std::vector<float> draw_queries(int n) {
+    std::normal_distribution<float> dist(0.0f, static_cast<float>(std::sqrt(s_.score_std)));
+    std::vector<float> q(static_cast<std::size_t>(n) * s_.heads * s_.head_dim);
+    for (float& x : q) x = from_bits(to_bits(dist(rng_), s_.dtype), s_.dtype);
+    return q;
+  }
+
+  // Appends n fresh rows to `slot` in a step of its own, without attention.
+  void fill(int slot, int n) {
+    std::vector<std::int32_t> counts(static_cast<std::size_t>(s_.slots), 0);
+    counts[static_cast<std::size_t>(slot)] = n;
+    std::vector<std::uint16_t> k, v;
+    draw_rows(slot, n, k, v);
+    cache_->begin_step(counts);
+    cache_->acquire(0, stream_);
+    append(slot, k, v, n);
+    cache_->release(0, stream_);
+    cache_->end_step();
+  }
+
+  // Prefill attention of n new rows of `slot`, as the decoder runs it: the rows are appended,
+  // then attended. Returns out [n][heads][d].
+  std::vector<float> prefill(int slot, int n, const std::vector<float>& q) {
+    const int first = cache_->length(slot);
+    std::vector<std::int32_t> counts(static_cast<std::size_t>(s_.slots), 0);
+    counts[static_cast<std::size_t>(slot)] = n;
+    std::vector<std::uint16_t> k, v;
+    draw_rows(slot, n, k, v);
+    cache_->begin_step(counts);
+    const LayerView view = cache_->acquire(0, stream_);
+    append(slot, k, v, n);
+    float* dq = static_cast<float*>(cache_->reserved("q"));
+    float* dout = static_cast<float*>(cache_->reserved("out"));
+    cache_->copy_to_device(dq, q.data(), q.size() * sizeof(float));
+    ops_->attention_prefill(dq, n, slot, first, view, dout);
+    cache_->release(0, stream_);
+    cache_->end_step();
+    cache_->synchronize_stream(stream_);
+    std::vector<float> out(q.size());
+    cache_->copy_to_host(out.data(), dout, out.size() * sizeof(float));
+    return out;
+  }
+
+  // One decode step: a new row for each slot in `slots`, then attention of its query. Returns
+  // out [rows][heads][d].
+  std::vector<float> decode(const std::vector<int>& slots, const std::vector<float>& q) {
+    const int n = static_cast<int>(slots.size());
+    std::vector<std::int32_t> counts(static_cast<std::size_t>(s_.slots), 0);
+    std::vector<std::int32_t> host_rows(2 * static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      counts[static_cast<std::size_t>(slots[static_cast<std::size_t>(i)])] = 1;
+      host_rows[static_cast<std::size_t>(i)] = slots[static_cast<std::size_t>(i)];
+      host_rows[static_cast<std::size_t>(n + i)] =
+          cache_->length(slots[static_cast<std::size_t>(i)]);
+    }
+    auto* rows = static_cast<std::int32_t*>(cache_->reserved("decode_rows"));
+    cache_->copy_to_device(rows, host_rows.data(), host_rows.size() * sizeof(std::int32_t));
+    cache_->begin_step(counts);
+    const LayerView view = cache_->acquire(0, stream_);
+    for (int slot : slots) {
+      std::vector<std::uint16_t> k, v;
+      draw_rows(slot, 1, k, v);
+      append(slot, k, v, 1);
+    }
+    float* dq = static_cast<float*>(cache_->reserved("q"));
+    float* dout = static_cast<float*>(cache_->reserved("out"));
+    cache_->copy_to_device(dq, q.data(), q.size() * sizeof(float));
+    DecodeRows decode_rows;
+    decode_rows.slots = rows;
+    decode_rows.positions = rows + n;
+    decode_rows.host_slots = host_rows.data();
+    decode_rows.host_positions = host_rows.data() + n;
+    ops_->attention_decode(dq, n, decode_rows, view, dout);
+    cache_->release(0, stream_);
+    cache_->end_step();
+    cache_->synchronize_stream(stream_);
+    std::vector<float> out(q.size());
+    cache_->copy_to_host(out.data(), dout, out.size() * sizeof(float));
+    return out;
+  }
+
+  // Worst |out - reference| / max|v| over the heads of query row `row` (at `position` of `slot`).
+  double error(const std::vector<float>& q, const std::vector<float>& out, int row, int slot,
+               int position) const {
+    const int d = s_.head_dim;
+    const int group = s_.heads / s_.kv_heads;
+    const auto& hk = k_[static_cast<std::size_t>(slot)];
+    const auto& hv = v_[static_cast<std::size_t>(slot)];
+    const int first = s_.sliding_window > 0 ? std::max(0, position - s_.sliding_window + 1) : 0;
+    double worst = 0, vmax = 0;
+    std::vector<double> scores(static_cast<std::size_t>(position + 1));
+    for (int h = 0; h < s_.heads; ++h) {
+      const int g = h / group;
+      const float* qh = q.data() + (static_cast<std::size_t>(row) * s_.heads + h) * d;
+      double top = -INFINITY;
+      for (int j = first; j <= position; ++j) {
+        const std::uint16_t* kj = hk.data() + (static_cast<std::size_t>(j) * s_.kv_heads + g) * d;
+        double dot = 0;
+        for (int e = 0; e < d; ++e) dot += static_cast<double>(qh[e]) * from_bits(kj[e], s_.dtype);
+        scores[static_cast<std::size_t>(j)] = dot / std::sqrt(static_cast<double>(d));
+        top = std::max(top, scores[static_cast<std::size_t>(j)]);
+      }
+      std::vector<double> o(static_cast<std::size_t>(d), 0.0);
+      double sum = 0;
+      for (int j = first; j <= position; ++j) {
+        const double p = std::exp(scores[static_cast<std::size_t>(j)] - top);
+        sum += p;
+        const std::uint16_t* vj = hv.data() + (static_cast<std::size_t>(j) * s_.kv_heads + g) * d;
+        for (int e = 0; e < d; ++e) {
+          const double ve = from_bits(vj[e], s_.dtype);
+          o[static_cast<std::size_t>(e)] += p * ve;
+          vmax = std::max(vmax, std::fabs(ve));
+        }
+      }
+      const float* got = out.data() + (static_cast<std::size_t>(row) * s_.heads + h) * d;
+      for (int e = 0; e < d; ++e) {
+        worst = std::max(worst, std::fabs(got[e] - o[static_cast<std::size_t>(e)] / sum));
+      }
+    }
+    return worst / vmax;
+  }
+
+  int length(int slot) const { return cache_->length(slot); }
+
+ private:
+  void append(int slot, const std::vector<std::uint16_t>& k, const std::vector<std::uint16_t>& v,
+              int n) {
+    const std::size_t bytes = k.size() * sizeof(std::uint16_t);
+    auto* rows = static_cast<std::byte*>(cache_->reserved("rows"));
+    cache_->synchronize_stream(stream_);  // earlier appends have read the staging rows
+    cache_->copy_to_device(rows, k.data(), bytes);
+    cache_->copy_to_device(rows + bytes, v.data(), bytes);
+    cache_->append(0, slot, rows, rows + bytes, n, stream_);
+  }
+
+  Shape s_;
+  std::mt19937_64 rng_;
+  ModelConfig config_;
+  std::unique_ptr<WorkspaceLayout> layout_;
+  std::uint64_t rows_capacity_ = 0;
+  std::unique_ptr<OffloadedStaticCache> cache_;
+  void* stream_ = nullptr;
+  std::unique_ptr<Ops> ops_;
+  std::vector<std::vector<std::uint16_t>> k_, v_;  // [slot] -> [token][kv_head][d] bits
+};
+
+// Prefill of `chunk` rows after a prefix of `prefix` keys, checked at a spread of rows.
+void check_prefill(Shape s, int prefix, int chunk, bool expect_flashinfer) {
+  s.max_rows = std::max(s.max_rows, chunk);
+  for (double score_std : {1.0, 5.0}) {
+    s.score_std = score_std;
+    AttentionRig rig(s);
+    EXPECT_EQ(rig.flashinfer(), expect_flashinfer);
+    const int slot = s.slots - 1;
+    if (prefix > 0) rig.fill(slot, prefix);
+    const std::vector<float> q = rig.draw_queries(chunk);
+    const std::vector<float> out = rig.prefill(slot, chunk, q);
+    // About 40 rows spread over the chunk, its first and last among them.
+    std::vector<int> rows;
+    for (int row = 0; row < chunk; row += std::max(1, chunk / 40)) rows.push_back(row);
+    if (rows.back() != chunk - 1) rows.push_back(chunk - 1);
+    for (int row : rows) {
+      EXPECT_LE(rig.error(q, out, row, slot, prefix + row), rig.tolerance())
+          << "row " << row << " of " << chunk << " after " << prefix << ", score std " << score_std;
+    }
+  }
+}
+
+// Decode steps over slots of different lengths (lengths[s] keys before the first step).
+void check_decode(Shape s, const std::vector<int>& lengths, bool expect_flashinfer) {
+  s.slots = static_cast<int>(lengths.size());
+  for (double score_std : {1.0, 5.0}) {
+    s.score_std = score_std;
+    AttentionRig rig(s);
+    EXPECT_EQ(rig.flashinfer(), expect_flashinfer);
+    for (int slot = 0; slot < s.slots; ++slot) {
+      if (lengths[static_cast<std::size_t>(slot)] > 0)
+        rig.fill(slot, lengths[static_cast<std::size_t>(slot)]);
+    }
+    // Every slot, then every other slot (rows need not be all slots, nor in order of length).
+    std::vector<int> all(static_cast<std::size_t>(s.slots));
+    for (int i = 0; i < s.slots; ++i) all[static_cast<std::size_t>(i)] = s.slots - 1 - i;
+    std::vector<int> some;
+    for (int i = 0; i < s.slots; i += 2) some.push_back(i);
+    for (const auto& rows : {all, some, all}) {
+      std::vector<int> positions;
+      for (int slot : rows) positions.push_back(rig.length(slot));
+      const std::vector<float> q = rig.draw_queries(static_cast<int>(rows.size()));
+      const std::vector<float> out = rig.decode(rows, q);
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        EXPECT_LE(rig.error(q, out, static_cast<int>(i), rows[i], positions[i]), rig.tolerance())
+            << "slot " << rows[i] << " at " << positions[i] << ", score std " << score_std;
+      }
+    }
+  }
+}
+
+Shape llama3() {
+  return Shape{};  // 32 heads, 8 KV heads (GQA group 4), head_dim 128, bf16
+}
+Shape smollm2() {
+  Shape s;
+  s.heads = 9;
+  s.kv_heads = 3;  // group 3
+  s.head_dim = 64;
+  return s;
+}
+
+TEST(CudaAttention, KernelChoiceFollowsTheShape) {
+  // No GPU needed: the choice is a function of the shape and the build.
+  const ModelConfig c = preset("llama3-8b");
+  const AttentionKernels k = choose_attention_kernels(c, DType::kBF16, 1, 131072);
+  EXPECT_EQ(k.flashinfer, flashinfer_built());
+  if (k.flashinfer) {
+    EXPECT_EQ(k.page_size, 64);
+    EXPECT_EQ(choose_attention_kernels(c, DType::kBF16, 1, 4101).page_size, 1);
+    EXPECT_EQ(choose_attention_kernels(c, DType::kBF16, 1, 4104).page_size, 8);
+    EXPECT_FALSE(choose_attention_kernels(c, DType::kF32, 1, 4096).flashinfer);
+    ModelConfig odd = c;
+    odd.head_dim = 96;
+    EXPECT_NE(choose_attention_kernels(odd, DType::kBF16, 1, 4096).reason.find("head_dim"),
+              std::string::npos);
+    odd = c;
+    odd.heads = 40;  // group 5
+    EXPECT_NE(choose_attention_kernels(odd, DType::kBF16, 1, 4096).reason.find("GQA"),
+              std::string::npos);
+    EXPECT_FALSE(choose_attention_kernels(c, DType::kBF16, 1, 1 << 22).flashinfer);
+  }
+}
+
+TEST(CudaAttention, DecodeLlama3ShapeOverLongAndShortSlots) {
+  KVO_SKIP_WITHOUT_CUDA();
+  Shape s = llama3();
+  s.max_seq = 33024;  // pages of 64 tokens
+  // 33000 keys: FlashInfer splits the sequence over the GPU; 1 key: a slot's first token.
+  check_decode(s, {0, 4100, 33000, 17}, flashinfer_built());
+}
+
+TEST(CudaAttention, DecodeWithOneTokenPages) {
+  KVO_SKIP_WITHOUT_CUDA();
+  Shape s = smollm2();
+  s.max_seq = 9001;  // odd: pages of one token
+  check_decode(s, {9000, 250, 3}, flashinfer_built());
+}
+
+TEST(CudaAttention, DecodeF16GroupOf8AndSlidingWindow) {
+  KVO_SKIP_WITHOUT_CUDA();
+  Shape s;
+  s.heads = 16;
+  s.kv_heads = 2;
+  s.dtype = DType::kF16;
+  s.max_seq = 2048;
+  s.sliding_window = 100;
+  check_decode(s, {1000, 99, 100, 101}, flashinfer_built());
+}
+
+TEST(CudaAttention, PrefillChunkAfterALongPrefix) {
+  KVO_SKIP_WITHOUT_CUDA();
+  Shape s = llama3();
+  s.max_seq = 8704;
+  check_prefill(s, 8000, 512, flashinfer_built());  // keys of several 1024-key blocks
+}
+
+TEST(CudaAttention, PrefillFromEmptyAndSmallChunks) {
+  KVO_SKIP_WITHOUT_CUDA();
+  Shape s = smollm2();
+  s.max_seq = 1024;
+  check_prefill(s, 0, 300, flashinfer_built());
+  check_prefill(s, 0, 1, flashinfer_built());
+  check_prefill(s, 33, 7, flashinfer_built());
+}
+
+TEST(CudaAttention, PrefillWithSlidingWindowAndNoGrouping) {
+  KVO_SKIP_WITHOUT_CUDA();
+  Shape s;
+  s.heads = 4;
+  s.kv_heads = 4;
+  s.head_dim = 64;
+  s.dtype = DType::kF16;
+  s.max_seq = 1024;
+  s.sliding_window = 100;
+  check_prefill(s, 500, 200, flashinfer_built());
+}
+
+TEST(CudaAttention, BuiltInKernelsServeWhatFlashInferDoesNot) {
+  KVO_SKIP_WITHOUT_CUDA();
+  // head_dim 96 has no FlashInfer instantiation (f32 caches neither: CudaModel covers those).
+  Shape odd = llama3();
+  odd.head_dim = 96;
+  odd.max_seq = 2048;
+  check_prefill(odd, 1100, 64, false);
+  check_decode(odd, {1500, 3}, false);
+}
+
+}  // namespace
+}  // namespace kvo::model
