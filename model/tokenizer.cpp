@@ -101,8 +101,8 @@ std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool skip_sp
 }
 
 std::string TextStream::push(std::int32_t id) {
-  if (skip_special_ && tokenizer_.is_special(id)) return {};
-  const std::string piece = tokenizer_.token_bytes(id, first_);
+  if (skip_special_ && tokenizer_->is_special(id)) return {};
+  const std::string piece = tokenizer_->token_bytes(id, first_);
   pending_ += piece;
   first_ = first_ && piece.empty();
   const std::size_t complete = complete_utf8_prefix(pending_);

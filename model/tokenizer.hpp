@@ -52,12 +52,12 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
 class TextStream {
  public:
   TextStream(const Tokenizer& tokenizer, bool skip_special)
-      : tokenizer_(tokenizer), skip_special_(skip_special) {}
+      : tokenizer_(&tokenizer), skip_special_(skip_special) {}
   std::string push(std::int32_t id);
   std::string finish();
 
  private:
-  const Tokenizer& tokenizer_;
+  const Tokenizer* tokenizer_;
   bool skip_special_;
   bool first_ = true;
   std::string pending_;  // bytes of an incomplete UTF-8 character
