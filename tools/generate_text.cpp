@@ -102,8 +102,9 @@ TextSession::TextSession(const cli::Args& args, const std::string& model_dir, in
 
   if (loads()) {
     if (document) {
-      throw cli::UsageError("--prompt-file and --load-context exclude each other: the document "
-                            "comes from the saved context; ask with --prompt");
+      throw cli::UsageError(
+          "--prompt-file and --load-context exclude each other: the document "
+          "comes from the saved context; ask with --prompt");
     }
     const SavedContextInfo info = inspect_saved_context(load_path_);
     if (static_cast<int>(info.lengths.size()) != slots) {
@@ -128,8 +129,9 @@ TextSession::TextSession(const cli::Args& args, const std::string& model_dir, in
     const std::string& text = document ? *document : *question;
     prompt_ = tokenizer_->encode(before + text + (saves() ? "" : after), add_special);
   } else {
-    throw cli::UsageError("give the prompt with --prompt or --prompt-file (or a saved context "
-                          "with --load-context)");
+    throw cli::UsageError(
+        "give the prompt with --prompt or --prompt-file (or a saved context "
+        "with --load-context)");
   }
   if (prompt_.empty() && !loads()) throw cli::UsageError("the prompt has no tokens");
 
@@ -163,7 +165,8 @@ std::vector<std::int32_t> TextSession::load_context(model::Decoder& decoder,
                "  context         %lld tokens restored from %s in %.3f s (%s, %.2f GB/s); "
                "prefill skipped\n",
                static_cast<long long>(loaded_tokens_), load_path_.c_str(), load_s_,
-               format_bytes(bytes).c_str(), load_s_ > 0 ? static_cast<double>(bytes) / load_s_ * 1e-9 : 0);
+               format_bytes(bytes).c_str(),
+               load_s_ > 0 ? static_cast<double>(bytes) / load_s_ * 1e-9 : 0);
   if (!prompt_.empty()) return prompt_;
   // No question: the last restored token is fed again, for the logits of what follows it.
   for (int s = 0; s < slots_; ++s) {

@@ -43,7 +43,9 @@ class TextSession {
   bool saves() const { return !save_path_.empty(); }
   bool loads() const { return !load_path_.empty(); }
   // Tokens a slot will hold after the prefill: the loaded ones and the prompt.
-  int context_tokens() const { return static_cast<int>(loaded_tokens_) + static_cast<int>(prompt_.size()); }
+  int context_tokens() const {
+    return static_cast<int>(loaded_tokens_) + static_cast<int>(prompt_.size());
+  }
 
   // Restores every slot from --load-context (no prefill) and reports it on `log`; returns the ids
   // to prefill next in each slot.

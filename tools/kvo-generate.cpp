@@ -107,9 +107,9 @@ std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path)
 
 Options parse(int argc, char** argv) {
   std::set<std::string> valued = {
-      "model", "preset", "dtype", "weight-seed", "prompt-tokens", "prompt-len", "max-new",
-      "max-seq", "slots", "chunk", "temperature", "top-k", "top-p", "seed", "vram-budget",
-      "resident", "ring", "backend", "max-delay-us"};
+      "model",       "preset",   "dtype", "weight-seed", "prompt-tokens", "prompt-len", "max-new",
+      "max-seq",     "slots",    "chunk", "temperature", "top-k",         "top-p",      "seed",
+      "vram-budget", "resident", "ring",  "backend",     "max-delay-us"};
   std::set<std::string> flags = {"json", "quiet", "help"};
   kvo::tools::add_text_options(valued, flags);
   const kvo::cli::Args args(argc, argv, valued, flags);
