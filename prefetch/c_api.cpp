@@ -4,6 +4,7 @@
 // Messages live in fixed buffers, so reporting an error never allocates and never throws.
 #include "kvoffload/kvoffload.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -305,6 +306,37 @@ kvo_status kvo_length(const kvo_cache_t* cache, int32_t slot, int32_t* out_lengt
   return on_cache(cache, "kvo_length", [&](const kvo_cache& c) {
     require(out_length, "out_length is NULL");
     *out_length = c.cache.length(slot);
+  });
+}
+
+kvo_status kvo_save_slot(kvo_cache_t* cache, int32_t slot, const char* path, const int32_t* tokens,
+                         int32_t token_count, const char* model) {
+  return on_cache(cache, "kvo_save_slot", [&](kvo_cache& c) {
+    require(path, "path is NULL");
+    if (token_count < 0) throw CallError{KVO_ERROR_INVALID_ARGUMENT, "token_count is negative"};
+    if (token_count > 0) require(tokens, "tokens is NULL");
+    kvo::SlotContext context;
+    if (token_count > 0) context.tokens.assign(tokens, tokens + token_count);
+    if (model != nullptr) context.model = model;
+    c.cache.save_slot(slot, path, context);
+  });
+}
+
+kvo_status kvo_load_slot(kvo_cache_t* cache, int32_t slot, const char* path, const char* model,
+                         int32_t* tokens, int32_t tokens_capacity, int32_t* out_token_count) {
+  return on_cache(cache, "kvo_load_slot", [&](kvo_cache& c) {
+    require(path, "path is NULL");
+    require(out_token_count, "out_token_count is NULL");
+    if (tokens_capacity < 0) {
+      throw CallError{KVO_ERROR_INVALID_ARGUMENT, "tokens_capacity is negative"};
+    }
+    if (tokens_capacity > 0) require(tokens, "tokens is NULL");
+    const kvo::SlotContext context = c.cache.load_slot(slot, path, model != nullptr ? model : "");
+    const std::size_t n =
+        std::min(context.tokens.size(), static_cast<std::size_t>(tokens_capacity));
+    std::copy(context.tokens.begin(), context.tokens.begin() + static_cast<std::ptrdiff_t>(n),
+              tokens);
+    *out_token_count = static_cast<int32_t>(context.tokens.size());
   });
 }
 

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "kvoffload/cache.hpp"
+#include "offload/byte_io.hpp"
+#include "offload/context_file.hpp"
 #include "offload/device_arena.hpp"
 #include "offload/host_store.hpp"
 #include "prefetch/backend.hpp"
@@ -92,6 +94,30 @@ struct OffloadedStaticCache::Impl {
     }
   }
   bool is_resident(int layer) const { return layer < plan.resident_layers; }
+  void check_slots(const std::vector<int>& slots, const char* call) const {
+    check_between_steps(call);
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      check_slot(slots[i]);
+      for (std::size_t j = 0; j < i; ++j) {
+        if (slots[j] == slots[i]) {
+          throw invalid(std::string(call) + ": slot " + std::to_string(slots[i]) +
+                        " is named twice");
+        }
+      }
+    }
+  }
+  offload::ContextShape context_shape() const {
+    return {config.layers,  config.kv_heads, config.head_dim,
+            config.max_seq, config.dtype,    plan.row_bytes};
+  }
+  // Saving reads rows that write-backs and the callers' kernels may still be writing; loading
+  // overwrites rows that prefetches may still be reading.
+  void quiesce() const { backend->synchronize_all(); }
+  void save(const std::vector<int>& slots, offload::ByteSink& sink,
+            const std::vector<SlotContext>& contexts, const char* call);
+  std::vector<SlotContext> load(const std::vector<int>& slots, offload::ByteSource& source,
+                                const std::string& model, const std::string& what,
+                                bool whole_input);
   std::byte* layer_base(int layer) const {
     return is_resident(layer) ? arena->resident_layer(layer) : held_buffer;
   }
@@ -116,6 +142,142 @@ struct OffloadedStaticCache::Impl {
   std::vector<std::int32_t> appended;    // [slots] rows appended to the held layer
   std::uint64_t steps = 0;
 };
+
+namespace {
+
+// One slot's rows as a saved context sees them: streamed layers in the host store, resident
+// layers in the device arena.
+class CacheSlotRows : public offload::SlotRows {
+ public:
+  CacheSlotRows(prefetch::Backend& backend, offload::HostStore& store, offload::DeviceArena& arena,
+                const CachePlan& plan, int max_seq, int slot)
+      : backend_(backend),
+        store_(store),
+        arena_(arena),
+        plan_(plan),
+        slot_offset_(static_cast<std::size_t>(slot) * static_cast<std::size_t>(max_seq) *
+                     plan.row_bytes),
+        slot_(slot) {}
+
+  std::byte* host_rows(int layer, int kv) override {
+    if (layer < plan_.resident_layers) return nullptr;
+    const int streamed = layer - plan_.resident_layers;
+    return kv == 0 ? store_.k(streamed, slot_) : store_.v(streamed, slot_);
+  }
+  void copy_from_device(int layer, int kv, std::size_t offset, std::size_t bytes,
+                        void* host) override {
+    backend_.copy_sync(host, device_rows(layer, kv) + offset, bytes);
+  }
+  void copy_to_device(int layer, int kv, std::size_t offset, std::size_t bytes,
+                      const void* host) override {
+    backend_.copy_sync(device_rows(layer, kv) + offset, host, bytes);
+  }
+
+ private:
+  std::byte* device_rows(int layer, int kv) const {
+    return arena_.resident_layer(layer) + static_cast<std::size_t>(kv) * plan_.tensor_bytes +
+           slot_offset_;
+  }
+  prefetch::Backend& backend_;
+  offload::HostStore& store_;
+  offload::DeviceArena& arena_;
+  const CachePlan& plan_;
+  std::size_t slot_offset_;
+  int slot_;
+};
+
+}  // namespace
+
+void OffloadedStaticCache::Impl::save(const std::vector<int>& slots, offload::ByteSink& sink,
+                                      const std::vector<SlotContext>& contexts, const char* call) {
+  check_slots(slots, call);
+  if (contexts.size() != slots.size()) {
+    throw invalid(std::string(call) + ": " + std::to_string(contexts.size()) + " contexts for " +
+                  std::to_string(slots.size()) + " slots");
+  }
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const std::size_t ids = contexts[i].tokens.size();
+    if (ids != 0 && ids != static_cast<std::size_t>(store->length(slots[i]))) {
+      throw invalid(std::string(call) + ": slot " + std::to_string(slots[i]) + " holds " +
+                    std::to_string(store->length(slots[i])) + " rows but " + std::to_string(ids) +
+                    " token ids were given (give one per row, or none)");
+    }
+  }
+  quiesce();
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    offload::ContextHeader header{context_shape(), store->length(slots[i]), contexts[i].model,
+                                  contexts[i].tokens};
+    CacheSlotRows rows(*backend, *store, *arena, plan, config.max_seq, slots[i]);
+    offload::write_context(sink, header, rows);
+  }
+}
+
+std::vector<SlotContext> OffloadedStaticCache::Impl::load(const std::vector<int>& slots,
+                                                          offload::ByteSource& source,
+                                                          const std::string& model,
+                                                          const std::string& what,
+                                                          bool whole_input) {
+  check_slots(slots, "load_slot");
+  quiesce();
+  // Every record is read and checked before any length changes: a slot that holds rows gets
+  // its record staged, an empty one gets it in place (rows past length 0 are nobody's).
+  std::vector<offload::ContextHeader> headers;
+  std::vector<std::vector<std::byte>> staged(slots.size());
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const std::string record = slots.size() > 1
+                                   ? what + " (saved context " + std::to_string(i + 1) + " of " +
+                                         std::to_string(slots.size()) + ")"
+                                   : what;
+    offload::ContextHeader header = offload::read_context_header(source, record);
+    offload::check_context_fits(header, context_shape(), model, record);
+    CacheSlotRows rows(*backend, *store, *arena, plan, config.max_seq, slots[i]);
+    const bool in_place = store->length(slots[i]) == 0;
+    offload::read_context_rows(source, header, rows, in_place ? nullptr : &staged[i], record);
+    headers.push_back(std::move(header));
+  }
+  if (whole_input) {
+    char extra = 0;
+    if (source.read(&extra, 1) != 0) {
+      throw invalid(what + ": more bytes follow its " + std::to_string(slots.size()) +
+                    " saved context(s) (load as many slots as were saved); nothing was loaded");
+    }
+  }
+  std::vector<SlotContext> contexts;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    CacheSlotRows rows(*backend, *store, *arena, plan, config.max_seq, slots[i]);
+    if (store->length(slots[i]) != 0) offload::commit_staged_rows(headers[i], rows, staged[i]);
+    store->set_length(slots[i], headers[i].length);
+    contexts.push_back({std::move(headers[i].tokens), std::move(headers[i].model)});
+  }
+  if (ring) ring->forget_prefetches();
+  return contexts;
+}
+
+SavedContextInfo inspect_saved_context(const std::string& path) {
+  offload::FileSource source(path);
+  SavedContextInfo info;
+  const std::string what = "saved context " + path;
+  std::uint64_t offset = 0;
+  do {
+    offload::ContextHeader header = offload::read_context_header(source, what);
+    if (!info.lengths.empty() &&
+        (header.shape.layers != info.layers || header.shape.kv_heads != info.kv_heads ||
+         header.shape.head_dim != info.head_dim || header.shape.max_seq != info.max_seq ||
+         header.shape.dtype != info.dtype)) {
+      throw invalid(what + ": its saved contexts differ in shape");
+    }
+    info.layers = header.shape.layers;
+    info.kv_heads = header.shape.kv_heads;
+    info.head_dim = header.shape.head_dim;
+    info.max_seq = header.shape.max_seq;
+    info.dtype = header.shape.dtype;
+    info.lengths.push_back(header.length);
+    offload::skip_context_rows(source, header, what);
+    offset += offload::context_record_bytes(header);
+    info.contexts.push_back({std::move(header.tokens), std::move(header.model)});
+  } while (offset < source.size());
+  return info;
+}
 
 OffloadedStaticCache::OffloadedStaticCache(const CacheConfig& config)
     : impl_(std::make_unique<Impl>(config)) {}
@@ -297,6 +459,43 @@ void OffloadedStaticCache::truncate_slot(int slot, int length) {
   if (length == m.store->length(slot)) return;
   m.store->truncate(slot, length);
   if (m.ring) m.ring->forget_prefetches();
+}
+
+void OffloadedStaticCache::save_slot(int slot, const std::string& path,
+                                     const SlotContext& context) {
+  save_slots({slot}, path, {context});
+}
+
+void OffloadedStaticCache::save_slots(const std::vector<int>& slots, const std::string& path,
+                                      const std::vector<SlotContext>& contexts) {
+  impl_->check_slots(slots, "save_slot");
+  offload::AtomicFileSink sink(path);
+  impl_->save(slots, sink, contexts, "save_slot");
+  sink.commit();
+}
+
+void OffloadedStaticCache::save_slot(int slot, std::ostream& out, const SlotContext& context) {
+  offload::StreamSink sink(out);
+  impl_->save({slot}, sink, {context}, "save_slot");
+}
+
+SlotContext OffloadedStaticCache::load_slot(int slot, const std::string& path,
+                                            const std::string& model) {
+  return load_slots({slot}, path, model).front();
+}
+
+std::vector<SlotContext> OffloadedStaticCache::load_slots(const std::vector<int>& slots,
+                                                          const std::string& path,
+                                                          const std::string& model) {
+  impl_->check_slots(slots, "load_slot");
+  offload::FileSource source(path);
+  return impl_->load(slots, source, model, "saved context " + path, /*whole_input=*/true);
+}
+
+SlotContext OffloadedStaticCache::load_slot(int slot, std::istream& in, const std::string& model) {
+  offload::StreamSource source(in);
+  return impl_->load({slot}, source, model, "saved context (stream)", /*whole_input=*/false)
+      .front();
 }
 
 int OffloadedStaticCache::length(int slot) const {

@@ -12,6 +12,9 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
+
+#include <pybind11/stl.h>
 
 #include "kvoffload/torch.hpp"
 
@@ -103,6 +106,20 @@ PYBIND11_MODULE(_native, m) {
   m.def("parse_size", &kvo::parse_size, py::arg("text"),
         "Bytes in a size such as '24GiB', '512MiB', '1.5GB' or '4096'.");
   m.def("format_bytes", &kvo::format_bytes, py::arg("bytes"));
+  m.def(
+      "inspect_saved_context",
+      [](const std::string& path) {
+        const kvo::SavedContextInfo info = kvo::inspect_saved_context(path);
+        py::dict d;
+        d["layers"] = info.layers;
+        d["kv_heads"] = info.kv_heads;
+        d["head_dim"] = info.head_dim;
+        d["max_seq"] = info.max_seq;
+        d["dtype"] = kvo::dtype_name(info.dtype);
+        d["lengths"] = info.lengths;
+        return d;
+      },
+      py::arg("path"), "What a saved-context file holds, from its headers alone.");
   m.def("cuda_device_count", &kvo::cuda_device_count,
         "Usable CUDA devices for the library (0 when built without CUDA).");
 
@@ -139,6 +156,40 @@ PYBIND11_MODULE(_native, m) {
             }
           },
           py::arg("length"), py::call_guard<py::gil_scoped_release>())
+      // Saved contexts: every slot, in order, to one file (written atomically); load replaces
+      // every slot (an open step is dropped first) and returns each slot's token ids.
+      .def(
+          "save",
+          [](Adapter& cache, const std::string& path,
+             const std::vector<std::vector<std::int32_t>>& tokens, const std::string& model) {
+            cache.end_step();
+            const int slots = cache.cache().config().slots;
+            std::vector<int> order;
+            std::vector<kvo::SlotContext> contexts;
+            for (int s = 0; s < slots; ++s) {
+              order.push_back(s);
+              contexts.push_back({s < static_cast<int>(tokens.size())
+                                      ? tokens[static_cast<std::size_t>(s)]
+                                      : std::vector<std::int32_t>(),
+                                  model});
+            }
+            cache.cache().save_slots(order, path, contexts);
+          },
+          py::arg("path"), py::arg("tokens"), py::arg("model"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "load",
+          [](Adapter& cache, const std::string& path, const std::string& model) {
+            cache.end_step();
+            std::vector<int> order;
+            for (int s = 0; s < cache.cache().config().slots; ++s) order.push_back(s);
+            std::vector<std::vector<std::int32_t>> tokens;
+            for (kvo::SlotContext& c : cache.cache().load_slots(order, path, model)) {
+              tokens.push_back(std::move(c.tokens));
+            }
+            return tokens;
+          },
+          py::arg("path"), py::arg("model"), py::call_guard<py::gil_scoped_release>())
       .def("stats", [](Adapter& cache) { return stats_dict(cache.cache().stats()); })
       .def(
           "synchronize", [](Adapter& cache) { cache.cache().synchronize(); },

@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "model/model_config.hpp"
 #include "model/sampler.hpp"
 #include "tools/cli.hpp"
+#include "tools/generate_text.hpp"
 
 namespace {
 
@@ -69,6 +72,7 @@ struct Options {
   std::uint64_t seed = 1;
   bool json = false;
   bool quiet = false;
+  std::shared_ptr<kvo::tools::TextSession> text;  // text prompts, output, saved contexts
 };
 
 std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path) {
@@ -104,14 +108,15 @@ std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path)
 }
 
 Options parse(int argc, char** argv) {
-  const kvo::cli::Args args(
-      argc, argv,
-      {"model",       "preset",   "dtype", "weight-seed", "prompt-tokens", "prompt-len",  "max-new",
-       "max-seq",     "slots",    "chunk", "temperature", "top-k",         "top-p",       "seed",
-       "vram-budget", "resident", "ring",  "backend",     "attention",     "max-delay-us"},
-      {"json", "quiet", "help"});
+  std::set<std::string> valued = {
+      "model",       "preset",   "dtype", "weight-seed", "prompt-tokens", "prompt-len", "max-new",
+      "max-seq",     "slots",    "chunk", "temperature", "top-k",         "top-p",      "seed",
+      "vram-budget", "resident", "ring",  "backend",     "attention",     "max-delay-us"};
+  std::set<std::string> flags = {"json", "quiet", "help"};
+  kvo::tools::add_text_options(valued, flags);
+  const kvo::cli::Args args(argc, argv, valued, flags);
   if (args.has("help")) {
-    std::cout << kUsage;
+    std::cout << kUsage << kvo::tools::kTextUsage;
     std::exit(0);
   }
   Options o;
@@ -138,7 +143,10 @@ Options parse(int argc, char** argv) {
   if (args.has("prompt-tokens") && args.has("prompt-len")) {
     throw kvo::cli::UsageError("--prompt-tokens and --prompt-len exclude each other");
   }
-  if (args.has("prompt-tokens")) {
+  o.text = std::make_shared<kvo::tools::TextSession>(args, o.source.checkpoint_dir, d.slots);
+  if (o.text->active()) {
+    o.prompts.assign(static_cast<std::size_t>(d.slots), o.text->prompt());
+  } else if (args.has("prompt-tokens")) {
     o.prompts = read_prompt_file(args.get("prompt-tokens", ""));
     if (o.prompts.size() == 1) o.prompts.resize(static_cast<std::size_t>(d.slots), o.prompts[0]);
     if (static_cast<int>(o.prompts.size()) != d.slots) {
@@ -161,9 +169,13 @@ Options parse(int argc, char** argv) {
   }
   std::size_t longest = 0;
   for (const auto& p : o.prompts) longest = std::max(longest, p.size());
+  const std::size_t prefilled = std::max<std::size_t>(longest, 1);
+  if (o.text->active()) longest = static_cast<std::size_t>(std::max(o.text->context_tokens(), 1));
   o.max_new = static_cast<int>(args.get_int("max-new", 32, 0, kMax));
-  d.max_seq = static_cast<int>(args.get_int(
-      "max-seq", static_cast<std::int64_t>(longest) + std::max(o.max_new, 1), 1, kMax));
+  std::int64_t max_seq = static_cast<std::int64_t>(longest) + std::max(o.max_new, 1);
+  if (o.text->saved_max_seq()) max_seq = *o.text->saved_max_seq();
+  if (o.text->saves() && !o.text->loads()) max_seq += 4096;  // room for questions
+  d.max_seq = static_cast<int>(args.get_int("max-seq", max_seq, 1, kMax));
   if (static_cast<std::int64_t>(longest) > d.max_seq) {
     throw kvo::cli::UsageError("the prompt has " + std::to_string(longest) +
                                " tokens, longer than --max-seq " + std::to_string(d.max_seq));
@@ -173,7 +185,7 @@ Options parse(int argc, char** argv) {
                                std::to_string(o.max_new) + ") - 1 exceeds --max-seq " +
                                std::to_string(d.max_seq));
   }
-  d.max_prompt = static_cast<int>(longest);
+  d.max_prompt = static_cast<int>(prefilled);
   d.chunk = static_cast<int>(args.get_int("chunk", 512, 1, kMax));
   d.ring_depth = static_cast<int>(args.get_int("ring", 2, 1, 64));
   const std::string resident = args.get("resident", "auto");
@@ -234,6 +246,16 @@ std::string join(const std::vector<std::int32_t>& ids) {
 }
 
 int run(const Options& o) {
+  // With text, stdout carries the generated text (and the JSON line last); the report goes to
+  // stderr.
+  kvo::tools::TextSession& text = *o.text;
+  std::FILE* json_out = stdout;
+  std::FILE* text_out = nullptr;
+  if (text.active()) {
+    std::fflush(stdout);
+    json_out = text_out = ::fdopen(::dup(STDOUT_FILENO), "w");
+    ::dup2(STDERR_FILENO, STDOUT_FILENO);
+  }
   const bool cuda = kvo::resolve_backend(o.decoder.backend) == kvo::BackendKind::kCuda;
   const std::uint64_t in_use_before = cuda ? kvo::model::cuda_device_bytes_in_use() : 0;
   std::uint64_t peak_in_use = in_use_before;
@@ -277,11 +299,17 @@ int run(const Options& o) {
   const bool stream_tokens = !o.quiet;
   const bool tty = ::isatty(STDERR_FILENO) != 0;
 
+  // A saved context instead of a prefill: only the question is prefilled after it.
+  std::vector<std::vector<std::int32_t>> prompts = o.prompts;
+  if (text.loads()) {
+    prompts.assign(static_cast<std::size_t>(slots), text.load_context(decoder, o.source, stdout));
+  }
+
   // Prefill, slot by slot, each a layer-major step.
   std::int64_t prompt_tokens = 0;
   const auto prefill_start = Clock::now();
   for (int s = 0; s < slots; ++s) {
-    const auto& prompt = o.prompts[static_cast<std::size_t>(s)];
+    const auto& prompt = prompts[static_cast<std::size_t>(s)];
     ProgressBar bar(static_cast<int>(prompt.size()), tty && prompt.size() >= 1024);
     auto progress = [&](int done, int total) { bar.update(done, total); };
     if (device_sampling) {
@@ -294,38 +322,53 @@ int run(const Options& o) {
     sample_memory();
   }
   const double prefill_s = seconds_since(prefill_start);
+  if (text.saves()) text.save_context(decoder, o.source, stdout);
   const kvo::CacheStats after_prefill = decoder.cache().stats();
 
   // Decode: the first token comes from the prefill's logits.
   const auto decode_start = Clock::now();
   std::vector<std::int32_t> next(static_cast<std::size_t>(slots), -1);
   std::int64_t decode_tokens = 0;
-  for (int step = 0; step < o.max_new; ++step) {
+  // A slot that drew its end-of-sequence token (text mode) sits out the steps after it (-1).
+  std::vector<bool> done(static_cast<std::size_t>(slots), false);
+  int active = slots;
+  for (int step = 0; step < o.max_new && active > 0; ++step) {
+    for (int s = 0; s < slots; ++s) {
+      if (done[static_cast<std::size_t>(s)]) next[static_cast<std::size_t>(s)] = -1;
+    }
     if (device_sampling) {
       if (step == 0) {
         next = first;
       } else {
         decoder.decode_sample(next, next.data());
-        decode_tokens += slots;
+        decode_tokens += active;
         sample_memory();
-      }
-      for (int s = 0; s < slots; ++s) {
-        generated[static_cast<std::size_t>(s)].push_back(next[static_cast<std::size_t>(s)]);
       }
     } else {
       if (step > 0) {
         decoder.decode(next, logits.data());
-        decode_tokens += slots;
+        decode_tokens += active;
         sample_memory();
       }
       for (int s = 0; s < slots; ++s) {
-        const std::int32_t token = samplers[static_cast<std::size_t>(s)].sample(
+        if (done[static_cast<std::size_t>(s)]) continue;
+        next[static_cast<std::size_t>(s)] = samplers[static_cast<std::size_t>(s)].sample(
             logits.data() + static_cast<std::int64_t>(s) * c.vocab_size, c.vocab_size);
-        generated[static_cast<std::size_t>(s)].push_back(token);
-        next[static_cast<std::size_t>(s)] = token;
       }
     }
-    if (stream_tokens) {
+    for (int s = 0; s < slots; ++s) {
+      const auto index = static_cast<std::size_t>(s);
+      if (done[index]) continue;
+      generated[index].push_back(next[index]);
+      if (text.active()) {
+        text.push(s, next[index], stream_tokens && slots == 1 ? text_out : nullptr);
+        if (text.stops(next[index])) {
+          done[index] = true;
+          --active;
+        }
+      }
+    }
+    if (stream_tokens && !text.active()) {
       if (slots == 1) {
         std::printf(step == 0 ? "  tokens          %d" : " %d", next[0]);
       } else {
@@ -336,7 +379,18 @@ int run(const Options& o) {
       std::fflush(stdout);
     }
   }
-  if (stream_tokens && slots == 1 && o.max_new > 0) std::printf("\n");
+  if (stream_tokens && slots == 1 && o.max_new > 0 && !text.active()) std::printf("\n");
+  if (text.active()) {
+    for (int s = 0; s < slots; ++s) {
+      const bool streamed = stream_tokens && slots == 1;
+      text.finish(s, streamed ? text_out : nullptr);
+      if (stream_tokens && !streamed) {
+        std::fprintf(text_out, "[slot %d] %s\n", s, text.json_text(s).c_str());
+      }
+    }
+    if (stream_tokens && slots == 1) std::fputc('\n', text_out);
+    std::fflush(text_out);
+  }
   decoder.cache().synchronize();
   const double decode_s = seconds_since(decode_start);
 
@@ -370,8 +424,17 @@ int run(const Options& o) {
       tokens += (s ? ",[" : "[") + join(generated[static_cast<std::size_t>(s)]) + "]";
     }
     tokens += "]";
-    std::printf(
-        "{\"tokens\":%s,\"prefill_tokens\":%lld,\"decode_tokens\":%lld,"
+    std::string extra;
+    if (text.active()) {
+      extra = ",\"text\":[";
+      for (int s = 0; s < slots; ++s) extra += (s ? "," : "") + text.json_text(s);
+      extra += "],\"context_loaded_tokens\":" + std::to_string(text.loaded_tokens()) +
+               ",\"context_load_s\":" + std::to_string(text.load_seconds()) +
+               ",\"prefill_skipped\":" + (text.loads() ? "true" : "false");
+    }
+    std::fprintf(
+        json_out,
+        "{\"tokens\":%s%s,\"prefill_tokens\":%lld,\"decode_tokens\":%lld,"
         "\"prefill_tokens_per_s\":%.3f,\"decode_tokens_per_s\":%.3f,"
         "\"h2d_bytes_per_token\":%.1f,\"h2d_GBps\":%.4f,\"h2d_bytes_total\":%llu,"
         "\"d2h_bytes_total\":%llu,\"prefetch_stall_s\":%.6f,\"peak_device_bytes\":%llu,"
@@ -379,7 +442,7 @@ int run(const Options& o) {
         "\"resident_layers\":%d,\"streamed_layers\":%d,\"ring_depth\":%d,\"backend\":\"%s\","
         "\"slots\":%d,\"max_seq\":%d,\"chunk\":%d,\"prefill_s\":%.6f,\"decode_s\":%.6f,"
         "\"attention\":\"%s\"}\n",
-        tokens.c_str(), static_cast<long long>(prompt_tokens),
+        tokens.c_str(), extra.c_str(), static_cast<long long>(prompt_tokens),
         static_cast<long long>(decode_tokens), prefill_tps, decode_tps, h2d_per_token, h2d_gbps,
         static_cast<unsigned long long>(st.h2d_bytes_total),
         static_cast<unsigned long long>(st.d2h_bytes_total), st.acquire_wait_s,
@@ -390,6 +453,7 @@ int run(const Options& o) {
         o.decoder.max_seq, o.decoder.chunk, prefill_s, decode_s,
         decoder.attention_kernels().c_str());
   }
+  std::fflush(json_out);
   return 0;
 }
 

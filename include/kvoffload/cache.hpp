@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,6 +80,28 @@ struct CacheStats {
   std::uint64_t device_allocations = 0;  // device allocations made; fixed after construction
 };
 
+// What a saved context holds besides the rows of its slot.
+struct SlotContext {
+  // The token ids the rows were computed from: empty, or one per row.
+  std::vector<std::int32_t> tokens;
+  // The caller's fingerprint of the model, as "key=value" lines (architecture, shapes, tensor
+  // table). A load refuses a context whose fingerprint differs, naming the first differing line.
+  std::string model;
+};
+
+// What a saved-context file holds, read from its headers alone (no rows are read).
+struct SavedContextInfo {
+  int layers = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  int max_seq = 0;
+  DType dtype = DType::kBF16;
+  std::vector<int> lengths;           // rows of each record (one record per saved slot)
+  std::vector<SlotContext> contexts;  // tokens and fingerprint of each record
+};
+// Throws kvo::Error(kInvalidArgument) for a file that cannot be read or is not a saved context.
+SavedContextInfo inspect_saved_context(const std::string& path);
+
 class OffloadedStaticCache {
  public:
   // Plans, allocates every device and host byte, and starts the copy streams.
@@ -121,6 +144,32 @@ class OffloadedStaticCache {
   void truncate_slot(int slot, int length);  // REQUIRES: 0 <= length <= length(slot)
   int length(int slot) const;
   bool in_step() const;
+
+  // Saved contexts, between steps only. A saved context is a slot's rows of every layer (from
+  // the host store and the resident layers), its length, its SlotContext and the cache's shape
+  // (layers, kv_heads, head_dim, K/V dtype, max_seq); each layer's rows carry an XXH3 checksum.
+  // Both calls first wait until every copy in flight and the work on the callers' streams have
+  // finished (the whole device, on CUDA).
+  //
+  // save: a file holds one record per slot, in the order given; it is written to a temporary
+  // file beside `path`, synced and renamed, so `path` is either the old file or the whole new
+  // one. REQUIRES: contexts.size() == slots.size(); each tokens list empty or length(slot) long.
+  void save_slot(int slot, const std::string& path, const SlotContext& context = {});
+  void save_slots(const std::vector<int>& slots, const std::string& path,
+                  const std::vector<SlotContext>& contexts);
+  void save_slot(int slot, std::ostream& out, const SlotContext& context = {});
+  // load: replaces each slot's rows and length with a record's, and returns its SlotContext.
+  // Refused before anything changes (kvo::Error kInvalidArgument, naming the difference) when a
+  // record was saved from another shape, dtype, max_seq or model fingerprint (`model`); refused
+  // with the failing layer block named, leaving every slot as it was, when the input is
+  // truncated or corrupted. A file must hold exactly slots.size() records. Rows go straight into
+  // the host store for an empty slot; for a slot that holds rows they are staged in host memory
+  // first (as many bytes as the record), so that a refusal leaves them as they were.
+  // REQUIRES: the slots are distinct. Prefetches are re-issued as after truncate_slot.
+  SlotContext load_slot(int slot, const std::string& path, const std::string& model = "");
+  std::vector<SlotContext> load_slots(const std::vector<int>& slots, const std::string& path,
+                                      const std::string& model = "");
+  SlotContext load_slot(int slot, std::istream& in, const std::string& model = "");
 
   CacheStats stats() const;
   const CacheConfig& config() const;

@@ -235,6 +235,27 @@ KVO_API kvo_status kvo_truncate_slot(kvo_cache_t* cache, int32_t slot, int32_t l
 /* The slot's committed length in *out_length. REQUIRES: 0 <= slot < slots; out_length != NULL. */
 KVO_API kvo_status kvo_length(const kvo_cache_t* cache, int32_t slot, int32_t* out_length);
 
+/* ---- saved contexts (between steps) -------------------------------------------------------- */
+
+/* Writes the slot's rows of every layer, its length, `token_count` token ids (0, or one per
+ * row; `tokens` may be NULL when 0) and `model` (the caller's fingerprint of the model, "key=value"
+ * lines; NULL is "") to `path`, atomically: a temporary file beside it, synced, then renamed.
+ * Each layer's rows carry an XXH3 checksum. Waits first for every copy in flight and the work on
+ * the callers' streams. REQUIRES: no step open; 0 <= slot < slots; path != NULL. */
+KVO_API kvo_status kvo_save_slot(kvo_cache_t* cache, int32_t slot, const char* path,
+                                 const int32_t* tokens, int32_t token_count, const char* model);
+
+/* Replaces the slot's rows and length with the context saved in `path`, without a prefill.
+ * *out_token_count gets the number of token ids saved with it, and the first
+ * min(count, tokens_capacity) of them go to `tokens` (which may be NULL when tokens_capacity is
+ * 0). Refused with KVO_ERROR_INVALID_ARGUMENT, the cache left as it was, when the file was saved
+ * from another shape, dtype, max_seq or `model` fingerprint (the message names the difference),
+ * or is truncated or corrupted (the message names the failing layer block).
+ * REQUIRES: no step open; 0 <= slot < slots; path != NULL; out_token_count != NULL. */
+KVO_API kvo_status kvo_load_slot(kvo_cache_t* cache, int32_t slot, const char* path,
+                                 const char* model, int32_t* tokens, int32_t tokens_capacity,
+                                 int32_t* out_token_count);
+
 /* Copies the counters and the plan into *out_stats. REQUIRES: out_stats != NULL. */
 KVO_API kvo_status kvo_stats(const kvo_cache_t* cache, kvo_cache_stats* out_stats);
 

@@ -371,6 +371,36 @@ static void provoke_errors(engine* e) {
 
 /* ---- the test ------------------------------------------------------------------------------- */
 
+/* Saves slot 0 with its token ids, empties it, refuses a load for another model, then loads it
+ * back: the engine's own copy of the rows stays what the cache must hold, and the steps after
+ * check it. */
+static void save_and_restore(engine* e, uint64_t seed) {
+  char path[64];
+  int32_t ids[MAX_SEQ];
+  int32_t back[MAX_SEQ];
+  int32_t count = -1;
+  int32_t length = -1;
+  int32_t i;
+  snprintf(path, sizeof(path), "c_api_test_context_%llu.kvo", (unsigned long long)seed);
+  for (i = 0; i < e->length[0]; ++i) ids[i] = 1000 + i;
+  MUST(e->cache, kvo_save_slot(e->cache, 0, path, ids, e->length[0], "model=c-test"));
+  MUST(e->cache, kvo_reset_slot(e->cache, 0));
+  EXPECT_STATUS(e->cache, kvo_load_slot(e->cache, 0, path, "model=other", back, MAX_SEQ, &count),
+                KVO_ERROR_INVALID_ARGUMENT, "saved for another model");
+  MUST(e->cache, kvo_length(e->cache, 0, &length));
+  CHECK(length == 0);
+  EXPECT_STATUS(e->cache, kvo_load_slot(e->cache, 0, NULL, NULL, NULL, 0, &count),
+                KVO_ERROR_INVALID_ARGUMENT, "path is NULL");
+  EXPECT_STATUS(e->cache, kvo_save_slot(e->cache, 0, path, ids, e->length[0] + 1, NULL),
+                KVO_ERROR_INVALID_ARGUMENT, "token ids were given");
+  MUST(e->cache, kvo_load_slot(e->cache, 0, path, "model=c-test", back, MAX_SEQ, &count));
+  MUST(e->cache, kvo_length(e->cache, 0, &length));
+  CHECK(length == e->length[0]);
+  CHECK(count == e->length[0]);
+  for (i = 0; i < count; ++i) CHECK(back[i] == ids[i]);
+  remove(path);
+}
+
 static void check_defaults(void) {
   const kvo_cache_options d = kvo_cache_options_default();
   CHECK(d.layers == 32 && d.kv_heads == 8 && d.head_dim == 128);
@@ -404,6 +434,8 @@ static void run(uint64_t seed, int async_stream) {
   engine_run(&e, 40);
   provoke_errors(&e);
   engine_run(&e, 40);
+  save_and_restore(&e, seed);
+  engine_run(&e, 20);
   MUST(e.cache, kvo_stats(e.cache, &stats));
   CHECK(stats.h2d_bytes_total > 0 && stats.d2h_bytes_total > 0);
   printf("seed %llu, %s stream: %d views checked, %llu steps, %llu bytes in, %llu out\n",

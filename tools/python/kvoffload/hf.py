@@ -286,6 +286,7 @@ class OffloadedStaticCache(Cache):
         ring_depth: int = 2,
     ):
         text_config = config.get_text_config(decoder=True)
+        self._text_config = text_config
         for name, value in (("max_batch_size", max_batch_size), ("max_cache_len", max_cache_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -479,6 +480,47 @@ class OffloadedStaticCache(Cache):
         one device arena), host_bytes (the pinned store)."""
         self._native.get_seq_length()  # commits a complete forward, so the counters include it
         return self._native.stats()
+
+    # ---- saved contexts ------------------------------------------------------------------------
+
+    def save(self, path, tokens=None) -> None:
+        """Saves every row (its keys and values in every layer, and its length) to ``path``,
+        written atomically, with a fingerprint of the model config (model_type, layers, heads,
+        head_dim, hidden size, vocabulary, rope theta) and the K/V dtype; each layer's rows carry
+        a checksum. ``tokens``: the ids each row holds (a list per row, or one list for a single
+        row), kept in the file and returned by ``load``. A forward left half-done is refused."""
+        if tokens is not None and tokens and isinstance(tokens[0], int):
+            tokens = [tokens]
+        tokens = [list(map(int, t)) for t in (tokens or [])]
+        self._native.save(str(path), tokens, self._fingerprint)
+
+    @classmethod
+    def load(cls, path, config, device=None, dtype=None, vram_budget=None,
+             resident_layers: int | None = None, ring_depth: int = 2) -> "OffloadedStaticCache":
+        """A new cache holding the rows saved in ``path`` (no prefill): max_batch_size and
+        max_cache_len come from the file, which must have been saved for the same model config
+        and dtype (refused otherwise, naming the difference; a truncated or corrupted file is
+        refused naming the failing layer block). ``cache.saved_tokens`` holds each row's token
+        ids. Continue with ``model.generate(full_ids, cache=cache)``: transformers feeds only the
+        ids past ``cache.get_seq_length()``."""
+        info = _native.inspect_saved_context(str(path))
+        if dtype is None:
+            dtype = {v: k for k, v in _DTYPES.items()}[info["dtype"]]
+        cache = cls(config, max_batch_size=len(info["lengths"]), max_cache_len=info["max_seq"],
+                    device=device, dtype=dtype, vram_budget=vram_budget,
+                    resident_layers=resident_layers, ring_depth=ring_depth)
+        cache.saved_tokens = cache._native.load(str(path), cache._fingerprint)
+        cache._open_layer = None
+        return cache
+
+    @property
+    def _fingerprint(self) -> str:
+        text = self._text_config
+        fields = ("model_type", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                  "hidden_size", "intermediate_size", "vocab_size", "rope_theta")
+        lines = [f"{name}={getattr(text, name, None)}" for name in fields]
+        lines.append(f"head_dim={self.head_dim}")
+        return "\n".join(lines)
 
     def plan(self) -> dict[str, Any]:
         """Where the bytes are: the ``plan`` part of stats()."""

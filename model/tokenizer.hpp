@@ -1,0 +1,74 @@
+// kvo::model::Tokenizer: text to token ids and back, from a Hugging Face model directory.
+//
+//   tokenizer.json with a byte-level BPE model (GPT-2 style: Llama 3, Qwen2, SmolLM2), its
+//   pre-tokenizer regexes on PCRE2, its added and special tokens, and the BOS/EOS settings of
+//   tokenizer_config.json, as transformers applies them;
+//   tokenizer.model (SentencePiece: Llama 2, Mistral) through the SentencePiece library.
+//
+// TextStream turns ids into text as they are generated without ever splitting a UTF-8
+// character (a byte-level token may hold part of one).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvo::model {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // The ids of `text` (valid UTF-8, else kvo::Error naming the byte). Added and special tokens
+  // written in the text become their ids. add_special: also the BOS/EOS the model's tokenizer
+  // adds to a sequence (off for text that continues a sequence).
+  virtual std::vector<std::int32_t> encode(const std::string& text, bool add_special) const = 0;
+  // The bytes token `id` puts into decoded text; they may be part of a UTF-8 character.
+  // `first`: the token starts the decoded text (SentencePiece drops its leading space there).
+  virtual std::string token_bytes(std::int32_t id, bool first) const = 0;
+  virtual bool is_special(std::int32_t id) const = 0;
+  // The id of an added or special token written exactly as `content`, if there is one.
+  virtual std::optional<std::int32_t> special_id(const std::string& content) const = 0;
+  virtual int vocab_size() const = 0;
+  // What it is, for messages: "byte-level BPE (tokenizer.json)".
+  virtual std::string kind() const = 0;
+  // The end-of-sequence token of tokenizer_config.json, if it names one.
+  virtual std::optional<std::int32_t> eos_id() const = 0;
+
+  // The text of `ids`; invalid UTF-8 becomes U+FFFD, as transformers' decode does.
+  std::string decode(const std::vector<std::int32_t>& ids, bool skip_special) const;
+};
+
+// The tokenizer of a model directory: tokenizer.json if there is one, else tokenizer.model.
+// Throws kvo::Error(kInvalidArgument) saying why there is none (no file, or a kind, normalizer
+// or pre-tokenizer this code does not implement, named).
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
+
+// Text of generated ids as they come: push() returns the text that is complete so far (a
+// character split across tokens waits for its last byte); finish() returns what is left, any
+// incomplete character as U+FFFD.
+class TextStream {
+ public:
+  TextStream(const Tokenizer& tokenizer, bool skip_special)
+      : tokenizer_(&tokenizer), skip_special_(skip_special) {}
+  std::string push(std::int32_t id);
+  std::string finish();
+
+ private:
+  const Tokenizer* tokenizer_;
+  bool skip_special_;
+  bool first_ = true;
+  std::string pending_;  // bytes of an incomplete UTF-8 character
+};
+
+// UTF-8 helpers. valid_utf8_prefix: the length of the longest prefix of `bytes` that ends
+// on a character boundary, with invalid sequences counted as complete (they decode to U+FFFD).
+std::size_t complete_utf8_prefix(const std::string& bytes);
+// `bytes` with each maximal invalid subsequence replaced by U+FFFD (Python's errors="replace").
+std::string sanitize_utf8(const std::string& bytes);
+// The offset of the first byte that is not valid UTF-8, or npos.
+std::size_t invalid_utf8_at(const std::string& text);
+
+}  // namespace kvo::model

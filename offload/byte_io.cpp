@@ -1,0 +1,129 @@
+#include "offload/byte_io.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <istream>
+#include <ostream>
+#include <vector>
+
+#include "kvoffload/error.hpp"
+
+namespace kvo::offload {
+
+namespace {
+
+Error io_error(const std::string& what, const std::string& path, int err) {
+  return Error(ErrorCode::kInvalidArgument, what + " " + path + ": " + std::strerror(err));
+}
+
+std::string directory_of(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+AtomicFileSink::AtomicFileSink(const std::string& path) : path_(path), temp_(path + ".XXXXXX") {
+  std::vector<char> name(temp_.begin(), temp_.end());
+  name.push_back('\0');
+  fd_ = ::mkstemp(name.data());
+  if (fd_ < 0) throw io_error("cannot create a temporary file beside", path_, errno);
+  temp_ = name.data();
+  ::fchmod(fd_, 0644);
+}
+
+AtomicFileSink::~AtomicFileSink() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(temp_.c_str());
+  }
+}
+
+void AtomicFileSink::write(const void* data, std::size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t done = ::write(fd_, p, bytes);
+    if (done < 0) {
+      if (errno == EINTR) continue;
+      throw io_error("cannot write", temp_, errno);
+    }
+    p += done;
+    bytes -= static_cast<std::size_t>(done);
+  }
+}
+
+void AtomicFileSink::commit() {
+  if (::fsync(fd_) != 0) throw io_error("cannot sync", temp_, errno);
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    ::unlink(temp_.c_str());
+    throw io_error("cannot close", temp_, errno);
+  }
+  fd_ = -1;
+  if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp_.c_str());
+    throw io_error("cannot rename the temporary file to", path_, err);
+  }
+  // The rename itself is durable once the directory is synced.
+  const int dir = ::open(directory_of(path_).c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+FileSource::FileSource(const std::string& path) : path_(path) {
+  fd_ = ::open(path.c_str(), O_RDONLY);
+  if (fd_ < 0) throw io_error("cannot open", path, errno);
+  struct stat info {};
+  if (::fstat(fd_, &info) == 0) size_ = static_cast<std::uint64_t>(info.st_size);
+  ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+}
+
+FileSource::~FileSource() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::size_t FileSource::read(void* data, std::size_t bytes) {
+  std::size_t total = 0;
+  char* p = static_cast<char*>(data);
+  while (total < bytes) {
+    const ssize_t done = ::read(fd_, p + total, bytes - total);
+    if (done < 0) {
+      if (errno == EINTR) continue;
+      throw io_error("cannot read", path_, errno);
+    }
+    if (done == 0) break;
+    total += static_cast<std::size_t>(done);
+  }
+  return total;
+}
+
+bool FileSource::skip(std::uint64_t bytes) {
+  const off_t here = ::lseek(fd_, 0, SEEK_CUR);
+  if (here < 0) return ByteSource::skip(bytes);
+  if (static_cast<std::uint64_t>(here) + bytes > size_) return false;
+  return ::lseek(fd_, static_cast<off_t>(here + static_cast<off_t>(bytes)), SEEK_SET) >= 0;
+}
+
+void StreamSink::write(const void* data, std::size_t bytes) {
+  out_.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  if (!out_)
+    throw Error(ErrorCode::kInvalidArgument, "cannot write the saved context: the stream failed");
+}
+
+std::size_t StreamSource::read(void* data, std::size_t bytes) {
+  in_.read(static_cast<char*>(data), static_cast<std::streamsize>(bytes));
+  const std::streamsize got = in_.gcount();
+  if (in_.bad())
+    throw Error(ErrorCode::kInvalidArgument, "cannot read the saved context: the stream failed");
+  return static_cast<std::size_t>(got);
+}
+
+}  // namespace kvo::offload

@@ -1,0 +1,68 @@
+// The ends a saved context is written to and read from: files (POSIX descriptors, written
+// atomically) and C++ streams.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+#include "offload/context_file.hpp"
+
+namespace kvo::offload {
+
+// Writes `path` atomically: the bytes go to a temporary file beside it, which commit() syncs to
+// disk and renames over `path` (then syncs the directory). Destroyed without commit(), it
+// removes the temporary file and `path` is as it was. Errors name the path and the system's
+// reason.
+class AtomicFileSink : public ByteSink {
+ public:
+  explicit AtomicFileSink(const std::string& path);
+  ~AtomicFileSink() override;
+  AtomicFileSink(const AtomicFileSink&) = delete;
+  AtomicFileSink& operator=(const AtomicFileSink&) = delete;
+
+  void write(const void* data, std::size_t bytes) override;
+  void commit();
+
+ private:
+  std::string path_;
+  std::string temp_;
+  int fd_ = -1;
+};
+
+class FileSource : public ByteSource {
+ public:
+  explicit FileSource(const std::string& path);  // throws naming the path and the reason
+  ~FileSource() override;
+  FileSource(const FileSource&) = delete;
+  FileSource& operator=(const FileSource&) = delete;
+
+  std::size_t read(void* data, std::size_t bytes) override;
+  bool skip(std::uint64_t bytes) override;
+  std::uint64_t size() const { return size_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
+};
+
+class StreamSink : public ByteSink {
+ public:
+  explicit StreamSink(std::ostream& out) : out_(out) {}
+  void write(const void* data, std::size_t bytes) override;
+
+ private:
+  std::ostream& out_;
+};
+
+class StreamSource : public ByteSource {
+ public:
+  explicit StreamSource(std::istream& in) : in_(in) {}
+  std::size_t read(void* data, std::size_t bytes) override;
+
+ private:
+  std::istream& in_;
+};
+
+}  // namespace kvo::offload

@@ -1,0 +1,395 @@
+// Saved contexts: a slot saved and loaded holds exactly the rows it had, whatever layers are
+// resident on either side; every refusal (another shape, dtype, max_seq or model; a truncated or
+// corrupted file, a byte flipped in each region of it) names what is wrong and leaves the cache
+// as it was.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "expect_error.hpp"
+#include "kvoffload/kvoffload.hpp"
+
+namespace kvo {
+namespace {
+
+using testing::expect_error;
+
+CacheConfig small_config(int resident) {
+  CacheConfig config;
+  config.layers = 5;
+  config.kv_heads = 2;
+  config.head_dim = 8;
+  config.max_seq = 48;
+  config.slots = 2;
+  config.dtype = DType::kF16;
+  config.resident_layers = resident;
+  config.ring_depth = 2;
+  config.backend = BackendKind::kHost;
+  config.host.max_delay_us = 50;
+  config.host.delay_seed = 7;
+  return config;
+}
+
+std::size_t row_bytes(const CacheConfig& c) {
+  return static_cast<std::size_t>(c.kv_heads) * c.head_dim * dtype_size(c.dtype);
+}
+
+// Appends `count` random rows to `slot` (every layer, K and V) in one step.
+void fill(OffloadedStaticCache& cache, int slot, int count, std::uint64_t seed) {
+  const CacheConfig& c = cache.config();
+  std::mt19937_64 rng(seed);
+  std::vector<std::int32_t> n(static_cast<std::size_t>(c.slots), 0);
+  n[static_cast<std::size_t>(slot)] = count;
+  std::vector<std::uint8_t> k(static_cast<std::size_t>(count) * row_bytes(c));
+  std::vector<std::uint8_t> v(k.size());
+  cache.begin_step(n);
+  for (int layer = 0; layer < c.layers; ++layer) {
+    for (auto& byte : k) byte = static_cast<std::uint8_t>(rng());
+    for (auto& byte : v) byte = static_cast<std::uint8_t>(rng());
+    cache.acquire(layer);
+    cache.append(layer, slot, k.data(), v.data(), count);
+    cache.release(layer);
+  }
+  cache.end_step();
+}
+
+// What a caller can see of the cache: each slot's length and its rows [0, length) of every
+// layer, read through a step that appends nothing (so through the prefetches, as a model would).
+struct Snapshot {
+  std::vector<int> lengths;
+  std::vector<std::vector<std::uint8_t>> rows;  // [slot][layer][K|V][token][row]
+  bool operator==(const Snapshot& o) const { return lengths == o.lengths && rows == o.rows; }
+};
+
+Snapshot snapshot(OffloadedStaticCache& cache) {
+  const CacheConfig& c = cache.config();
+  Snapshot snap;
+  snap.rows.resize(static_cast<std::size_t>(c.slots));
+  for (int s = 0; s < c.slots; ++s) snap.lengths.push_back(cache.length(s));
+  cache.begin_step(std::vector<std::int32_t>(static_cast<std::size_t>(c.slots), 0));
+  for (int layer = 0; layer < c.layers; ++layer) {
+    const LayerView view = cache.acquire(layer);
+    for (int s = 0; s < c.slots; ++s) {
+      const std::size_t bytes = static_cast<std::size_t>(view.lengths[s]) * row_bytes(c);
+      for (void* base : {view.k_row(s, 0), view.v_row(s, 0)}) {
+        const auto* p = static_cast<const std::uint8_t*>(base);
+        snap.rows[static_cast<std::size_t>(s)].insert(snap.rows[static_cast<std::size_t>(s)].end(),
+                                                      p, p + bytes);
+      }
+    }
+    cache.release(layer);
+  }
+  cache.end_step();
+  return snap;
+}
+
+class CacheContextTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kvo_context_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::filesystem::path dir_;
+};
+
+std::vector<std::uint8_t> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void write_bytes(const std::string& path, const std::vector<std::uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+}
+
+TEST_F(CacheContextTest, RoundTripAcrossResidentSplits) {
+  for (int saved_resident : {0, 2, 5}) {
+    for (int loaded_resident : {0, 3, 5}) {
+      SCOPED_TRACE("resident " + std::to_string(saved_resident) + " -> " +
+                   std::to_string(loaded_resident));
+      OffloadedStaticCache source(small_config(saved_resident));
+      fill(source, 0, 17, 1);
+      fill(source, 1, 9, 2);
+      fill(source, 0, 3, 3);  // a second step: rows written back at a non-zero length
+      const std::vector<std::int32_t> ids = {5,  4,  3,  2,  1,  0,  7,  8,  9,  10,
+                                             11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+      source.save_slot(0, path("ctx"), {ids, "architecture=test\nlayers=5"});
+      const Snapshot before = snapshot(source);
+
+      OffloadedStaticCache target(small_config(loaded_resident));
+      fill(target, 1, 9, 2);   // slot 1 as in the source
+      (void)snapshot(target);  // prefetches for the next step are issued at the old lengths
+      const SlotContext loaded = target.load_slot(0, path("ctx"), "architecture=test\nlayers=5");
+      EXPECT_EQ(loaded.tokens, ids);
+      EXPECT_EQ(loaded.model, "architecture=test\nlayers=5");
+      EXPECT_EQ(snapshot(target), before);
+      if (target.stats().plan.streamed_layers > 0) {
+        EXPECT_GT(target.stats().prefetch_reissues, 0u);  // issued again at the loaded length
+      }
+
+      // Both continue alike: the loaded rows are the prefix of the next step's attention.
+      fill(source, 0, 4, 9);
+      fill(target, 0, 4, 9);
+      EXPECT_EQ(snapshot(target), snapshot(source));
+    }
+  }
+}
+
+TEST_F(CacheContextTest, LoadIntoASlotThatHoldsRowsReplacesThem) {
+  OffloadedStaticCache source(small_config(2));
+  fill(source, 0, 11, 1);
+  source.save_slot(0, path("ctx"));
+  OffloadedStaticCache target(small_config(1));
+  fill(target, 0, 30, 5);
+  fill(target, 1, 6, 6);
+  target.load_slot(0, path("ctx"));
+  const Snapshot loaded = snapshot(target);
+  EXPECT_EQ(loaded.lengths, (std::vector<int>{11, 6}));
+  const Snapshot expected = snapshot(source);
+  EXPECT_EQ(loaded.rows[0], expected.rows[0]);
+}
+
+TEST_F(CacheContextTest, SeveralSlotsInOneFileAndStreams) {
+  OffloadedStaticCache source(small_config(2));
+  fill(source, 0, 13, 1);
+  fill(source, 1, 21, 2);
+  source.save_slots({1, 0}, path("two"), {{}, {}});
+  const SavedContextInfo info = inspect_saved_context(path("two"));
+  EXPECT_EQ(info.lengths, (std::vector<int>{21, 13}));
+  EXPECT_EQ(info.layers, 5);
+  EXPECT_EQ(info.max_seq, 48);
+  EXPECT_EQ(info.dtype, DType::kF16);
+
+  OffloadedStaticCache swapped(small_config(0));
+  swapped.load_slots({0, 1}, path("two"));  // slot 1's context into slot 0 and back
+  const Snapshot a = snapshot(source);
+  const Snapshot b = snapshot(swapped);
+  EXPECT_EQ(b.lengths, (std::vector<int>{21, 13}));
+  EXPECT_EQ(b.rows[0], a.rows[1]);
+  EXPECT_EQ(b.rows[1], a.rows[0]);
+
+  // A file of two contexts is not one context.
+  OffloadedStaticCache one(small_config(0));
+  expect_error([&] { one.load_slot(0, path("two")); }, ErrorCode::kInvalidArgument,
+               "more bytes follow its 1 saved context(s)");
+  EXPECT_EQ(one.length(0), 0);
+
+  std::stringstream stream;
+  source.save_slot(1, stream, {});
+  source.save_slot(0, stream, {});
+  OffloadedStaticCache streamed(small_config(3));
+  streamed.load_slot(0, stream);
+  streamed.load_slot(1, stream);
+  EXPECT_EQ(snapshot(streamed), b);
+}
+
+TEST_F(CacheContextTest, RefusesAnotherShapeDtypeMaxSeqOrModel) {
+  OffloadedStaticCache source(small_config(2));
+  fill(source, 0, 10, 1);
+  source.save_slot(0, path("ctx"), {{}, "architecture=LlamaForCausalLM\nhidden_size=64\nx=1"});
+
+  struct Case {
+    const char* what;
+    void (*change)(CacheConfig&);
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"layers", [](CacheConfig& c) { c.layers = 6; }, "layers 5, this one has layers 6"},
+      {"kv_heads", [](CacheConfig& c) { c.kv_heads = 1; }, "kv_heads 2, this one has kv_heads 1"},
+      {"head_dim", [](CacheConfig& c) { c.head_dim = 16; }, "head_dim 8, this one has head_dim 16"},
+      {"dtype", [](CacheConfig& c) { c.dtype = DType::kBF16; }, "K/V dtype f16, this one has"},
+      {"max_seq", [](CacheConfig& c) { c.max_seq = 64; }, "max_seq 48, this one has max_seq 64"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    CacheConfig config = small_config(1);
+    k.change(config);
+    OffloadedStaticCache target(config);
+    fill(target, 0, 3, 4);
+    const Snapshot before = snapshot(target);
+    expect_error(
+        [&] {
+          target.load_slot(0, path("ctx"), "architecture=LlamaForCausalLM\nhidden_size=64\nx=1");
+        },
+        ErrorCode::kInvalidArgument, k.needle);
+    EXPECT_EQ(snapshot(target), before);
+  }
+
+  OffloadedStaticCache target(small_config(1));
+  fill(target, 0, 3, 4);
+  const Snapshot before = snapshot(target);
+  expect_error(
+      [&] {
+        target.load_slot(0, path("ctx"), "architecture=LlamaForCausalLM\nhidden_size=96\nx=1");
+      },
+      ErrorCode::kInvalidArgument,
+      "its fingerprint has 'hidden_size=64' where this model's has 'hidden_size=96'");
+  expect_error([&] { target.load_slot(0, path("ctx"), ""); }, ErrorCode::kInvalidArgument,
+               "'architecture=LlamaForCausalLM' where this model's has nothing more");
+  EXPECT_EQ(snapshot(target), before);
+}
+
+// The regions of a saved context of `length` rows, as [begin, end) byte ranges with a name and
+// what the refusal must say.
+struct Region {
+  std::string name;
+  std::size_t begin;
+  std::size_t end;
+  std::string needle;
+};
+
+std::vector<Region> regions(std::size_t model_bytes, std::size_t tokens, int layers,
+                            std::size_t block_rows_bytes) {
+  std::vector<Region> out;
+  std::size_t at = 0;
+  auto add = [&](const std::string& name, std::size_t bytes, const std::string& needle) {
+    out.push_back({name, at, at + bytes, needle});
+    at += bytes;
+  };
+  add("magic", 8, "not a saved context");
+  add("version", 4, "format version");
+  add("shape fields", 24, "the header is corrupted");
+  add("row_bytes", 8, "the header is corrupted");
+  add("model_bytes", 4, "");  // a wrong size: refused as corrupted or truncated
+  add("token_count", 4, "the header is corrupted");
+  add("model text", model_bytes, "the header is corrupted");
+  add("token ids", 4 * tokens, "the header is corrupted");
+  add("header checksum", 8, "the header is corrupted");
+  for (int layer = 0; layer < layers; ++layer) {
+    const std::string block = "the block of layer " + std::to_string(layer) + " of " +
+                              std::to_string(layers) + " is corrupted";
+    add("layer " + std::to_string(layer) + " K", block_rows_bytes, block);
+    add("layer " + std::to_string(layer) + " V", block_rows_bytes, block);
+    add("layer " + std::to_string(layer) + " checksum", 8, block);
+  }
+  return out;
+}
+
+TEST_F(CacheContextTest, AFlippedByteInEachRegionIsRefusedAndChangesNothing) {
+  OffloadedStaticCache source(small_config(2));
+  fill(source, 0, 12, 1);
+  const std::string model = "architecture=test\nlayers=5";
+  std::vector<std::int32_t> ids(12);
+  for (int i = 0; i < 12; ++i) ids[static_cast<std::size_t>(i)] = 100 + i;
+  source.save_slot(0, path("ctx"), {ids, model});
+  const std::vector<std::uint8_t> good = read_bytes(path("ctx"));
+  const std::size_t block_rows = 12 * row_bytes(source.config());
+  const std::vector<Region> all = regions(model.size(), ids.size(), 5, block_rows);
+  ASSERT_EQ(all.back().end, good.size());
+
+  std::mt19937_64 rng(11);
+  for (const Region& region : all) {
+    // Flip a random bit of a random byte of the region, and also its first and last byte.
+    for (std::size_t at :
+         {region.begin, region.end - 1, region.begin + rng() % (region.end - region.begin)}) {
+      SCOPED_TRACE(region.name + " byte " + std::to_string(at));
+      std::vector<std::uint8_t> bad = good;
+      bad[at] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+      write_bytes(path("bad"), bad);
+      for (bool empty_target : {true, false}) {
+        OffloadedStaticCache target(small_config(empty_target ? 3 : 1));
+        if (!empty_target) fill(target, 0, 20, 5);
+        fill(target, 1, 4, 6);
+        const Snapshot before = snapshot(target);
+        try {
+          target.load_slot(0, path("bad"), model);
+          ADD_FAILURE() << "a corrupted file was loaded";
+        } catch (const Error& e) {
+          EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+          if (!region.needle.empty()) {
+            EXPECT_NE(std::string(e.what()).find(region.needle), std::string::npos) << e.what();
+          }
+        }
+        EXPECT_EQ(snapshot(target), before);
+      }
+    }
+  }
+}
+
+TEST_F(CacheContextTest, ATruncatedFileIsRefusedNamingTheBlock) {
+  OffloadedStaticCache source(small_config(2));
+  fill(source, 0, 12, 1);
+  source.save_slot(0, path("ctx"), {{}, "m=1"});
+  const std::vector<std::uint8_t> good = read_bytes(path("ctx"));
+  const std::vector<Region> all = regions(3, 0, 5, 12 * row_bytes(source.config()));
+  for (const Region& region : all) {
+    const std::size_t cut = region.begin + (region.end - region.begin) / 2;
+    SCOPED_TRACE(region.name + ": cut at " + std::to_string(cut));
+    write_bytes(path("short"), std::vector<std::uint8_t>(good.begin(), good.begin() + cut));
+    OffloadedStaticCache target(small_config(1));
+    fill(target, 0, 7, 5);
+    const Snapshot before = snapshot(target);
+    std::string needle = "truncated";
+    if (region.name.rfind("layer ", 0) == 0) {
+      needle = "truncated in the block of layer " + region.name.substr(6, 1) + " of 5";
+    } else if (region.name == "magic") {
+      needle = "not a saved context";
+    }
+    expect_error([&] { target.load_slot(0, path("short"), "m=1"); }, ErrorCode::kInvalidArgument,
+                 needle);
+    EXPECT_EQ(snapshot(target), before);
+  }
+  write_bytes(path("empty"), {});
+  OffloadedStaticCache target(small_config(1));
+  expect_error([&] { target.load_slot(0, path("empty")); }, ErrorCode::kInvalidArgument,
+               "empty: no saved context in it");
+  expect_error([&] { target.load_slot(0, path("missing")); }, ErrorCode::kInvalidArgument,
+               "cannot open " + path("missing") + ": No such file or directory");
+}
+
+TEST_F(CacheContextTest, SaveIsAtomicAndChecksItsArguments) {
+  OffloadedStaticCache cache(small_config(2));
+  fill(cache, 0, 5, 1);
+  cache.save_slot(0, path("ctx"), {{1, 2, 3, 4, 5}, "m=1"});
+  const std::vector<std::uint8_t> first = read_bytes(path("ctx"));
+
+  expect_error(
+      [&] {
+        cache.save_slot(0, path("ctx"), {{1, 2}, "m=2"});
+      },
+      ErrorCode::kInvalidArgument, "holds 5 rows but 2 token ids were given");
+  expect_error([&] { cache.save_slot(2, path("ctx")); }, ErrorCode::kInvalidArgument,
+               "slot 2 is out of range");
+  expect_error(
+      [&] {
+        cache.save_slots({0, 0}, path("ctx"), {{}, {}});
+      },
+      ErrorCode::kInvalidArgument, "slot 0 is named twice");
+  expect_error([&] { cache.save_slot(0, path("no/such/dir/ctx")); }, ErrorCode::kInvalidArgument,
+               "cannot create a temporary file beside " + path("no/such/dir/ctx"));
+  EXPECT_EQ(read_bytes(path("ctx")), first);  // refused saves left the old file as it was
+
+  fill(cache, 0, 2, 2);
+  cache.save_slot(0, path("ctx"));
+  EXPECT_NE(read_bytes(path("ctx")), first);
+  // Only the file itself is left in the directory: no temporary file.
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+    (void)entry;
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+
+  cache.begin_step({1, 0});
+  expect_error([&] { cache.save_slot(0, path("x")); }, ErrorCode::kProtocol,
+               "only allowed between steps");
+  expect_error([&] { cache.load_slot(0, path("ctx")); }, ErrorCode::kProtocol,
+               "only allowed between steps");
+  cache.abort_step();
+}
+
+}  // namespace
+}  // namespace kvo

@@ -1,0 +1,262 @@
+#include "tools/generate_text.hpp"
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "kvoffload/error.hpp"
+#include "model/chat_format.hpp"
+#include "model/tokenizer_settings.hpp"
+#include "model/weights.hpp"
+
+namespace kvo::tools {
+
+namespace {
+
+// What joins a question to the document before it.
+constexpr const char* kQuestionSeparator = "\n\n";
+
+using Clock = std::chrono::steady_clock;
+
+// eos_token_id of generation_config.json (a number or a list), if the file gives one.
+std::vector<std::int32_t> generation_eos(const std::string& model_dir) {
+  std::ifstream in(model_dir + "/generation_config.json");
+  if (!in) return {};
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument,
+                model_dir + "/generation_config.json: " + std::string(e.what()));
+  }
+  std::vector<std::int32_t> ids;
+  if (!config.is_object() || !config.contains("eos_token_id")) return ids;
+  const nlohmann::json& eos = config["eos_token_id"];
+  if (eos.is_number_integer()) ids.push_back(eos.get<std::int32_t>());
+  if (eos.is_array()) {
+    for (const auto& id : eos) {
+      if (id.is_number_integer()) ids.push_back(id.get<std::int32_t>());
+    }
+  }
+  return ids;
+}
+
+}  // namespace
+
+const char* const kTextUsage = R"(Text (a model directory with tokenizer.json or tokenizer.model):
+  --prompt TEXT        the prompt as text; after --prompt-file or --load-context, a question
+                       about the document, joined to it by a blank line
+  --prompt-file FILE   the prompt (a document) as UTF-8 text
+  --chat               wrap the prompt in the model's chat format (ChatML, as SmolLM2 writes
+                       it; other templates are refused); --system TEXT replaces its default
+  --ignore-eos         generate --max-new tokens even past the end-of-sequence token
+  --save-context FILE  after the prefill, save every slot's K/V rows, tokens and a model
+                       fingerprint to FILE (--max-seq defaults to the prompt + --max-new + 4096,
+                       room for questions)
+  --load-context FILE  restore the slots from FILE instead of a prefill, then prefill --prompt
+                       (the question) and generate; --max-seq defaults to the file's
+)";
+
+void add_text_options(std::set<std::string>& valued, std::set<std::string>& flags) {
+  valued.insert({"prompt", "prompt-file", "system", "save-context", "load-context"});
+  flags.insert({"chat", "ignore-eos"});
+}
+
+TextSession::TextSession(const cli::Args& args, const std::string& model_dir, int slots)
+    : model_dir_(model_dir), slots_(slots) {
+  for (const char* name :
+       {"prompt", "prompt-file", "chat", "system", "save-context", "load-context", "ignore-eos"}) {
+    active_ = active_ || args.has(name);
+  }
+  if (!active_) return;
+  if (model_dir.empty()) {
+    throw cli::UsageError(
+        "text prompts and saved contexts need --model DIR with a tokenizer; a preset has "
+        "none (give ids with --prompt-tokens or --prompt-len)");
+  }
+  for (const char* ids_option : {"prompt-tokens", "prompt-len"}) {
+    if (args.has(ids_option)) {
+      throw cli::UsageError(std::string("--") + ids_option +
+                            " gives ids, the text options give text: use one or the other");
+    }
+  }
+  if (args.has("system") && !args.has("chat")) throw cli::UsageError("--system needs --chat");
+  tokenizer_ = model::load_tokenizer(model_dir);
+  save_path_ = args.get("save-context", "");
+  load_path_ = args.get("load-context", "");
+
+  std::optional<model::ChatFormat> chat;
+  if (args.has("chat")) {
+    std::optional<std::string> system;
+    if (args.has("system")) system = args.get("system", "");
+    chat = model::chat_format(model::read_tokenizer_settings(model_dir), system);
+  }
+  const std::string before = chat ? chat->before : "";
+  const std::string after = chat ? chat->after : "";
+  const bool add_special = !chat;  // a chat format writes its own special tokens
+  std::optional<std::string> document;
+  if (args.has("prompt-file")) document = model::read_text_file(args.get("prompt-file", ""));
+  std::optional<std::string> question;
+  if (args.has("prompt")) question = args.get("prompt", "");
+
+  if (loads()) {
+    if (document) {
+      throw cli::UsageError(
+          "--prompt-file and --load-context exclude each other: the document "
+          "comes from the saved context; ask with --prompt");
+    }
+    const SavedContextInfo info = inspect_saved_context(load_path_);
+    if (static_cast<int>(info.lengths.size()) != slots) {
+      throw cli::UsageError("--load-context " + load_path_ + " holds " +
+                            std::to_string(info.lengths.size()) + " saved context(s), for " +
+                            std::to_string(slots) + " slot(s): use --slots " +
+                            std::to_string(info.lengths.size()));
+    }
+    saved_max_seq_ = info.max_seq;
+    for (int length : info.lengths) loaded_tokens_ = std::max<std::int64_t>(loaded_tokens_, length);
+    if (question) {
+      prompt_ = tokenizer_->encode(kQuestionSeparator + *question + after, false);
+    } else if (chat) {
+      prompt_ = tokenizer_->encode(after, false);
+    }
+  } else if (document && question) {
+    prompt_ = tokenizer_->encode(before + *document, add_special);
+    const auto tail = tokenizer_->encode(kQuestionSeparator + *question + after, false);
+    prompt_.insert(prompt_.end(), tail.begin(), tail.end());
+  } else if (document || question) {
+    // Saved for questions to come: a chat turn stays open for them to close.
+    const std::string& text = document ? *document : *question;
+    prompt_ = tokenizer_->encode(before + text + (saves() ? "" : after), add_special);
+  } else {
+    throw cli::UsageError(
+        "give the prompt with --prompt or --prompt-file (or a saved context "
+        "with --load-context)");
+  }
+  if (prompt_.empty() && !loads()) throw cli::UsageError("the prompt has no tokens");
+
+  if (!args.has("ignore-eos")) {
+    stop_ids_ = generation_eos(model_dir);
+    if (stop_ids_.empty()) {
+      if (const auto eos = tokenizer_->eos_id()) stop_ids_.push_back(*eos);
+    }
+  }
+  streams_.assign(static_cast<std::size_t>(slots), model::TextStream(*tokenizer_, true));
+  texts_.assign(static_cast<std::size_t>(slots), std::string());
+  slot_tokens_.assign(static_cast<std::size_t>(slots), std::vector<std::int32_t>());
+}
+
+std::vector<std::int32_t> TextSession::load_context(model::Decoder& decoder,
+                                                    const model::WeightSource& source,
+                                                    std::FILE* log) {
+  std::vector<int> slots;
+  for (int s = 0; s < slots_; ++s) slots.push_back(s);
+  const auto start = Clock::now();
+  std::vector<SlotContext> contexts =
+      decoder.cache().load_slots(slots, load_path_, fingerprint(decoder, source));
+  load_s_ = std::chrono::duration<double>(Clock::now() - start).count();
+  std::uint64_t bytes = 0;
+  const CachePlan plan = decoder.cache().stats().plan;
+  for (int s = 0; s < slots_; ++s) {
+    slot_tokens_[static_cast<std::size_t>(s)] = contexts[static_cast<std::size_t>(s)].tokens;
+    bytes += 2ull * plan.layers * plan.row_bytes * static_cast<std::uint64_t>(decoder.length(s));
+  }
+  std::fprintf(log,
+               "  context         %lld tokens restored from %s in %.3f s (%s, %.2f GB/s); "
+               "prefill skipped\n",
+               static_cast<long long>(loaded_tokens_), load_path_.c_str(), load_s_,
+               format_bytes(bytes).c_str(),
+               load_s_ > 0 ? static_cast<double>(bytes) / load_s_ * 1e-9 : 0);
+  if (!prompt_.empty()) return prompt_;
+  // No question: the last restored token is fed again, for the logits of what follows it.
+  for (int s = 0; s < slots_; ++s) {
+    const std::vector<std::int32_t>& tokens = slot_tokens_[static_cast<std::size_t>(s)];
+    if (tokens.empty() || static_cast<int>(tokens.size()) != decoder.length(s)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "the saved context of slot " + std::to_string(s) +
+                      " has no token ids to continue from: ask with --prompt");
+    }
+  }
+  const std::int32_t last = slot_tokens_[0].back();
+  for (int s = 0; s < slots_; ++s) {
+    if (slot_tokens_[static_cast<std::size_t>(s)].back() != last) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "the saved slots end in different tokens: ask with --prompt");
+    }
+    decoder.cache().truncate_slot(s, decoder.length(s) - 1);
+    slot_tokens_[static_cast<std::size_t>(s)].pop_back();
+  }
+  prompt_ = {last};
+  return prompt_;
+}
+
+void TextSession::save_context(model::Decoder& decoder, const model::WeightSource& source,
+                               std::FILE* log) {
+  std::vector<int> slots;
+  std::vector<SlotContext> contexts;
+  const std::string model = fingerprint(decoder, source);
+  for (int s = 0; s < slots_; ++s) {
+    std::vector<std::int32_t> tokens = slot_tokens_[static_cast<std::size_t>(s)];
+    tokens.insert(tokens.end(), prompt_.begin(), prompt_.end());
+    if (static_cast<int>(tokens.size()) != decoder.length(s)) tokens.clear();  // fed-again token
+    slots.push_back(s);
+    contexts.push_back({std::move(tokens), model});
+  }
+  const auto start = Clock::now();
+  decoder.cache().save_slots(slots, save_path_, contexts);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  std::fprintf(log, "  context         %d tokens saved to %s in %.3f s\n", decoder.length(0),
+               save_path_.c_str(), seconds);
+}
+
+bool TextSession::stops(std::int32_t token) const {
+  for (std::int32_t id : stop_ids_) {
+    if (id == token) return true;
+  }
+  return false;
+}
+
+void TextSession::push(int slot, std::int32_t token, std::FILE* out) {
+  const std::string text = streams_[static_cast<std::size_t>(slot)].push(token);
+  texts_[static_cast<std::size_t>(slot)] += text;
+  if (out != nullptr && !text.empty()) {
+    std::fwrite(text.data(), 1, text.size(), out);
+    std::fflush(out);
+  }
+}
+
+void TextSession::finish(int slot, std::FILE* out) {
+  const std::string text = streams_[static_cast<std::size_t>(slot)].finish();
+  texts_[static_cast<std::size_t>(slot)] += text;
+  if (out != nullptr && !text.empty()) std::fwrite(text.data(), 1, text.size(), out);
+}
+
+std::string TextSession::json_text(int slot) const {
+  return nlohmann::json(texts_[static_cast<std::size_t>(slot)]).dump();
+}
+
+std::string TextSession::fingerprint(const model::Decoder& decoder,
+                                     const model::WeightSource& source) {
+  const model::ModelConfig& c = decoder.config();
+  const DType dtype = const_cast<model::Decoder&>(decoder).cache().config().dtype;
+  std::ostringstream out;
+  out << "architecture=" << c.architecture << "\nmodel_type=" << c.model_type
+      << "\nvocab_size=" << c.vocab_size << "\nhidden_size=" << c.hidden_size
+      << "\nintermediate_size=" << c.intermediate_size << "\nlayers=" << c.layers
+      << "\nheads=" << c.heads << "\nkv_heads=" << c.kv_heads << "\nhead_dim=" << c.head_dim
+      << "\nrms_norm_eps=" << c.rms_norm_eps << "\nrope_theta=" << c.rope_theta
+      << "\nrope_scaling_factor=" << c.rope_scaling.factor
+      << "\nsliding_window=" << c.sliding_window << "\nqkv_bias=" << c.qkv_bias
+      << "\no_bias=" << c.o_bias << "\ntie_word_embeddings=" << c.tie_word_embeddings
+      << "\ndtype=" << dtype_name(dtype) << "\nweights="
+      << (source.checkpoint_dir.empty() ? "seed " + std::to_string(source.seed) : "checkpoint");
+  const model::WeightLayout layout(c, dtype);
+  for (const model::WeightEntry& e : layout.entries()) {
+    out << "\ntensor " << e.name << " [";
+    for (std::size_t i = 0; i < e.shape.size(); ++i) out << (i ? "," : "") << e.shape[i];
+    out << "]";
+  }
+  return out.str();
+}
+
+}  // namespace kvo::tools
