@@ -1,6 +1,15 @@
 // The CUDA path against the host path on the same synthetic weights: logits after prefill
-// (blocked cuBLAS attention: several chunk sizes, GQA ratios, dtypes, starting positions, a
-// sliding window) and decode, and device sampling against host sampling. Skipped without a GPU.
+// (several chunk sizes, GQA ratios, dtypes, starting positions, a sliding window) and decode,
+// with most layers streamed through the staging ring; FlashInfer's kernels against the built-in
+// ones over contexts of several thousand tokens; and device sampling against host sampling.
+// Skipped without a GPU.
+//
+// Tolerances. Against the host path (f32 arithmetic over the same weights), a bf16 run differs by
+// the rounding of every activation that is stored in bf16 (K/V rows, GEMM inputs: u = 2^-9 each)
+// and, with FlashInfer, of the attention weights and output (2u max|v| per attention, see
+// cuda_attention_test.cpp). Through a few layers and the final projection these add to a few
+// percent of the logits' range at most: 3e-2 (bf16), 1e-2 (f16: u = 2^-12), 2e-3 (f32: cuBLAS
+// and the host sum in different orders).
 #include "cuda_required.hpp"
 #include "kvoffload/types.hpp"
 #include "model/memory_plan.hpp"
@@ -13,8 +22,10 @@ struct Case {
   DType dtype = DType::kF32;
   int slots = 1;
   double tolerance = 2e-3;
+  int layers = 5;  // 1 resident, 4 streamed through a ring of 2
   int heads = 4;
   int kv_heads = 2;
+  int head_dim = 16;
   int chunk = 64;
   int sliding_window = 0;
   int prompt = 150;      // slot s prefills prompt + 40 s tokens...
@@ -25,8 +36,10 @@ void compare_backends(const Case& k) {
   KVO_SKIP_WITHOUT_CUDA();
   ModelConfig c = testing::small_config();
   c.vocab_size = 1000;
+  c.layers = k.layers;
   c.heads = k.heads;
   c.kv_heads = k.kv_heads;
+  c.head_dim = k.head_dim;
   c.sliding_window = k.sliding_window;
   DecoderOptions o = testing::host_options(1200, k.slots);
   o.override_dtype = true;
@@ -37,6 +50,9 @@ void compare_backends(const Case& k) {
   o.backend = BackendKind::kCuda;
   Decoder cuda(c, WeightSource{"", 17}, o);
   ASSERT_EQ(cuda.backend(), BackendKind::kCuda);
+  const CachePlan plan = cuda.cache().stats().plan;
+  EXPECT_EQ(plan.resident_layers, 1);
+  EXPECT_EQ(plan.streamed_layers, k.layers - 1);  // streamed: the ring really runs on CUDA
   const int vocab = c.vocab_size;
   std::vector<float> a(static_cast<std::size_t>(k.slots) * vocab), b(a.size());
   std::vector<std::int32_t> next(static_cast<std::size_t>(k.slots));
@@ -106,6 +122,77 @@ TEST(CudaModel, PrefillHonoursTheSlidingWindow) {
   k.continuation = 50;
   compare_backends(k);
 }
+TEST(CudaModel, FlashInferLlama3HeadsGqa4Bf16) {
+  Case k;  // head_dim 128, 8 KV heads, 4 query heads each: FlashInfer's kernels
+  k.dtype = DType::kBF16;
+  k.tolerance = 3e-2;
+  k.heads = 32;
+  k.kv_heads = 8;
+  k.head_dim = 128;
+  k.layers = 4;  // 1 resident, 3 streamed
+  k.slots = 2;
+  k.chunk = 256;
+  k.prompt = 500;
+  k.continuation = 70;
+  compare_backends(k);
+}
+TEST(CudaModel, FlashInferHeadDim64GroupOf3F16) {
+  Case k;  // SmolLM2's attention shape
+  k.dtype = DType::kF16;
+  k.tolerance = 1e-2;
+  k.heads = 9;
+  k.kv_heads = 3;
+  k.head_dim = 64;
+  k.chunk = 100;
+  k.prompt = 333;
+  k.sliding_window = 200;
+  compare_backends(k);
+}
+
+// FlashInfer's kernels against the built-in ones on the same bf16 weights, over a context of
+// several thousand tokens (several of the built-in prefill's key blocks, a decode split over the
+// GPU): the two differ only in attention's rounding.
+TEST(CudaModel, FlashInferMatchesTheBuiltInKernelsOverLongContexts) {
+  KVO_SKIP_WITHOUT_CUDA();
+  ModelConfig c = testing::small_config();
+  c.vocab_size = 1000;
+  c.layers = 4;
+  c.heads = 32;
+  c.kv_heads = 8;
+  c.head_dim = 128;
+  DecoderOptions o = testing::host_options(9000, 2);
+  o.backend = BackendKind::kCuda;
+  o.override_dtype = true;
+  o.dtype = DType::kBF16;
+  o.chunk = 1024;
+  o.resident_layers = 1;
+  Decoder fast(c, WeightSource{"", 5}, o);
+  o.builtin_attention = true;
+  Decoder builtin(c, WeightSource{"", 5}, o);
+  ASSERT_NE(fast.attention_kernels(), builtin.attention_kernels());
+  EXPECT_EQ(fast.attention_kernels().rfind("FlashInfer", 0), 0u) << fast.attention_kernels();
+  const int vocab = c.vocab_size;
+  std::vector<float> a(2 * static_cast<std::size_t>(vocab)), b(a.size());
+  std::vector<std::int32_t> next(2);
+  for (int s = 0; s < 2; ++s) {
+    const auto prompt = testing::random_prompt(s == 0 ? 8300 : 2100, vocab, 40 + s);
+    fast.prefill(s, prompt, a.data() + s * vocab);
+    builtin.prefill(s, prompt, b.data() + s * vocab);
+    EXPECT_LT(testing::relative_error(a.data() + s * vocab, b.data() + s * vocab, vocab), 3e-2)
+        << "prefill slot " << s;
+    next[s] = argmax(b.data() + s * vocab, vocab);
+  }
+  for (int step = 0; step < 8; ++step) {
+    fast.decode(next, a.data());
+    builtin.decode(next, b.data());
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_LT(testing::relative_error(a.data() + s * vocab, b.data() + s * vocab, vocab), 3e-2)
+          << "decode step " << step << " slot " << s;
+      next[s] = argmax(b.data() + s * vocab, vocab);
+    }
+  }
+}
+
 TEST(CudaModel, PrefillOneRowChunks) {
   Case k;
   k.chunk = 1;
