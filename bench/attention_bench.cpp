@@ -1,0 +1,278 @@
+// The CUDA attention kernels alone, against the two ceilings measured in the same run: HBM
+// bandwidth (a device-to-device copy) for decode, which reads every K/V byte once, and the bf16
+// tensor-core GEMM rate (cuBLAS) for prefill, which is compute bound. The Llama-3-8B shape (32
+// query heads, 8 KV heads, head_dim 128, bf16), one layer resident on the device, one slot.
+//
+//   BM_HbmCopy           bytes/s of a 1 GiB device-to-device copy (read + write)
+//   BM_GemmBf16          FLOP/s of an 8192^3 bf16 GEMM with f32 accumulation
+//   BM_DecodeAttention   one query row over 4K..128K keys: K/V bytes read per second, and that
+//                        over the HBM bandwidth above ("hbm_fraction")
+//   BM_PrefillAttention  a 1024-row chunk after 8K..128K keys: FLOP/s, and that over the GEMM
+//                        rate above ("gemm_fraction")
+// Both attention benchmarks run the kernels the decoder would (FlashInfer's where they serve the
+// shape); --attention=builtin runs the built-in ones instead.
+//
+//   kvo_bench_attention [--attention=auto|builtin] [--max-context=N] [Google Benchmark flags]
+#include <benchmark/benchmark.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench_common.hpp"
+#include "model/attention_kernels.hpp"
+#include "model/cuda_ops.hpp"
+#include "model/memory_plan.hpp"
+
+namespace kvo::bench {
+namespace {
+
+struct Setup {
+  bool builtin = false;
+  int max_context = 131072;
+  double hbm_bytes_per_s = 0;  // measured by BM_HbmCopy
+  double gemm_flop_per_s = 0;  // measured by BM_GemmBf16
+};
+Setup g_setup;
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess)
+    throw Error(ErrorCode::kDevice, std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+// Device memory freed on scope exit.
+struct DeviceBuffer {
+  explicit DeviceBuffer(std::size_t bytes) { check(cudaMalloc(&ptr, bytes), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* ptr = nullptr;
+};
+
+// Times `work` (enqueued on `stream`) with CUDA events; returns seconds.
+template <typename Work>
+double time_on(cudaStream_t stream, Work&& work) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check(cudaEventCreate(&start), "cudaEventCreate");
+  check(cudaEventCreate(&stop), "cudaEventCreate");
+  check(cudaEventRecord(start, stream), "cudaEventRecord");
+  work();
+  check(cudaEventRecord(stop, stream), "cudaEventRecord");
+  check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+  float ms = 0;
+  check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms * 1e-3;
+}
+
+void BM_HbmCopy(benchmark::State& state) {
+  const std::size_t bytes = 1ull << 30;
+  DeviceBuffer a(bytes), b(bytes);
+  check(cudaMemset(a.ptr, 1, bytes), "cudaMemset");
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  double total = 0;
+  for (auto _ : state) {
+    const double s = time_on(stream, [&] {
+      check(cudaMemcpyAsync(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice, stream), "copy");
+    });
+    state.SetIterationTime(s);
+    total += s;
+  }
+  cudaStreamDestroy(stream);
+  g_setup.hbm_bytes_per_s =
+      2.0 * bytes * static_cast<double>(state.iterations()) / total;  // read + write
+  state.counters["hbm_bytes_per_s"] = g_setup.hbm_bytes_per_s;
+}
+
+void BM_GemmBf16(benchmark::State& state) {
+  const int n = 8192;
+  const std::size_t elements = static_cast<std::size_t>(n) * n;
+  DeviceBuffer a(elements * 2), b(elements * 2), c(elements * 4);
+  check(cudaMemset(a.ptr, 0x3c, elements * 2), "cudaMemset");
+  check(cudaMemset(b.ptr, 0x3c, elements * 2), "cudaMemset");
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  cublasHandle_t handle = nullptr;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS)
+    throw Error(ErrorCode::kDevice, "cublasCreate");
+  cublasSetStream(handle, stream);
+  const float one = 1.0f, zero = 0.0f;
+  double total = 0;
+  for (auto _ : state) {
+    const double s = time_on(stream, [&] {
+      if (cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a.ptr, CUDA_R_16BF, n,
+                       b.ptr, CUDA_R_16BF, n, &zero, c.ptr, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+        throw Error(ErrorCode::kDevice, "cublasGemmEx");
+      }
+    });
+    state.SetIterationTime(s);
+    total += s;
+  }
+  cublasDestroy(handle);
+  cudaStreamDestroy(stream);
+  g_setup.gemm_flop_per_s =
+      2.0 * n * static_cast<double>(n) * n * static_cast<double>(state.iterations()) / total;
+  state.counters["flop_per_s"] = g_setup.gemm_flop_per_s;
+}
+
+// One resident layer of `max_seq` tokens (K and V filled with finite bf16 values), the CUDA ops
+// over it, and a view of it: what the decoder's attention reads.
+class AttentionLayer {
+ public:
+  AttentionLayer(int max_seq, int max_rows)
+      : config_(model::preset("llama3-8b")),
+        layout_(config_, DType::kBF16, max_rows, 1, max_seq, g_setup.builtin),
+        kv_(2 * static_cast<std::size_t>(max_seq) * config_.kv_dim() * 2),
+        workspace_(layout_.bytes),
+        rows_(2 * sizeof(std::int32_t)),
+        q_(static_cast<std::size_t>(max_rows) * config_.q_dim() * 4),
+        out_(static_cast<std::size_t>(max_rows) * config_.q_dim() * 4) {
+    check(cudaMemset(kv_.ptr, 0x3c, 2 * static_cast<std::size_t>(max_seq) * config_.kv_dim() * 2),
+          "cudaMemset");
+    check(cudaMemset(q_.ptr, 0, static_cast<std::size_t>(max_rows) * config_.q_dim() * 4),
+          "cudaMemset");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    model::OpsShape shape;
+    shape.config = config_;
+    shape.weight_dtype = DType::kBF16;
+    shape.max_rows = max_rows;
+    shape.max_decode_rows = 1;
+    shape.max_seq = max_seq;
+    shape.builtin_attention = g_setup.builtin;
+    ops_ = model::make_cuda_ops(shape, stream_, workspace_.ptr);
+    view_.resident = true;
+    view_.k = kv_.ptr;
+    view_.v =
+        static_cast<std::byte*>(kv_.ptr) + static_cast<std::size_t>(max_seq) * config_.kv_dim() * 2;
+    view_.head_stride = config_.head_dim;
+    view_.token_stride = config_.kv_dim();
+    view_.slot_stride = view_.token_stride * max_seq;
+    view_.slots = 1;
+    view_.max_seq = max_seq;
+    view_.kv_heads = config_.kv_heads;
+    view_.head_dim = config_.head_dim;
+    view_.dtype = DType::kBF16;
+  }
+  ~AttentionLayer() {
+    cudaStreamSynchronize(stream_);
+    ops_.reset();
+    cudaStreamDestroy(stream_);
+  }
+  AttentionLayer(const AttentionLayer&) = delete;
+  AttentionLayer& operator=(const AttentionLayer&) = delete;
+
+  // One decode row at `position` (keys [0, position]).
+  double decode(int position) {
+    const std::int32_t host_rows[2] = {0, position};
+    check(cudaMemcpy(rows_.ptr, host_rows, sizeof host_rows, cudaMemcpyHostToDevice), "cudaMemcpy");
+    model::DecodeRows rows;
+    rows.slots = static_cast<const std::int32_t*>(rows_.ptr);
+    rows.positions = rows.slots + 1;
+    rows.host_slots = host_rows;
+    rows.host_positions = host_rows + 1;
+    return time_on(stream_, [&] {
+      ops_->attention_decode(static_cast<float*>(q_.ptr), 1, rows, view_,
+                             static_cast<float*>(out_.ptr));
+    });
+  }
+  // `n` rows at [first, first + n).
+  double prefill(int first, int n) {
+    return time_on(stream_, [&] {
+      ops_->attention_prefill(static_cast<float*>(q_.ptr), n, 0, first, view_,
+                              static_cast<float*>(out_.ptr));
+    });
+  }
+  const model::ModelConfig& config() const { return config_; }
+  std::string kernels() const { return layout_.kernels.describe(config_, DType::kBF16); }
+
+ private:
+  model::ModelConfig config_;
+  model::WorkspaceLayout layout_;
+  DeviceBuffer kv_, workspace_, rows_, q_, out_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<model::Ops> ops_;
+  LayerView view_;
+};
+
+void BM_DecodeAttention(benchmark::State& state) {
+  const int context = static_cast<int>(state.range(0));
+  AttentionLayer layer(context, 1);
+  layer.decode(context - 1);  // warm-up: kernel modules load on first use
+  double total = 0;
+  for (auto _ : state) {
+    const double s = layer.decode(context - 1);
+    state.SetIterationTime(s);
+    total += s;
+  }
+  const model::ModelConfig& c = layer.config();
+  const double bytes = 2.0 * context * static_cast<double>(c.kv_dim()) * 2;  // K and V, bf16
+  const double rate = bytes * static_cast<double>(state.iterations()) / total;
+  state.SetLabel(layer.kernels());
+  state.counters["context"] = context;
+  state.counters["time_s"] = total / static_cast<double>(state.iterations());
+  state.counters["kv_bytes_per_s"] = rate;
+  if (g_setup.hbm_bytes_per_s > 0) state.counters["hbm_fraction"] = rate / g_setup.hbm_bytes_per_s;
+}
+
+void BM_PrefillAttention(benchmark::State& state) {
+  const int prefix = static_cast<int>(state.range(0));
+  const int chunk = 1024;
+  AttentionLayer layer(prefix + chunk, chunk);
+  layer.prefill(prefix, chunk);  // warm-up
+  double total = 0;
+  for (auto _ : state) {
+    const double s = layer.prefill(prefix, chunk);
+    state.SetIterationTime(s);
+    total += s;
+  }
+  const model::ModelConfig& c = layer.config();
+  // Row i attends prefix + i + 1 keys; QK^T and PV each cost 2 flops per multiply-add.
+  const double keys = static_cast<double>(chunk) * prefix + chunk * (chunk + 1) / 2.0;
+  const double flops = 4.0 * keys * c.heads * c.head_dim;
+  const double rate = flops * static_cast<double>(state.iterations()) / total;
+  state.SetLabel(layer.kernels());
+  state.counters["prefix"] = prefix;
+  state.counters["time_s"] = total / static_cast<double>(state.iterations());
+  state.counters["flop_per_s"] = rate;
+  if (g_setup.gemm_flop_per_s > 0) state.counters["gemm_fraction"] = rate / g_setup.gemm_flop_per_s;
+}
+
+}  // namespace
+}  // namespace kvo::bench
+
+int main(int argc, char** argv) {
+  using namespace kvo::bench;
+  try {
+    const std::string attention = take_flag(&argc, argv, "attention", "auto");
+    if (attention != "auto" && attention != "builtin") {
+      throw kvo::Error(kvo::ErrorCode::kInvalidArgument, "--attention takes auto or builtin");
+    }
+    g_setup.builtin = attention == "builtin";
+    g_setup.max_context = std::stoi(take_flag(&argc, argv, "max-context", "131072"));
+    if (kvo::cuda_device_count() == 0) {
+      std::fprintf(stderr, "kvo_bench_attention: needs a CUDA device\n");
+      return 1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvo_bench_attention: %s\n", e.what());
+    return 1;
+  }
+  benchmark::RegisterBenchmark("BM_HbmCopy", BM_HbmCopy)->UseManualTime()->Iterations(20);
+  benchmark::RegisterBenchmark("BM_GemmBf16", BM_GemmBf16)->UseManualTime()->Iterations(20);
+  auto* decode = benchmark::RegisterBenchmark("BM_DecodeAttention", BM_DecodeAttention);
+  for (int c = 4096; c <= g_setup.max_context; c *= 2) decode->Arg(c);
+  decode->ArgName("context")->UseManualTime()->Unit(benchmark::kMicrosecond);
+  auto* prefill = benchmark::RegisterBenchmark("BM_PrefillAttention", BM_PrefillAttention);
+  for (int c = 8192; c <= g_setup.max_context; c *= 2) prefill->Arg(c);
+  prefill->ArgName("prefix")->UseManualTime()->Unit(benchmark::kMillisecond);
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
