@@ -2,6 +2,7 @@
 # Installs what a fresh Debian machine lacks, then configures and builds kvoffload.
 #   tools/setup.sh [--python]   --python also prepares the Python reference environment and
 #                               the real model of the end-to-end checks (tools/smollm2.sh)
+#   tools/setup.sh --deps-only  installs the packages and stops
 # Environment: KVO_BUILD_DIR (default build), KVO_JOBS (default: number of cores).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,6 +23,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >/dev/null
 fi
+
+[ "${1:-}" = "--deps-only" ] && exit 0
 
 cmake_args=(-S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release)
 if [ "${1:-}" = "--python" ]; then
