@@ -64,11 +64,25 @@ class CudaOps final : public Ops {
   void linear(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
               bool accumulate) override {
     if (n == 0) return;
-    const void* input = x;
-    if (shape_.weight_dtype != DType::kF32) {
-      cuda::convert(x, static_cast<std::int64_t>(n) * in, gemm_input_, elem_, stream_);
-      input = gemm_input_;
+    gemm(gemm_input(x, n, in), n, in, w, bias, out, y, accumulate);
+  }
+  void linear_many(const float* x, int n, int in, const Projection* projections,
+                   int count) override {
+    if (n == 0) return;
+    const void* input = gemm_input(x, n, in);  // converted once for every projection
+    for (int i = 0; i < count; ++i) {
+      const Projection& p = projections[i];
+      gemm(input, n, in, p.w, p.bias, p.out, p.y, p.accumulate);
     }
+  }
+  // x as the GEMMs read it: itself in f32, else converted to the weights' type.
+  const void* gemm_input(const float* x, int n, int in) {
+    if (shape_.weight_dtype == DType::kF32) return x;
+    cuda::convert(x, static_cast<std::int64_t>(n) * in, gemm_input_, elem_, stream_);
+    return gemm_input_;
+  }
+  void gemm(const void* input, int n, int in, const void* w, const void* bias, int out, float* y,
+            bool accumulate) {
     const float alpha = 1.0f;
     const float beta = accumulate ? 1.0f : 0.0f;
     const cudaDataType_t type = cuda_type(shape_.weight_dtype);

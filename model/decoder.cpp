@@ -151,9 +151,9 @@ void Decoder::attention_block(int layer, const LayerView& view, float* x, int n,
   const int qd = static_cast<int>(c.q_dim());
   const int kvd = static_cast<int>(c.kv_dim());
   ops_->rms_norm(x, n, w.attn_norm, a.xnorm);
-  ops_->linear(a.xnorm, n, h, w.wq, w.bq, qd, a.q, false);
-  ops_->linear(a.xnorm, n, h, w.wk, w.bk, kvd, a.k, false);
-  ops_->linear(a.xnorm, n, h, w.wv, w.bv, kvd, a.v, false);
+  const Ops::Projection qkv[3] = {
+      {w.wq, w.bq, qd, a.q, false}, {w.wk, w.bk, kvd, a.k, false}, {w.wv, w.bv, kvd, a.v, false}};
+  ops_->linear_many(a.xnorm, n, h, qkv, 3);
   const std::int64_t kv_count = static_cast<std::int64_t>(n) * kvd;
   const std::size_t row_bytes = static_cast<std::size_t>(kvd) * dtype_size(layout_.dtype());
   if (decode) {
@@ -188,8 +188,9 @@ void Decoder::mlp_block(int layer, float* x, int n) {
   const int h = c.hidden_size;
   const int ff = c.intermediate_size;
   ops_->rms_norm(x, n, w.mlp_norm, a.xnorm);
-  ops_->linear(a.xnorm, n, h, w.w_gate, nullptr, ff, a.gate, false);
-  ops_->linear(a.xnorm, n, h, w.w_up, nullptr, ff, a.up, false);
+  const Ops::Projection gate_up[2] = {{w.w_gate, nullptr, ff, a.gate, false},
+                                      {w.w_up, nullptr, ff, a.up, false}};
+  ops_->linear_many(a.xnorm, n, h, gate_up, 2);
   ops_->swiglu(a.gate, a.up, static_cast<std::int64_t>(n) * ff);
   ops_->linear(a.gate, n, ff, w.w_down, nullptr, h, x, true);
 }

@@ -32,6 +32,23 @@ class Ops {
   // with `accumulate`, y += instead (the residual add).
   virtual void linear(const float* x, int n, int in, const void* w, const void* bias, int out,
                       float* y, bool accumulate) = 0;
+  // One of several projections of the same input: y [n][out] = x W^T + bias (or y += ...).
+  struct Projection {
+    const void* w = nullptr;
+    const void* bias = nullptr;
+    int out = 0;
+    float* y = nullptr;
+    bool accumulate = false;
+  };
+  // The projections of one input x [n][in] (q, k and v of a normed row; gate and up): as many
+  // linear() calls, but a path that converts its input for the GEMMs does it once for all.
+  virtual void linear_many(const float* x, int n, int in, const Projection* projections,
+                           int count) {
+    for (int i = 0; i < count; ++i) {
+      const Projection& p = projections[i];
+      linear(x, n, in, p.w, p.bias, p.out, p.y, p.accumulate);
+    }
+  }
   // Rotates q [n][heads][head_dim] and k [n][kv_heads][head_dim] in place; row i is at
   // positions[i] (device), or at first_position + i when positions is null.
   virtual void rope(float* q, float* k, int n, const std::int32_t* positions,
