@@ -13,43 +13,57 @@ bool flashinfer_built() {
 }
 
 std::string AttentionKernels::describe(const ModelConfig& config, DType kv_dtype) const {
-  if (!flashinfer) return "built-in kernels (" + reason + ")";
-  return std::string("FlashInfer (") + dtype_name(kv_dtype) + ", head_dim " +
-         std::to_string(config.head_dim) + ", GQA group " +
-         std::to_string(config.heads / config.kv_heads) + ")";
+  const std::string what = std::string("FlashInfer (") + dtype_name(kv_dtype) + ", head_dim " +
+                           std::to_string(config.head_dim) + ", GQA group " +
+                           std::to_string(config.heads / config.kv_heads) + ")";
+  if (flashinfer_prefill && flashinfer_decode) return what;
+  if (flashinfer_prefill) return what + " prefill, built-in decode (" + decode_reason + ")";
+  return "built-in kernels (" + prefill_reason + ")";
 }
 
 AttentionKernels choose_attention_kernels(const ModelConfig& c, DType kv_dtype, int slots,
-                                          int max_seq, bool builtin_only) {
+                                          int max_seq, int max_rows, bool builtin_only) {
   AttentionKernels k;
   const int group = c.kv_heads > 0 ? c.heads / c.kv_heads : 0;
-  // FlashInfer's kernels index K/V rows with 32-bit offsets: a slot's rows
-  // (max_seq x kv_heads x head_dim elements) and the tokens of all slots must stay below 2^32.
-  const std::uint64_t slot_elements = static_cast<std::uint64_t>(max_seq) *
-                                      static_cast<std::uint64_t>(c.kv_heads) *
-                                      static_cast<std::uint64_t>(c.head_dim);
-  const std::uint64_t all_tokens =
-      static_cast<std::uint64_t>(max_seq) * static_cast<std::uint64_t>(slots);
+  // FlashInfer's kernels index with 32-bit offsets: a slot's K/V rows (max_seq x kv_heads x
+  // head_dim elements), a chunk's queries (rows x heads x head_dim), and, in decode, the tokens
+  // of all slots must stay below 2^32 (2^31 for the last, held in int32 page indices).
+  const auto u64 = [](int x) { return static_cast<std::uint64_t>(x); };
+  const std::uint64_t slot_elements = u64(max_seq) * u64(c.kv_heads) * u64(c.head_dim);
+  const std::uint64_t chunk_elements = u64(max_rows) * u64(c.heads) * u64(c.head_dim);
+  const std::uint64_t all_tokens = u64(max_seq) * u64(slots);
   if (builtin_only) {
-    k.reason = "asked for";
+    k.prefill_reason = "asked for";
   } else if (!flashinfer_built()) {
-    k.reason = "this build has no FlashInfer (KVO_WITH_FLASHINFER=OFF)";
+    k.prefill_reason = "this build has no FlashInfer (KVO_WITH_FLASHINFER=OFF)";
   } else if (kv_dtype != DType::kBF16 && kv_dtype != DType::kF16) {
-    k.reason = std::string("FlashInfer's kernels are built for bf16 and f16 K/V, not ") +
-               dtype_name(kv_dtype);
+    k.prefill_reason = std::string("FlashInfer's kernels are built for bf16 and f16 K/V, not ") +
+                       dtype_name(kv_dtype);
   } else if (c.head_dim != 64 && c.head_dim != 128) {
-    k.reason =
+    k.prefill_reason =
         "FlashInfer's kernels are built for head_dim 64 and 128, not " + std::to_string(c.head_dim);
-  } else if (group != 1 && group != 2 && group != 3 && group != 4 && group != 8) {
-    k.reason = "FlashInfer's decode serves GQA groups of 1, 2, 3, 4 and 8 query heads, not " +
-               std::to_string(group);
-  } else if (slot_elements >= (1ull << 32) || all_tokens >= (1ull << 31)) {
-    k.reason = "a slot of " + std::to_string(max_seq) +
-               " tokens passes the 32-bit offsets of FlashInfer's kernels";
+  } else if (slot_elements >= (1ull << 32) || chunk_elements >= (1ull << 32)) {
+    k.prefill_reason = "a slot of " + std::to_string(max_seq) + " tokens or a chunk of " +
+                       std::to_string(max_rows) +
+                       " rows passes the 32-bit offsets of FlashInfer's kernels";
   } else {
-    k.flashinfer = true;
-    k.page_size = 64;
-    while (max_seq % k.page_size != 0) k.page_size /= 2;
+    k.flashinfer_prefill = true;
+  }
+  k.decode_reason = k.prefill_reason;
+  if (k.flashinfer_prefill) {
+    if (group != 1 && group != 2 && group != 3 && group != 4 && group != 8) {
+      k.decode_reason =
+          "FlashInfer's decode serves GQA groups of 1, 2, 3, 4 and 8 query heads, "
+          "not " +
+          std::to_string(group);
+    } else if (all_tokens >= (1ull << 31)) {
+      k.decode_reason = std::to_string(slots) + " slots of " + std::to_string(max_seq) +
+                        " tokens pass the 32-bit page indices of FlashInfer's decode";
+    } else {
+      k.flashinfer_decode = true;
+      k.page_size = 64;
+      while (max_seq % k.page_size != 0) k.page_size /= 2;
+    }
   }
   return k;
 }

@@ -24,14 +24,21 @@ inline constexpr int kDecodeBlocksPerSm = 16;
 // SM holds at once, and so FlashInfer's prefill split-KV scratch.
 inline constexpr std::uint64_t kMaxSharedMemoryPerSm = 228ull << 10;
 
+// Prefill and decode are chosen apart: FlashInfer's prefill serves any GQA group, its decode
+// only some (Qwen2.5-7B's group of 7 prefills with FlashInfer and decodes with the built-in
+// kernels).
 struct AttentionKernels {
-  bool flashinfer = false;
+  bool flashinfer_prefill = false;
+  bool flashinfer_decode = false;
   // FlashInfer decode reads each slot as pages of `page_size` tokens: the largest power of two
   // up to 64 that divides max_seq, so a slot's pages are whole and in order.
   int page_size = 0;
-  std::string reason;  // why the built-in kernels, when they are chosen
+  std::string prefill_reason;  // why the built-in kernels, when they are chosen
+  std::string decode_reason;
 
-  // "FlashInfer (bf16, head_dim 128, GQA group 4)" or "built-in kernels: <reason>".
+  bool any_flashinfer() const { return flashinfer_prefill || flashinfer_decode; }
+  // "FlashInfer (bf16, head_dim 128, GQA group 4)", "built-in kernels (<reason>)", or, when the
+  // two phases differ, "FlashInfer prefill, built-in decode (<reason>)".
   std::string describe(const ModelConfig& config, DType kv_dtype) const;
 };
 
@@ -39,8 +46,9 @@ struct AttentionKernels {
 bool flashinfer_built();
 
 // builtin_only: the built-in kernels even where FlashInfer serves the shape (to compare them).
+// max_rows: the largest prefill chunk.
 AttentionKernels choose_attention_kernels(const ModelConfig& config, DType kv_dtype, int slots,
-                                          int max_seq, bool builtin_only = false);
+                                          int max_seq, int max_rows, bool builtin_only = false);
 
 // Query rows one SM of the widest GPU can hold in FlashInfer prefill tiles at head_dim `d` (2-byte
 // queries): the bound of its split-KV scratch, which holds at most this many rows per SM of

@@ -40,7 +40,7 @@ class CudaOps final : public Ops {
     stats_ = reinterpret_cast<float*>(base_ + layout_.prefill_stats);
     kv_block_ = reinterpret_cast<float*>(base_ + layout_.prefill_kv);
     try {
-      if (layout_.kernels.flashinfer) setup_flashinfer();
+      if (layout_.kernels.any_flashinfer()) setup_flashinfer();
       KVO_MODEL_CUBLAS_CHECK(cublasCreate(&handle_));
       KVO_MODEL_CUBLAS_CHECK(cublasSetStream(handle_, stream_));
       KVO_MODEL_CUBLAS_CHECK(cublasSetWorkspace(handle_, base_, kCublasWorkspaceBytes));
@@ -105,7 +105,7 @@ class CudaOps final : public Ops {
   void attention_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
                          float* out) override {
     if (n == 0) return;
-    if (!layout_.kernels.flashinfer) {
+    if (!layout_.kernels.flashinfer_prefill) {
       builtin_prefill(q, n, slot, first_position, view, out);
       return;
     }
@@ -129,9 +129,12 @@ class CudaOps final : public Ops {
   void attention_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
                         float* out) override {
     if (n == 0) return;
-    if (!layout_.kernels.flashinfer) {
+    if (!layout_.kernels.flashinfer_decode) {
       builtin_decode(q, n, rows, view, out);
       return;
+    }
+    if (n > shape_.max_decode_rows) {
+      throw Error(ErrorCode::kInternal, "attention_decode: more rows than the plan's slots");
     }
     const ModelConfig& c = shape_.config;
     const std::int64_t count = static_cast<std::int64_t>(n) * c.q_dim();
@@ -244,29 +247,33 @@ class CudaOps final : public Ops {
   void setup_flashinfer() {
     attn_q_ = base_ + layout_.attn_q;
     attn_out_ = base_ + layout_.attn_out;
-    decode_ws_.float_buffer = base_ + layout_.decode_float;
-    decode_ws_.float_bytes = layout_.decode_float_bytes;
-    decode_ws_.int_buffer = base_ + layout_.decode_int;
-    decode_ws_.int_bytes = layout_.decode_int_bytes;
-    decode_ws_.pages = reinterpret_cast<std::int32_t*>(base_ + layout_.decode_pages);
-    decode_ws_.pages_count = layout_.decode_pages_count;
-    decode_ws_.grid = layout_.decode_grid;
-    KVO_MODEL_CUDA_CHECK(
-        cudaHostAlloc(&decode_ws_.int_host, layout_.decode_int_bytes, cudaHostAllocDefault));
-    void* pages_host = nullptr;
-    KVO_MODEL_CUDA_CHECK(cudaHostAlloc(
-        &pages_host, layout_.decode_pages_count * sizeof(std::int32_t), cudaHostAllocDefault));
-    decode_ws_.pages_host = static_cast<std::int32_t*>(pages_host);
-    KVO_MODEL_CUDA_CHECK(
-        cudaEventCreateWithFlags(&decode_ws_.mirrors_copied, cudaEventDisableTiming));
-    kv_lens_.resize(static_cast<std::size_t>(shape_.max_decode_rows));
-    // The prefill split-KV scratch was planned for kPlannedSms SMs: on a wider GPU FlashInfer
-    // would split further than it holds, so prefill does not split the keys there.
-    int device = 0;
-    int sms = 0;
-    KVO_MODEL_CUDA_CHECK(cudaGetDevice(&device));
-    KVO_MODEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    prefill_tmp_ = sms <= kPlannedSms ? base_ + layout_.prefill_tmp : nullptr;
+    if (layout_.kernels.flashinfer_decode) {
+      decode_ws_.float_buffer = base_ + layout_.decode_float;
+      decode_ws_.float_bytes = layout_.decode_float_bytes;
+      decode_ws_.int_buffer = base_ + layout_.decode_int;
+      decode_ws_.int_bytes = layout_.decode_int_bytes;
+      decode_ws_.pages = reinterpret_cast<std::int32_t*>(base_ + layout_.decode_pages);
+      decode_ws_.pages_count = layout_.decode_pages_count;
+      decode_ws_.grid = layout_.decode_grid;
+      KVO_MODEL_CUDA_CHECK(
+          cudaHostAlloc(&decode_ws_.int_host, layout_.decode_int_bytes, cudaHostAllocDefault));
+      void* pages_host = nullptr;
+      KVO_MODEL_CUDA_CHECK(cudaHostAlloc(
+          &pages_host, layout_.decode_pages_count * sizeof(std::int32_t), cudaHostAllocDefault));
+      decode_ws_.pages_host = static_cast<std::int32_t*>(pages_host);
+      KVO_MODEL_CUDA_CHECK(
+          cudaEventCreateWithFlags(&decode_ws_.mirrors_copied, cudaEventDisableTiming));
+      kv_lens_.resize(static_cast<std::size_t>(shape_.max_decode_rows));
+    }
+    if (layout_.kernels.flashinfer_prefill) {
+      // The prefill split-KV scratch was planned for kPlannedSms SMs: on a wider GPU FlashInfer
+      // would split further than it holds, so prefill does not split the keys there.
+      int device = 0;
+      int sms = 0;
+      KVO_MODEL_CUDA_CHECK(cudaGetDevice(&device));
+      KVO_MODEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      prefill_tmp_ = sms <= kPlannedSms ? base_ + layout_.prefill_tmp : nullptr;
+    }
   }
   // Frees what the constructor made; safe on a half-built object. Never throws.
   void release() noexcept {

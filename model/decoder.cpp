@@ -128,7 +128,7 @@ Decoder::~Decoder() {
 std::string Decoder::attention_kernels() const {
   if (cache_->backend() != BackendKind::kCuda) return "host";
   return choose_attention_kernels(config_, layout_.dtype(), options_.slots, options_.max_seq,
-                                  options_.builtin_attention)
+                                  shape_.max_rows, options_.builtin_attention)
       .describe(config_, layout_.dtype());
 }
 

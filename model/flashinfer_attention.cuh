@@ -14,6 +14,7 @@
 #include <flashinfer/attention/scheduler.cuh>
 #include <flashinfer/attention/variants.cuh>
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -41,26 +42,14 @@ using Variant = ::flashinfer::DefaultAttention</*use_custom_mask=*/false,
                                                /*use_logits_soft_cap=*/false, /*use_alibi=*/false>;
 
 template <Elem E, int kHeadDim>
-cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& ws,
-                       const std::int32_t* indptr, const std::int32_t* last_page_len,
-                       const std::int32_t* indices, std::int32_t* host_indptr,
-                       cudaStream_t stream) {
+cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& ws,
+                        std::int32_t* host_indptr, cudaStream_t stream) {
   namespace fi = ::flashinfer;
   using T = typename ElementType<E>::type;
   using Params = fi::BatchDecodeParams<T, T, T, std::int32_t>;
   constexpr auto kNoRope = fi::PosEncodingMode::kNone;
-  const auto rows = static_cast<std::uint32_t>(call.n);
   const auto grid = static_cast<std::uint32_t>(ws.grid);
   try {
-    // Strides in elements: a page is page_size tokens of the slot's [token][kv_head][head_dim].
-    const std::int64_t strides[3] = {kv.page_size * kv.token_stride, kv.token_stride,
-                                     kv.head_stride};
-    fi::paged_kv_t<T, std::int32_t> paged(
-        static_cast<std::uint32_t>(kv.kv_heads), static_cast<std::uint32_t>(kv.page_size), kHeadDim,
-        rows, fi::QKVLayout::kNHD, static_cast<T*>(const_cast<void*>(kv.k)),
-        static_cast<T*>(const_cast<void*>(kv.v)), strides, const_cast<std::int32_t*>(indices),
-        const_cast<std::int32_t*>(indptr), const_cast<std::int32_t*>(last_page_len));
-
     fi::DecodePlanInfo plan;
     DISPATCH_GQA_GROUP_SIZE(call.heads / kv.kv_heads, kGroup, {
       // FlashInfer's own estimate of the split, held to the grid the workspace was planned for.
@@ -94,11 +83,38 @@ cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspac
       };
       const cudaError_t status = fi::DecodePlan<kHeadDim, kNoRope, Variant, Params>(
           ws.float_buffer, ws.float_bytes, ws.int_buffer, ws.int_host, ws.int_bytes, plan,
-          host_indptr, rows, static_cast<std::uint32_t>(call.heads),
+          host_indptr, static_cast<std::uint32_t>(call.n), static_cast<std::uint32_t>(call.heads),
           static_cast<std::uint32_t>(kv.page_size), /*enable_cuda_graph=*/false, stream, estimate);
       if (status != cudaSuccess) return status;
     });
+    const std::vector<std::int64_t> offsets = plan.ToVector();
+    std::copy(offsets.begin(), offsets.end(), ws.plan.begin());
+    return cudaSuccess;
+  } catch (const fi::Error& e) {
+    throw Error(ErrorCode::kInternal, std::string("FlashInfer decode plan: ") + e.what());
+  }
+}
 
+template <Elem E, int kHeadDim>
+cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWorkspace& ws,
+                       const std::int32_t* indptr, const std::int32_t* last_page_len,
+                       const std::int32_t* indices, cudaStream_t stream) {
+  namespace fi = ::flashinfer;
+  using T = typename ElementType<E>::type;
+  using Params = fi::BatchDecodeParams<T, T, T, std::int32_t>;
+  constexpr auto kNoRope = fi::PosEncodingMode::kNone;
+  try {
+    fi::DecodePlanInfo plan;
+    plan.FromVector(std::vector<std::int64_t>(ws.plan.begin(), ws.plan.end()));
+    // Strides in elements: a page is page_size tokens of the slot's [token][kv_head][head_dim].
+    const std::int64_t strides[3] = {kv.page_size * kv.token_stride, kv.token_stride,
+                                     kv.head_stride};
+    fi::paged_kv_t<T, std::int32_t> paged(
+        static_cast<std::uint32_t>(kv.kv_heads), static_cast<std::uint32_t>(kv.page_size),
+        kHeadDim, static_cast<std::uint32_t>(call.n), fi::QKVLayout::kNHD,
+        static_cast<T*>(const_cast<void*>(kv.k)), static_cast<T*>(const_cast<void*>(kv.v)),
+        strides, const_cast<std::int32_t*>(indices), const_cast<std::int32_t*>(indptr),
+        const_cast<std::int32_t*>(last_page_len));
     Params params;
     params.q = static_cast<T*>(const_cast<void*>(call.q));
     params.paged_kv = paged;
@@ -111,10 +127,8 @@ cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspac
     params.rope_rcp_scale = 1.0f;
     params.rope_rcp_theta = 1.0f;
     auto* int_base = static_cast<char*>(ws.int_buffer);
-    params.request_indices =
-        reinterpret_cast<std::int32_t*>(int_base + plan.request_indices_offset);
-    params.kv_tile_indices =
-        reinterpret_cast<std::int32_t*>(int_base + plan.kv_tile_indices_offset);
+    params.request_indices = reinterpret_cast<std::int32_t*>(int_base + plan.request_indices_offset);
+    params.kv_tile_indices = reinterpret_cast<std::int32_t*>(int_base + plan.kv_tile_indices_offset);
     params.o_indptr = reinterpret_cast<std::int32_t*>(int_base + plan.o_indptr_offset);
     params.kv_chunk_size_ptr =
         reinterpret_cast<std::int32_t*>(int_base + plan.kv_chunk_size_ptr_offset);
@@ -138,15 +152,21 @@ cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t
   namespace fi = ::flashinfer;
   using T = typename ElementType<E>::type;
   using Params = fi::SinglePrefillParams<T, T, T>;
-  const std::int64_t slot_offset = static_cast<std::int64_t>(call.slot) * kv.slot_stride;
+  // With a window, keys before the first row's window are never read: the keys start there, and
+  // the causal mask (aligned to the bottom right) and the window (relative to the query) hold
+  // for the shorter range as they did for the whole one.
+  const int first_key =
+      call.window_left >= 0 ? std::max(0, call.first_position - call.window_left) : 0;
+  const std::int64_t offset = static_cast<std::int64_t>(call.slot) * kv.slot_stride +
+                              static_cast<std::int64_t>(first_key) * kv.token_stride;
   try {
     Params params(static_cast<T*>(const_cast<void*>(call.q)),
-                  static_cast<T*>(const_cast<void*>(kv.k)) + slot_offset,
-                  static_cast<T*>(const_cast<void*>(kv.v)) + slot_offset,
+                  static_cast<T*>(const_cast<void*>(kv.k)) + offset,
+                  static_cast<T*>(const_cast<void*>(kv.v)) + offset,
                   /*maybe_custom_mask=*/nullptr, static_cast<T*>(call.out), /*lse=*/nullptr,
                   /*maybe_alibi_slopes=*/nullptr, static_cast<std::uint32_t>(call.heads),
                   static_cast<std::uint32_t>(kv.kv_heads), static_cast<std::uint32_t>(call.n),
-                  static_cast<std::uint32_t>(call.first_position + call.n),
+                  static_cast<std::uint32_t>(call.first_position + call.n - first_key),
                   static_cast<std::uint32_t>(call.heads * kHeadDim), kHeadDim,
                   static_cast<std::uint32_t>(kv.token_stride),
                   static_cast<std::uint32_t>(kv.head_stride), kHeadDim, call.window_left,
@@ -164,13 +184,13 @@ cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t
 }  // namespace kvo::model::flashinfer_ops
 
 // Explicit instantiations for one element type, both head sizes (inside the namespace).
-#define KVO_FLASHINFER_DECODE(E)                                                               \
-  template cudaError_t run_decode<E, 64>(const KvLayer&, const DecodeCall&, DecodeWorkspace&,  \
-                                         const std::int32_t*, const std::int32_t*,             \
-                                         const std::int32_t*, std::int32_t*, cudaStream_t);    \
-  template cudaError_t run_decode<E, 128>(const KvLayer&, const DecodeCall&, DecodeWorkspace&, \
-                                          const std::int32_t*, const std::int32_t*,            \
-                                          const std::int32_t*, std::int32_t*, cudaStream_t);
+#define KVO_FLASHINFER_DECODE_FOR(E, D)                                                        \
+  template cudaError_t plan_decode<E, D>(const KvLayer&, const DecodeCall&, DecodeWorkspace&,  \
+                                         std::int32_t*, cudaStream_t);                          \
+  template cudaError_t run_decode<E, D>(const KvLayer&, const DecodeCall&,                      \
+                                        const DecodeWorkspace&, const std::int32_t*,            \
+                                        const std::int32_t*, const std::int32_t*, cudaStream_t);
+#define KVO_FLASHINFER_DECODE(E) KVO_FLASHINFER_DECODE_FOR(E, 64) KVO_FLASHINFER_DECODE_FOR(E, 128)
 #define KVO_FLASHINFER_PREFILL(E)                                                            \
   template cudaError_t run_prefill<E, 64>(const KvLayer&, const PrefillCall&, cudaStream_t); \
   template cudaError_t run_prefill<E, 128>(const KvLayer&, const PrefillCall&, cudaStream_t);

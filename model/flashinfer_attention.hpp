@@ -11,8 +11,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "model/numerics.hpp"
 
@@ -45,6 +47,12 @@ struct DecodeWorkspace {
   int grid = 0;  // the most blocks the schedule may use (it sized float_buffer)
   // Recorded after the mirrors' copies; waited before they are written again.
   cudaEvent_t mirrors_copied = nullptr;
+  // The last schedule (FlashInfer's plan, as offsets into int_buffer and float_buffer) and the
+  // rows it was made for: every layer of a decode step has the same rows, so only the first
+  // layer plans and copies; the others reuse the schedule and pages already on the device.
+  std::array<std::int64_t, 10> plan{};
+  std::vector<std::int32_t> planned_rows;  // [n][slot, first page, kv_len]; empty: none
+  std::vector<std::int32_t> rows;          // the same for the call at hand (scratch)
 };
 
 // n query rows, row i for slot slots[i] with keys [0, kv_lens[i]) (its own key included).
@@ -55,7 +63,8 @@ struct DecodeCall {
   int heads = 0;
   const std::int32_t* slots = nullptr;    // [n], host
   const std::int32_t* kv_lens = nullptr;  // [n], host
-  int window_left = -1;                   // keys before position - window_left are masked
+  // Keys before position - window_left are masked (and, whole pages of them, not read).
+  int window_left = -1;
   float sm_scale = 1;
 };
 
@@ -75,18 +84,24 @@ struct PrefillCall {
 };
 
 // Both throw kvo::Error(kDevice) for a CUDA failure and kInternal for a shape FlashInfer does not
-// serve (choose_attention_kernels rules those out first). Everything is ordered on `stream`;
-// decode also waits, on the host, for its previous call's mirror copies before reusing them.
+// serve or a layout it cannot read (choose_attention_kernels rules those out first). Everything
+// is ordered on `stream`; a decode that plans anew first waits, on the host, for the previous
+// plan's copies out of the pinned mirrors.
 void decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& workspace,
             cudaStream_t stream);
 void prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
 
 // The instantiations behind them, one translation unit per (kernel, dtype) for a parallel build.
-// `host_indptr` [n + 1]: each row's page range in the device page arrays.
+// plan_decode: FlashInfer's schedule for rows whose page ranges are `host_indptr` [n + 1], written
+// to the pinned mirror and copied on `stream`; its offsets go to workspace.plan.
+// run_decode: the kernel over the device page arrays, by workspace.plan.
 template <Elem E, int kHeadDim>
-cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& workspace,
+cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& workspace,
+                        std::int32_t* host_indptr, cudaStream_t stream);
+template <Elem E, int kHeadDim>
+cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWorkspace& workspace,
                        const std::int32_t* indptr, const std::int32_t* last_page_len,
-                       const std::int32_t* indices, std::int32_t* host_indptr, cudaStream_t stream);
+                       const std::int32_t* indices, cudaStream_t stream);
 template <Elem E, int kHeadDim>
 cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
 

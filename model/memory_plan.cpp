@@ -17,8 +17,8 @@ std::uint64_t align256(std::uint64_t bytes) {
 
 WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, int max_rows,
                                  int max_decode_rows, int max_seq, bool builtin_attention)
-    : kernels(
-          choose_attention_kernels(c, weight_dtype, max_decode_rows, max_seq, builtin_attention)) {
+    : kernels(choose_attention_kernels(c, weight_dtype, max_decode_rows, max_seq, max_rows,
+                                       builtin_attention)) {
   const std::uint64_t f = sizeof(float);
   const std::uint64_t i32 = sizeof(std::int32_t);
   const std::uint64_t rows = static_cast<std::uint64_t>(max_rows);
@@ -36,9 +36,11 @@ WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, int m
       std::max({c.hidden_size, c.intermediate_size, static_cast<int>(c.q_dim())}));
   gemm_input = take(weight_dtype == DType::kF32 ? 0 : rows * widest * element);
   sampling = take(i32 * 3 * decode_rows);
-  if (kernels.flashinfer) {
+  if (kernels.any_flashinfer()) {
     attn_q = take(rows * heads * d * element);
     attn_out = take(rows * heads * d * element);
+  }
+  if (kernels.flashinfer_decode) {
     // FlashInfer's decode schedule splits the keys into at most decode_grid / kv_heads partial
     // rows (or none, when the slots alone fill the grid); each array is placed at 16 bytes.
     decode_grid = kPlannedSms * kDecodeBlocksPerSm;
@@ -51,11 +53,14 @@ WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, int m
     decode_pages_count = (decode_rows + 1) + decode_rows +
                          decode_rows * static_cast<std::uint64_t>(max_seq / kernels.page_size);
     decode_pages = take(decode_pages_count * i32);
+  } else {
+    partials = take(decode_rows * heads * kMaxAttentionSplits * (d + 2) * f);
+  }
+  if (kernels.flashinfer_prefill) {
     prefill_tmp_bytes = static_cast<std::uint64_t>(kPlannedSms) *
                         flashinfer_prefill_rows_per_sm(c.head_dim) * (d * element + f);
     prefill_tmp = take(prefill_tmp_bytes);
   } else {
-    partials = take(decode_rows * heads * kMaxAttentionSplits * (d + 2) * f);
     prefill_scores = take(f * heads * rows * kPrefillKeyBlock);
     prefill_stats = take(f * 2 * heads * rows);
     prefill_kv = take(weight_dtype == DType::kF32 ? 0 : f * 2 * kPrefillKeyBlock * c.kv_dim());

@@ -29,18 +29,21 @@ inline constexpr std::uint64_t kCublasWorkspaceBytes = 32ull << 20;
 //   cuBLAS workspace
 //   GEMM input       [R][widest] (type; none in f32)
 //   sampling         [3][S] int32: slot and draw of each row, then the sampled ids
-// With FlashInfer's kernels (attention_kernels.hpp):
+// With FlashInfer's kernels (attention_kernels.hpp), for either phase:
 //   attn_q           [R][heads][d] (type): the queries, as FlashInfer reads them
 //   attn_out         [R][heads][d] (type): its output
+// and for its decode:
 //   decode_float     split-KV partial outputs and log-sum-exps: [heads][P][d] + [heads][P] f32,
 //                    P = max(S, kPlannedSms * kDecodeBlocksPerSm / kv_heads) partial rows
 //   decode_int       its schedule (request, tile and output indices, chunk size, valid mask),
 //                    copied from a pinned host mirror each step
 //   decode_pages     the paged view of the decoding slots: indptr [S + 1], last_page_len [S],
 //                    page indices [S][max_seq / page_size] int32
+// for its prefill:
 //   prefill_tmp      split-KV partials of prefill: kPlannedSms x rows-per-SM x (d x 2 + 4) bytes
-// With the built-in kernels:
-//   partials         [S][heads][kMaxAttentionSplits][d + 2] f32 (decode)
+// With the built-in kernels, for decode:
+//   partials         [S][heads][kMaxAttentionSplits][d + 2] f32
+// and for prefill:
 //   prefill_scores   [heads][R][B] f32: scores, then probabilities, of one key block
 //   prefill_stats    [2][heads][R] f32: running max, running sum of each (head, row)
 //   prefill_kv       [2][B][kv_heads][d] f32: a K and a V block converted (none in f32)

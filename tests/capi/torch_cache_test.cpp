@@ -230,16 +230,18 @@ TEST(TorchCacheCuda, AttentionMatchesAConcatenatedCacheOverRandomSteps) {
   }
 }
 
-// A caller that switches torch's current stream between its last update and the commit. Every
-// update runs on stream A, the last layer's behind a long queue of matrix products on A, so its
-// appended rows land late; then B becomes current and end_step() commits. The release must be
-// recorded on A, where the rows were appended and attended: recorded on the idle B, the layer's
-// write-back would copy the buffer to the host before A's rows reached it, and the next step
-// would read stale rows back. On the host backend this cannot arise: CPU tensors have no
-// streams, and the adapter always runs the host backend synchronously (stream nullptr).
+// A caller that switches torch's current stream between its last update and the commit. Layers
+// before the last are updated on stream C; the last on stream A, whose attention (here a copy of
+// the returned keys and values) waits behind a long queue of matrix products there. Then B
+// becomes current and end_step() commits. The release must be recorded on A, where that layer
+// was appended and attended: recorded on the idle B, it would let the ring refill the buffer at
+// once with the next step's layer 1 while A's attention has yet to read it, and A's copies would
+// show layer 1's rows. On the host backend this cannot arise: CPU tensors have no streams, and the
+// adapter always runs the host backend synchronously (stream nullptr).
 TEST(TorchCacheCuda, SwitchingStreamsBeforeTheCommitKeepsEveryRow) {
   KVO_SKIP_WITHOUT_CUDA();
   CacheConfig config = small_config(BackendKind::kCuda, DType::kF32);
+  config.slots = 1;
   config.resident_layers = 0;  // every layer through the staging ring
   config.ring_depth = 2;
   kvo::torch::OffloadedStaticCache cache(config);
@@ -247,36 +249,43 @@ TEST(TorchCacheCuda, SwitchingStreamsBeforeTheCommitKeepsEveryRow) {
   const c10::impl::VirtualGuardImpl cuda(c10::DeviceType::CUDA);
   const c10::Stream a = cuda.getStreamFromGlobalPool(device);
   const c10::Stream b = cuda.getStreamFromGlobalPool(device);
-  const c10::Stream original = cuda.exchangeStream(a);
+  const c10::Stream c = cuda.getStreamFromGlobalPool(device);
+  const c10::Stream original = cuda.exchangeStream(c);
   const at::TensorOptions on_gpu = at::TensorOptions().dtype(at::kFloat).device(device);
   const at::Tensor x = at::randn({2048, 2048}, on_gpu);
   const int last = config.layers - 1;
   std::vector<at::Tensor> expected_k(static_cast<std::size_t>(config.layers));
   std::vector<at::Tensor> expected_v(expected_k.size());
   for (int step = 0; step < 6; ++step) {
-    cuda.exchangeStream(a);
     const std::int64_t n = step == 0 ? 5 : 1;
+    at::Tensor seen_k, seen_v;  // what the last layer's attention read, on A
     for (int layer = 0; layer < config.layers; ++layer) {
       const auto l = static_cast<std::size_t>(layer);
+      cuda.exchangeStream(layer == last ? a : c);
       const at::Tensor k = at::randn({1, config.kv_heads, n, config.head_dim}, on_gpu);
       const at::Tensor v = at::randn({1, config.kv_heads, n, config.head_dim}, on_gpu);
-      if (layer == last) {
-        at::Tensor busy = x;
-        for (int i = 0; i < 40; ++i) busy = at::mm(busy, x).div_(2048.0f);  // keeps A busy
-      }
       auto [keys, values] = cache.update(k, v, layer);
       expected_k[l] = step == 0 ? k : at::cat({expected_k[l], k}, 2);
       expected_v[l] = step == 0 ? v : at::cat({expected_v[l], v}, 2);
-      if (layer != last) {  // reading the last layer here would wait for A: not the case tested
+      if (layer == last) {
+        at::Tensor busy = x;
+        for (int i = 0; i < 40; ++i) busy = at::mm(busy, x).div_(2048.0f);  // keeps A busy
+        seen_k = keys.clone();  // the attention, behind the queue on A
+        seen_v = values.clone();
+      } else {
         EXPECT_TRUE(at::equal(keys, expected_k[l])) << "step " << step << " layer " << layer;
         EXPECT_TRUE(at::equal(values, expected_v[l])) << "step " << step << " layer " << layer;
       }
     }
     cuda.exchangeStream(b);
-    cache.end_step();  // commits on B; the last layer was appended on A
+    cache.end_step();  // commits on B; the last layer was appended and attended on A
+    cuda.exchangeStream(a);
+    EXPECT_TRUE(at::equal(seen_k, expected_k[static_cast<std::size_t>(last)])) << "step " << step;
+    EXPECT_TRUE(at::equal(seen_v, expected_v[static_cast<std::size_t>(last)])) << "step " << step;
   }
   cuda.synchronizeStream(a);
   cuda.synchronizeStream(b);
+  cuda.synchronizeStream(c);
   cuda.exchangeStream(original);
   EXPECT_EQ(cache.get_seq_length(), 10);
   EXPECT_GT(cache.cache().stats().h2d_bytes_total, 0u);
