@@ -26,21 +26,8 @@ int cuda_device_count() {
   // No NVIDIA driver at all reads as "insufficient driver" with version 0: a machine without a
   // GPU, not a broken one.
   if (status == cudaErrorInsufficientDriver && driver == 0) return 0;
-  const auto version = [](int v) {
-    return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
-  };
   if (status == cudaErrorInsufficientDriver) {
-    throw Error(ErrorCode::kDevice, "the NVIDIA driver supports CUDA " + version(driver) +
-                                        ", but this build of "
-                                        "kvoffload uses the CUDA " +
-                                        version(runtime) +
-                                        " runtime, which needs a driver "
-                                        "for CUDA " +
-                                        version(runtime) + " or newer (r" +
-                                        std::to_string(runtime >= 13000   ? 580
-                                                       : runtime >= 12000 ? 525
-                                                                          : 450) +
-                                        "+ on Linux): update the driver, or use the host backend");
+    throw Error(ErrorCode::kDevice, prefetch::driver_too_old(driver, runtime));
   }
   throw Error(ErrorCode::kDevice, std::string("cudaGetDeviceCount failed: ") +
                                       cudaGetErrorName(status) + " (" + cudaGetErrorString(status) +
@@ -56,6 +43,17 @@ BackendKind resolve_backend(BackendKind kind) {
 }
 
 namespace prefetch {
+
+std::string driver_too_old(int driver_version, int runtime_version) {
+  const auto version = [](int v) {
+    return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+  };
+  const int branch = runtime_version >= 13000 ? 580 : runtime_version >= 12000 ? 525 : 450;
+  return "the NVIDIA driver supports CUDA " + version(driver_version) +
+         ", but this build of kvoffload uses the CUDA " + version(runtime_version) +
+         " runtime, which needs a driver for CUDA " + version(runtime_version) + " or newer (r" +
+         std::to_string(branch) + "+ on Linux): update the driver, or use the host backend";
+}
 
 std::unique_ptr<Backend> make_backend(const CacheConfig& config) {
   const BackendKind kind = resolve_backend(config.backend);

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "kvoffload/config.hpp"
 #include "kvoffload/types.hpp"
@@ -70,6 +71,10 @@ class Backend {
 
   virtual MemoryCounters memory() const = 0;
 };
+
+// The message for a driver older than the CUDA runtime this library was built with (versions as
+// cudaDriverGetVersion and cudaRuntimeGetVersion give them: 12040 is CUDA 12.4).
+std::string driver_too_old(int driver_version, int runtime_version);
 
 // Makes the backend `config.backend` asks for (kAuto: CUDA when usable, else host).
 std::unique_ptr<Backend> make_backend(const CacheConfig& config);

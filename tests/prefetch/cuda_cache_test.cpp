@@ -138,5 +138,39 @@ TEST(CudaCache, ASlowReaderSeesItsOwnLayerWhileTheRingRefills) {
   cache.destroy_stream(stream);
 }
 
+// A failed kernel leaves a sticky error that every later CUDA call reports. The stall probes'
+// cudaEventQuery must raise it, not take it for a wait still in flight and go on as if nothing
+// happened. In a child process (the context cannot be used after a trap).
+TEST(CudaCacheDeathTest, AStickyErrorIsRaisedNotTakenForAWaitInFlight) {
+  KVO_SKIP_WITHOUT_CUDA();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        CacheConfig config;
+        config.layers = 4;
+        config.kv_heads = 2;
+        config.head_dim = 64;
+        config.max_seq = 64;
+        config.resident_layers = 0;
+        config.backend = BackendKind::kCuda;
+        OffloadedStaticCache cache(config);
+        void* stream = cache.create_stream();
+        cache.begin_step({0});
+        cache.acquire(0, stream);  // a measured wait: a stall probe pending on the stream
+        testing::trap(stream);
+        try {
+          cache.synchronize_stream(stream);  // the trap surfaces here
+        } catch (const Error&) {
+        }
+        try {
+          cache.stats();  // harvests the pending probe: must raise the sticky error
+        } catch (const Error& e) {
+          std::exit(e.code() == ErrorCode::kDevice ? 0 : 2);
+        }
+        std::exit(1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
 }  // namespace
 }  // namespace kvo

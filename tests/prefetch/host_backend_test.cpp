@@ -118,5 +118,14 @@ TEST(HostBackend, DestroyingAStreamRunsWhatWasEnqueued) {
   EXPECT_EQ(std::accumulate(hits.begin(), hits.end(), 0), 100);
 }
 
+// A driver too old for the CUDA runtime is an error naming both versions, never "no GPU".
+TEST(CudaSetup, ADriverTooOldNamesBothVersions) {
+  const std::string message = driver_too_old(12040, 13000);
+  EXPECT_NE(message.find("supports CUDA 12.4"), std::string::npos) << message;
+  EXPECT_NE(message.find("CUDA 13.0 runtime"), std::string::npos) << message;
+  EXPECT_NE(message.find("r580+"), std::string::npos) << message;
+  EXPECT_NE(message.find("host backend"), std::string::npos) << message;
+}
+
 }  // namespace
 }  // namespace kvo::prefetch

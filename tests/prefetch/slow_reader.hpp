@@ -11,4 +11,7 @@ namespace kvo::testing {
 void slow_copy(const std::uint16_t* src, std::uint16_t* dst, std::size_t count, long long cycles,
                void* stream);
 
+// On `stream`: a kernel that traps, leaving the CUDA context with a sticky error.
+void trap(void* stream);
+
 }  // namespace kvo::testing

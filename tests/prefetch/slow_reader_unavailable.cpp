@@ -8,4 +8,8 @@ void slow_copy(const std::uint16_t*, std::uint16_t*, std::size_t, long long, voi
   throw Error(ErrorCode::kDevice, "slow_copy needs a build with CUDA");
 }
 
+void trap(void*) {
+  throw Error(ErrorCode::kDevice, "trap needs a build with CUDA");
+}
+
 }  // namespace kvo::testing
