@@ -58,7 +58,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
 
   auto* weights = static_cast<std::byte*>(cache_->reserved("weights"));
   if (cache_->backend() == BackendKind::kCuda) {
-    owned_stream_ = OwnedStream(*cache_);
+    owned_stream_ = CacheStream(*cache_);
     stream_ = owned_stream_.get();
     workspace_ = cache_->reserved("workspace");
     ops_ = make_cuda_ops(shape, stream_, workspace_);
@@ -86,33 +86,6 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   shape_ = shape;
   draws_.assign(static_cast<std::size_t>(options_.slots), 0);
   sample_rows_.resize(2 * static_cast<std::size_t>(options_.slots));
-}
-
-OwnedStream::~OwnedStream() {
-  if (cache_ == nullptr || stream_ == nullptr) return;
-  try {
-    cache_->synchronize_stream(stream_);
-  } catch (...) {
-    // A destructor has no caller to report to; the stream is destroyed regardless.
-  }
-  cache_->destroy_stream(stream_);
-}
-
-OwnedStream::OwnedStream(OwnedStream&& other) noexcept
-    : cache_(other.cache_), stream_(other.stream_) {
-  other.cache_ = nullptr;
-  other.stream_ = nullptr;
-}
-
-OwnedStream& OwnedStream::operator=(OwnedStream&& other) noexcept {
-  if (this != &other) {
-    OwnedStream old(std::move(*this));
-    cache_ = other.cache_;
-    stream_ = other.stream_;
-    other.cache_ = nullptr;
-    other.stream_ = nullptr;
-  }
-  return *this;
 }
 
 Decoder::~Decoder() {

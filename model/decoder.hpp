@@ -54,25 +54,6 @@ struct DecoderOptions {
 // Called after each layer of a prefill: (layers done, layers).
 using ProgressFn = std::function<void(int, int)>;
 
-// A stream of the cache's backend, owned: synchronized and destroyed with its owner, also when
-// the owner's constructor throws after making it. Empty (null) on the host backend.
-class OwnedStream {
- public:
-  OwnedStream() = default;
-  explicit OwnedStream(OffloadedStaticCache& cache)
-      : cache_(&cache), stream_(cache.create_stream()) {}
-  ~OwnedStream();
-  OwnedStream(OwnedStream&& other) noexcept;
-  OwnedStream& operator=(OwnedStream&& other) noexcept;
-  OwnedStream(const OwnedStream&) = delete;
-  OwnedStream& operator=(const OwnedStream&) = delete;
-  void* get() const { return stream_; }
-
- private:
-  OffloadedStaticCache* cache_ = nullptr;
-  void* stream_ = nullptr;
-};
-
 class Decoder {
  public:
   // Plans and allocates everything, then loads or draws the weights. Throws kvo::Error:
@@ -134,7 +115,7 @@ class Decoder {
   WeightLayout layout_;
   // Destroyed in reverse: the ops (which hold the stream) first, then the stream, then the cache.
   std::unique_ptr<OffloadedStaticCache> cache_;
-  OwnedStream owned_stream_;  // CUDA only
+  CacheStream owned_stream_;  // CUDA only
   void* stream_ = nullptr;    // owned_stream_.get()
   std::unique_ptr<ActivationLayout> act_;
   std::unique_ptr<Ops> ops_;

@@ -5,11 +5,11 @@
 
 namespace kvo::offload {
 
-DeviceArena::DeviceArena(prefetch::Backend& backend, const CachePlan& plan,
+DeviceArena::DeviceArena(MemoryResource& memory, const CachePlan& plan,
                          const std::vector<ReservedRegion>& reserved)
-    : backend_(backend),
+    : memory_(memory),
+      layout_(plan.layout),
       bytes_(plan.device_bytes),
-      tensor_bytes_(plan.tensor_bytes),
       resident_layers_(plan.resident_layers) {
   std::size_t offset = plan.resident_bytes + plan.staging_bytes;
   for (const ReservedRegion& region : reserved) {
@@ -17,11 +17,11 @@ DeviceArena::DeviceArena(prefetch::Backend& backend, const CachePlan& plan,
     offset += align_up(region.bytes, kDeviceAlignment);
   }
   if (offset != bytes_) throw Error(ErrorCode::kInternal, "device arena does not match its plan");
-  if (bytes_ > 0) base_ = static_cast<std::byte*>(backend_.alloc_device(bytes_));
+  if (bytes_ > 0) base_ = static_cast<std::byte*>(memory_.alloc_device(bytes_));
 }
 
 DeviceArena::~DeviceArena() {
-  backend_.free_device(base_);
+  memory_.free_device(base_);
 }
 
 std::byte* DeviceArena::reserved(const std::string& name) const {

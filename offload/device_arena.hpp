@@ -3,7 +3,7 @@
 // after construction.
 //
 // Order in the one allocation: resident layers [0, R), staging buffers [0, D), reserved regions
-// in config order. Each layer-sized buffer is K then V: [K|V][slot][token][kv_head][head_dim].
+// in config order. Each layer-sized buffer is laid out by the plan's KvLayout: K, then V.
 #pragma once
 
 #include <cstddef>
@@ -13,39 +13,39 @@
 
 #include "kvoffload/config.hpp"
 #include "kvoffload/plan.hpp"
-#include "prefetch/backend.hpp"
+#include "offload/memory.hpp"
 
 namespace kvo::offload {
 
 class DeviceArena {
  public:
-  DeviceArena(prefetch::Backend& backend, const CachePlan& plan,
+  DeviceArena(MemoryResource& memory, const CachePlan& plan,
               const std::vector<ReservedRegion>& reserved);
   ~DeviceArena();
   DeviceArena(const DeviceArena&) = delete;
   DeviceArena& operator=(const DeviceArena&) = delete;
 
-  // K of a layer-sized buffer; V follows at + tensor_bytes().
+  // The start (K) of a layer-sized buffer; V at + layout().v_begin().
   std::byte* resident_layer(int layer) const { return layer_buffer(layer); }
   std::byte* staging_buffer(int index) const { return layer_buffer(resident_layers_ + index); }
-  std::uint64_t tensor_bytes() const { return tensor_bytes_; }
+  const KvLayout& layout() const { return layout_; }
   // Throws kvo::Error(kInvalidArgument) for a name the config did not reserve.
   std::byte* reserved(const std::string& name) const;
   std::size_t bytes() const { return bytes_; }
 
  private:
   std::byte* layer_buffer(int index) const {
-    return base_ + static_cast<std::size_t>(index) * 2 * tensor_bytes_;
+    return base_ + static_cast<std::size_t>(index) * layout_.layer_bytes();
   }
 
   struct Region {
     std::string name;
     std::size_t offset;
   };
-  prefetch::Backend& backend_;
+  MemoryResource& memory_;
+  KvLayout layout_;
   std::byte* base_ = nullptr;
   std::size_t bytes_ = 0;
-  std::uint64_t tensor_bytes_ = 0;
   int resident_layers_ = 0;
   std::vector<Region> regions_;
 };

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kvoffload/error.hpp"
+#include "kvoffload/planner.hpp"
 
 namespace kvo {
 
@@ -20,14 +21,8 @@ std::uint64_t host_available_bytes() {
 
 namespace offload {
 
-HostStore::HostStore(prefetch::Backend& backend, const CachePlan& plan, int slots, int max_seq)
-    : backend_(backend),
-      bytes_(plan.host_bytes),
-      row_bytes_(plan.row_bytes),
-      tensor_bytes_(plan.tensor_bytes),
-      layer_bytes_(plan.layer_bytes),
-      max_seq_(max_seq),
-      lengths_(static_cast<std::size_t>(slots), 0) {
+HostStore::HostStore(MemoryResource& memory, const CachePlan& plan)
+    : memory_(memory), layout_(plan.layout), bytes_(plan.host_bytes) {
   if (bytes_ == 0) return;
   const std::uint64_t available = host_available_bytes();
   if (bytes_ > available) {
@@ -36,15 +31,11 @@ HostStore::HostStore(prefetch::Backend& backend, const CachePlan& plan, int slot
                     format_bytes(available) +
                     " available: lower max_seq or slots, or keep more layers resident");
   }
-  base_ = static_cast<std::byte*>(backend_.alloc_host(bytes_));
+  base_ = static_cast<std::byte*>(memory_.alloc_host(bytes_));
 }
 
 HostStore::~HostStore() {
-  backend_.free_host(base_);
-}
-
-void HostStore::truncate(int slot, int length) {
-  if (length < this->length(slot)) set_length(slot, length);
+  memory_.free_host(base_);
 }
 
 }  // namespace offload

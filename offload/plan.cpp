@@ -32,15 +32,8 @@ std::uint64_t reserved_bytes(const CacheConfig& config) {
   return total;
 }
 
-std::uint64_t tensor_bytes(const CacheConfig& config) {
-  using offload::checked_mul;
-  const std::uint64_t row =
-      checked_mul(checked_mul(static_cast<std::uint64_t>(config.kv_heads),
-                              static_cast<std::uint64_t>(config.head_dim), "row bytes"),
-                  dtype_size(config.dtype), "row bytes");
-  const std::uint64_t rows = checked_mul(static_cast<std::uint64_t>(config.slots),
-                                         static_cast<std::uint64_t>(config.max_seq), "rows");
-  return offload::align_up(checked_mul(rows, row, "tensor bytes"), offload::kDeviceAlignment);
+std::uint64_t layer_bytes(const CacheConfig& config) {
+  return kv_layout(config).layer_bytes();
 }
 
 int effective_resident(const CacheConfig& config, int resident) {
@@ -58,10 +51,39 @@ std::uint64_t default_device_budget(std::uint64_t free_bytes, std::uint64_t tota
   return free_bytes > headroom ? free_bytes - headroom : 0;
 }
 
+KvLayout kv_layout(const CacheConfig& config) {
+  using offload::checked_mul;
+  const auto u64 = [](int x) { return static_cast<std::uint64_t>(x); };
+  KvLayout layout;
+  layout.slots = config.slots;
+  layout.max_seq = config.max_seq;
+  layout.kv_heads = config.kv_heads;
+  layout.head_dim = config.head_dim;
+  layout.v_head_dim = config.v_head_dim == 0 ? config.head_dim : config.v_head_dim;
+  layout.element_size = dtype_size(config.dtype);
+  layout.k_row_bytes =
+      checked_mul(checked_mul(u64(config.kv_heads), u64(layout.head_dim), "row bytes"),
+                  layout.element_size, "row bytes");
+  layout.v_row_bytes =
+      checked_mul(checked_mul(u64(config.kv_heads), u64(layout.v_head_dim), "row bytes"),
+                  layout.element_size, "row bytes");
+  const std::uint64_t rows = checked_mul(u64(config.slots), u64(config.max_seq), "rows");
+  layout.k_tensor_bytes = offload::align_up(checked_mul(rows, layout.k_row_bytes, "tensor bytes"),
+                                            offload::kDeviceAlignment);
+  layout.v_tensor_bytes = offload::align_up(checked_mul(rows, layout.v_row_bytes, "tensor bytes"),
+                                            offload::kDeviceAlignment);
+  offload::checked_add(layout.k_tensor_bytes, layout.v_tensor_bytes, "layer bytes");
+  return layout;
+}
+
 void validate(const CacheConfig& config) {
   require_positive(config.layers, "layers");
   require_positive(config.kv_heads, "kv_heads");
   require_positive(config.head_dim, "head_dim");
+  if (config.v_head_dim < 0) {
+    throw invalid("CacheConfig.v_head_dim must be positive, or 0 for head_dim; got " +
+                  std::to_string(config.v_head_dim));
+  }
   require_positive(config.max_seq, "max_seq");
   require_positive(config.slots, "slots");
   require_positive(config.ring_depth, "ring_depth");
@@ -82,15 +104,15 @@ void validate(const CacheConfig& config) {
     }
   }
   // Throws if the whole cache, every layer K and V, overflows 64 bits.
-  offload::checked_mul(offload::checked_mul(2, tensor_bytes(config), "layer bytes"),
-                       static_cast<std::uint64_t>(config.layers), "cache bytes");
+  offload::checked_mul(layer_bytes(config), static_cast<std::uint64_t>(config.layers),
+                       "cache bytes");
   (void)reserved_bytes(config);
 }
 
 std::uint64_t plan_device_bytes(const CacheConfig& config, int resident_layers) {
   const int resident = effective_resident(config, resident_layers);
   const int buffers = resident == config.layers ? config.layers : resident + config.ring_depth;
-  const std::uint64_t layer = offload::checked_mul(2, tensor_bytes(config), "layer bytes");
+  const std::uint64_t layer = layer_bytes(config);
   return offload::checked_add(
       offload::checked_mul(layer, static_cast<std::uint64_t>(buffers), "device bytes"),
       reserved_bytes(config), "device bytes");
@@ -121,10 +143,10 @@ CachePlan plan_cache(const CacheConfig& config, std::uint64_t budget) {
   plan.resident_layers = effective_resident(config, resident);
   plan.streamed_layers = config.layers - plan.resident_layers;
   plan.ring_depth = plan.streamed_layers == 0 ? 0 : config.ring_depth;
-  plan.row_bytes =
-      static_cast<std::uint64_t>(config.kv_heads) * config.head_dim * dtype_size(config.dtype);
-  plan.tensor_bytes = tensor_bytes(config);
-  plan.layer_bytes = offload::checked_mul(2, plan.tensor_bytes, "layer bytes");
+  plan.layout = kv_layout(config);
+  plan.row_bytes = plan.layout.k_row_bytes;
+  plan.tensor_bytes = plan.layout.k_tensor_bytes;
+  plan.layer_bytes = plan.layout.layer_bytes();
   plan.resident_bytes = offload::checked_mul(
       plan.layer_bytes, static_cast<std::uint64_t>(plan.resident_layers), "resident bytes");
   plan.staging_bytes = offload::checked_mul(

@@ -1,51 +1,39 @@
-// The small executor interface the schedule runs on: allocate, copy asynchronously on a stream,
-// record an event, make a stream wait an event, wait on the host. Two implementations:
-// CudaBackend (streams, events, cudaMemcpyAsync) and HostBackend (worker threads).
+// The executor the schedule runs on: streams, events, asynchronous copies, host waits. Two
+// implementations, each also the cache's offload::MemoryResource: CudaBackend (streams, events,
+// cudaMemcpyAsync) and HostBackend (worker threads). Stream and Event own their handles.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "kvoffload/config.hpp"
 #include "kvoffload/types.hpp"
+#include "offload/memory.hpp"
 
 namespace kvo::prefetch {
 
-// Opaque handles: a cudaStream_t / cudaEvent_t on CUDA, backend objects on the host.
+// Raw handles, as callers pass them: a cudaStream_t / cudaEvent_t on CUDA, backend objects on
+// the host. nullptr is the legacy default stream on CUDA and the calling thread on the host.
 using StreamHandle = void*;
 using EventHandle = void*;
+using offload::MemoryCounters;
 
-struct MemoryCounters {
-  std::uint64_t device_allocations = 0;  // calls to alloc_device that succeeded
-  std::uint64_t device_bytes = 0;        // currently allocated
-  std::uint64_t device_peak_bytes = 0;
-  std::uint64_t host_bytes = 0;  // currently allocated through alloc_host
-};
-
-class Backend {
+class Backend : public offload::MemoryResource {
  public:
-  virtual ~Backend() = default;
   virtual BackendKind kind() const = 0;
-
-  // Device memory. alloc_device throws kvo::Error(kOutOfMemory) naming `bytes`.
-  virtual void* alloc_device(std::size_t bytes) = 0;
-  virtual void free_device(void* ptr) noexcept = 0;
-  // Host memory for the store: pinned on CUDA, page-aligned on the host backend. Throws
-  // kvo::Error(kOutOfMemory) naming `bytes` and the remedy.
-  virtual void* alloc_host(std::size_t bytes) = 0;
-  virtual void free_host(void* ptr) noexcept = 0;
-  // Free device bytes right now (CUDA: cudaMemGetInfo; host: unlimited -> UINT64_MAX).
-  virtual std::uint64_t device_free_bytes() = 0;
-  // The budget of a cache whose config leaves it at 0: on CUDA, default_device_budget() of the
-  // device's memory right now; on the host backend 0 (unlimited).
-  virtual std::uint64_t default_budget() = 0;
 
   virtual StreamHandle create_stream() = 0;
   virtual void destroy_stream(StreamHandle stream) noexcept = 0;
   virtual EventHandle create_event() = 0;
   virtual void destroy_event(EventHandle event) noexcept = 0;
+  // Throws kvo::Error(kInvalidArgument) for a stream handle this backend cannot use: one it
+  // destroyed, on either backend; on the host backend also one it did not make; on CUDA one the
+  // runtime does not know. nullptr is always valid. Every call below that takes a stream checks
+  // it so.
+  virtual void check_stream(StreamHandle stream) const = 0;
 
   // Copies `bytes` from src to dst after the work already enqueued on `stream`.
   virtual void copy_async(void* dst, const void* src, std::size_t bytes, StreamHandle stream) = 0;
@@ -68,8 +56,64 @@ class Backend {
   // Total time wait_measured() held streams, counting the waits that have completed; never
   // blocks. Exact once the streams that waited are idle.
   virtual double stall_seconds() = 0;
+};
 
-  virtual MemoryCounters memory() const = 0;
+// A stream of a backend, owned: destroyed (after its work) with its owner. Move-only.
+class Stream {
+ public:
+  Stream() = default;
+  explicit Stream(Backend& backend) : backend_(&backend), handle_(backend.create_stream()) {}
+  ~Stream() { reset(); }
+  Stream(Stream&& other) noexcept : backend_(other.backend_), handle_(other.release()) {}
+  Stream& operator=(Stream&& other) noexcept {
+    if (this != &other) {
+      reset();
+      backend_ = other.backend_;
+      handle_ = other.release();
+    }
+    return *this;
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  StreamHandle get() const { return handle_; }
+  void reset() noexcept {
+    if (handle_ != nullptr) backend_->destroy_stream(handle_);
+    handle_ = nullptr;
+  }
+
+ private:
+  StreamHandle release() noexcept { return std::exchange(handle_, nullptr); }
+  Backend* backend_ = nullptr;
+  StreamHandle handle_ = nullptr;
+};
+
+// An event of a backend, owned. Move-only.
+class Event {
+ public:
+  Event() = default;
+  explicit Event(Backend& backend) : backend_(&backend), handle_(backend.create_event()) {}
+  ~Event() { reset(); }
+  Event(Event&& other) noexcept : backend_(other.backend_), handle_(other.release()) {}
+  Event& operator=(Event&& other) noexcept {
+    if (this != &other) {
+      reset();
+      backend_ = other.backend_;
+      handle_ = other.release();
+    }
+    return *this;
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  EventHandle get() const { return handle_; }
+  void reset() noexcept {
+    if (handle_ != nullptr) backend_->destroy_event(handle_);
+    handle_ = nullptr;
+  }
+
+ private:
+  EventHandle release() noexcept { return std::exchange(handle_, nullptr); }
+  Backend* backend_ = nullptr;
+  EventHandle handle_ = nullptr;
 };
 
 // The message for a driver older than the CUDA runtime this library was built with (versions as

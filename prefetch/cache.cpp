@@ -42,13 +42,14 @@ struct OffloadedStaticCache::Impl {
       }
     }
     plan = plan_cache(config, budget);
-    store = std::make_unique<offload::HostStore>(*backend, plan, config.slots, config.max_seq);
+    store = std::make_unique<offload::HostStore>(*backend, plan);
     arena = std::make_unique<offload::DeviceArena>(*backend, plan, config.reserved);
+    lengths.assign(static_cast<std::size_t>(config.slots), 0);
     if (plan.streamed_layers > 0) {
-      ring = std::make_unique<prefetch::StagingRing>(*backend, *store, *arena, plan);
+      ring =
+          std::make_unique<prefetch::StagingRing>(*backend, *store, *arena, plan, lengths.data());
     }
-    resident_released.resize(static_cast<std::size_t>(plan.resident_layers));
-    for (auto& event : resident_released) event = backend->create_event();
+    for (int l = 0; l < plan.resident_layers; ++l) resident_released.emplace_back(*backend);
     new_tokens.assign(static_cast<std::size_t>(config.slots), 0);
     appended.assign(static_cast<std::size_t>(config.slots), 0);
   }
@@ -60,10 +61,6 @@ struct OffloadedStaticCache::Impl {
       if (backend) backend->synchronize_all();
     } catch (...) {
       // A destructor has no caller to report to; freeing goes on regardless.
-    }
-    ring.reset();
-    if (backend) {
-      for (auto event : resident_released) backend->destroy_event(event);
     }
   }
   Impl(const Impl&) = delete;
@@ -106,7 +103,13 @@ struct OffloadedStaticCache::Impl {
       }
     }
   }
-  offload::ContextShape context_shape() const {
+  offload::ContextShape context_shape(const char* call) const {
+    if (plan.layout.v_row_bytes != plan.layout.k_row_bytes) {
+      throw invalid(std::string(call) +
+                    ": saved contexts hold K and V rows of one size; this cache's V rows "
+                    "(v_head_dim " +
+                    std::to_string(plan.layout.v_head_dim) + ") differ from its K rows");
+    }
     return {config.layers,  config.kv_heads, config.head_dim,
             config.max_seq, config.dtype,    plan.row_bytes};
   }
@@ -128,11 +131,14 @@ struct OffloadedStaticCache::Impl {
   std::unique_ptr<prefetch::Backend> backend;
   std::unique_ptr<offload::HostStore> store;
   std::unique_ptr<offload::DeviceArena> arena;
+  // [slots]: committed rows of each slot, the same for every layer. Sized once: the ring reads
+  // it through a pointer.
+  std::vector<std::int32_t> lengths;
   std::unique_ptr<prefetch::StagingRing> ring;
   // Per resident layer: recorded at release on the caller's stream, waited at acquire, so a
   // step on another stream starts after the previous one's work on the layer (as the ring's
   // events do for streamed layers).
-  std::vector<prefetch::EventHandle> resident_released;
+  std::vector<prefetch::Event> resident_released;
 
   bool in_step = false;
   int next_layer = 0;
@@ -150,14 +156,8 @@ namespace {
 class CacheSlotRows : public offload::SlotRows {
  public:
   CacheSlotRows(prefetch::Backend& backend, offload::HostStore& store, offload::DeviceArena& arena,
-                const CachePlan& plan, int max_seq, int slot)
-      : backend_(backend),
-        store_(store),
-        arena_(arena),
-        plan_(plan),
-        slot_offset_(static_cast<std::size_t>(slot) * static_cast<std::size_t>(max_seq) *
-                     plan.row_bytes),
-        slot_(slot) {}
+                const CachePlan& plan, int slot)
+      : backend_(backend), store_(store), arena_(arena), plan_(plan), slot_(slot) {}
 
   std::byte* host_rows(int layer, int kv) override {
     if (layer < plan_.resident_layers) return nullptr;
@@ -175,14 +175,14 @@ class CacheSlotRows : public offload::SlotRows {
 
  private:
   std::byte* device_rows(int layer, int kv) const {
-    return arena_.resident_layer(layer) + static_cast<std::size_t>(kv) * plan_.tensor_bytes +
-           slot_offset_;
+    const KvLayout& l = plan_.layout;
+    return arena_.resident_layer(layer) +
+           (kv == 0 ? l.k_offset(slot_, 0) : l.v_begin() + l.v_offset(slot_, 0));
   }
   prefetch::Backend& backend_;
   offload::HostStore& store_;
   offload::DeviceArena& arena_;
   const CachePlan& plan_;
-  std::size_t slot_offset_;
   int slot_;
 };
 
@@ -197,17 +197,17 @@ void OffloadedStaticCache::Impl::save(const std::vector<int>& slots, offload::By
   }
   for (std::size_t i = 0; i < slots.size(); ++i) {
     const std::size_t ids = contexts[i].tokens.size();
-    if (ids != 0 && ids != static_cast<std::size_t>(store->length(slots[i]))) {
+    if (ids != 0 && ids != static_cast<std::size_t>(lengths[slots[i]])) {
       throw invalid(std::string(call) + ": slot " + std::to_string(slots[i]) + " holds " +
-                    std::to_string(store->length(slots[i])) + " rows but " + std::to_string(ids) +
+                    std::to_string(lengths[slots[i]]) + " rows but " + std::to_string(ids) +
                     " token ids were given (give one per row, or none)");
     }
   }
+  const offload::ContextShape shape = context_shape(call);
   quiesce();
   for (std::size_t i = 0; i < slots.size(); ++i) {
-    offload::ContextHeader header{context_shape(), store->length(slots[i]), contexts[i].model,
-                                  contexts[i].tokens};
-    CacheSlotRows rows(*backend, *store, *arena, plan, config.max_seq, slots[i]);
+    offload::ContextHeader header{shape, lengths[slots[i]], contexts[i].model, contexts[i].tokens};
+    CacheSlotRows rows(*backend, *store, *arena, plan, slots[i]);
     offload::write_context(sink, header, rows);
   }
 }
@@ -218,6 +218,7 @@ std::vector<SlotContext> OffloadedStaticCache::Impl::load(const std::vector<int>
                                                           const std::string& what,
                                                           bool whole_input) {
   check_slots(slots, "load_slot");
+  const offload::ContextShape shape = context_shape("load_slot");
   quiesce();
   // Every record is read and checked before any length changes: a slot that holds rows gets
   // its record staged, an empty one gets it in place (rows past length 0 are nobody's).
@@ -229,9 +230,9 @@ std::vector<SlotContext> OffloadedStaticCache::Impl::load(const std::vector<int>
                                          std::to_string(slots.size()) + ")"
                                    : what;
     offload::ContextHeader header = offload::read_context_header(source, record);
-    offload::check_context_fits(header, context_shape(), model, record);
-    CacheSlotRows rows(*backend, *store, *arena, plan, config.max_seq, slots[i]);
-    const bool in_place = store->length(slots[i]) == 0;
+    offload::check_context_fits(header, shape, model, record);
+    CacheSlotRows rows(*backend, *store, *arena, plan, slots[i]);
+    const bool in_place = lengths[slots[i]] == 0;
     offload::read_context_rows(source, header, rows, in_place ? nullptr : &staged[i], record);
     headers.push_back(std::move(header));
   }
@@ -244,9 +245,9 @@ std::vector<SlotContext> OffloadedStaticCache::Impl::load(const std::vector<int>
   }
   std::vector<SlotContext> contexts;
   for (std::size_t i = 0; i < slots.size(); ++i) {
-    CacheSlotRows rows(*backend, *store, *arena, plan, config.max_seq, slots[i]);
-    if (store->length(slots[i]) != 0) offload::commit_staged_rows(headers[i], rows, staged[i]);
-    store->set_length(slots[i], headers[i].length);
+    CacheSlotRows rows(*backend, *store, *arena, plan, slots[i]);
+    if (lengths[slots[i]] != 0) offload::commit_staged_rows(headers[i], rows, staged[i]);
+    lengths[slots[i]] = headers[i].length;
     contexts.push_back({std::move(headers[i].tokens), std::move(headers[i].model)});
   }
   if (ring) ring->forget_prefetches();
@@ -299,9 +300,9 @@ void OffloadedStaticCache::begin_step(const std::vector<std::int32_t>& new_token
       throw invalid("begin_step: slot " + std::to_string(s) + " has a negative token count (" +
                     std::to_string(n) + ")");
     }
-    if (static_cast<std::int64_t>(m.store->length(s)) + n > m.config.max_seq) {
+    if (static_cast<std::int64_t>(m.lengths[s]) + n > m.config.max_seq) {
       throw invalid("begin_step: slot " + std::to_string(s) + " holds " +
-                    std::to_string(m.store->length(s)) + " tokens; " + std::to_string(n) +
+                    std::to_string(m.lengths[s]) + " tokens; " + std::to_string(n) +
                     " more would pass max_seq (" + std::to_string(m.config.max_seq) + ")");
     }
   }
@@ -328,8 +329,9 @@ LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
                    (m.next_layer == m.config.layers ? " (none: call end_step)" : "") + ", got " +
                    std::to_string(layer));
   }
+  m.backend->check_stream(stream);
   if (m.is_resident(layer)) {
-    m.backend->wait_measured(stream, m.resident_released[static_cast<std::size_t>(layer)]);
+    m.backend->wait_measured(stream, m.resident_released[static_cast<std::size_t>(layer)].get());
     m.held_buffer = nullptr;
   } else {
     m.held_buffer = m.ring->acquire(layer - m.plan.resident_layers, stream);
@@ -337,20 +339,25 @@ LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
   m.held_layer = layer;
   std::fill(m.appended.begin(), m.appended.end(), 0);
 
+  const KvLayout& l = m.plan.layout;
   LayerView view;
   view.layer = layer;
   view.resident = m.is_resident(layer);
   view.k = m.layer_base(layer);
-  view.v = m.layer_base(layer) + m.plan.tensor_bytes;
-  view.head_stride = m.config.head_dim;
-  view.token_stride = static_cast<std::int64_t>(m.config.kv_heads) * m.config.head_dim;
-  view.slot_stride = view.token_stride * m.config.max_seq;
-  view.slots = m.config.slots;
-  view.max_seq = m.config.max_seq;
-  view.kv_heads = m.config.kv_heads;
-  view.head_dim = m.config.head_dim;
+  view.v = m.layer_base(layer) + l.v_begin();
+  view.head_stride = l.head_dim;
+  view.token_stride = static_cast<std::int64_t>(l.kv_heads) * l.head_dim;
+  view.slot_stride = view.token_stride * l.max_seq;
+  view.v_head_stride = l.v_head_dim;
+  view.v_token_stride = static_cast<std::int64_t>(l.kv_heads) * l.v_head_dim;
+  view.v_slot_stride = view.v_token_stride * l.max_seq;
+  view.slots = l.slots;
+  view.max_seq = l.max_seq;
+  view.kv_heads = l.kv_heads;
+  view.head_dim = l.head_dim;
+  view.v_head_dim = l.v_head_dim;
   view.dtype = m.config.dtype;
-  view.lengths = m.store->lengths();
+  view.lengths = m.lengths.data();
   view.new_tokens = m.new_tokens.data();
   return view;
 }
@@ -369,15 +376,14 @@ void OffloadedStaticCache::append(int layer, int slot, const void* k_rows, const
   }
   if (count == 0) return;
   if (k_rows == nullptr || v_rows == nullptr) throw invalid("append: null K or V rows");
+  m.backend->check_stream(stream);
 
-  const std::size_t row = m.plan.row_bytes;
-  const std::size_t offset = (s * static_cast<std::size_t>(m.config.max_seq) +
-                              static_cast<std::size_t>(m.store->length(slot) + m.appended[s])) *
-                             row;
+  const KvLayout& l = m.plan.layout;
+  const int token = m.lengths[s] + m.appended[s];
   std::byte* base = m.layer_base(layer);
-  const std::size_t bytes = static_cast<std::size_t>(count) * row;
-  m.backend->copy_async(base + offset, k_rows, bytes, stream);
-  m.backend->copy_async(base + m.plan.tensor_bytes + offset, v_rows, bytes, stream);
+  m.backend->copy_async(base + l.k_offset(slot, token), k_rows, l.k_bytes(count), stream);
+  m.backend->copy_async(base + l.v_begin() + l.v_offset(slot, token), v_rows, l.v_bytes(count),
+                        stream);
   m.appended[s] += count;
 }
 
@@ -392,8 +398,9 @@ void OffloadedStaticCache::release(int layer, void* stream) {
                      std::to_string(m.new_tokens[index]) + " new rows appended");
     }
   }
+  m.backend->check_stream(stream);
   if (m.is_resident(layer)) {
-    m.backend->record(m.resident_released[static_cast<std::size_t>(layer)], stream);
+    m.backend->record(m.resident_released[static_cast<std::size_t>(layer)].get(), stream);
   } else {
     m.ring->release(layer - m.plan.resident_layers, stream);
   }
@@ -414,7 +421,7 @@ void OffloadedStaticCache::end_step() {
                    std::to_string(m.config.layers) + " layers (every layer must be released)");
   }
   for (int s = 0; s < m.config.slots; ++s) {
-    m.store->set_length(s, m.store->length(s) + m.new_tokens[static_cast<std::size_t>(s)]);
+    m.lengths[static_cast<std::size_t>(s)] += m.new_tokens[static_cast<std::size_t>(s)];
   }
   if (m.ring) m.ring->end_step();
   m.in_step = false;
@@ -424,8 +431,9 @@ void OffloadedStaticCache::end_step() {
 void OffloadedStaticCache::abort_step(void* stream) {
   Impl& m = *impl_;
   if (!m.in_step) throw protocol("abort_step without an open step");
+  m.backend->check_stream(stream);
   if (m.held_layer >= 0 && m.is_resident(m.held_layer)) {
-    m.backend->record(m.resident_released[static_cast<std::size_t>(m.held_layer)], stream);
+    m.backend->record(m.resident_released[static_cast<std::size_t>(m.held_layer)].get(), stream);
   }
   if (m.ring) {
     const int held = m.held_layer >= 0 && !m.is_resident(m.held_layer)
@@ -442,8 +450,8 @@ void OffloadedStaticCache::reset_slot(int slot) {
   Impl& m = *impl_;
   m.check_between_steps("reset_slot");
   m.check_slot(slot);
-  if (m.store->length(slot) == 0) return;
-  m.store->reset(slot);
+  if (m.lengths[static_cast<std::size_t>(slot)] == 0) return;
+  m.lengths[static_cast<std::size_t>(slot)] = 0;
   if (m.ring) m.ring->forget_prefetches();
 }
 
@@ -451,13 +459,13 @@ void OffloadedStaticCache::truncate_slot(int slot, int length) {
   Impl& m = *impl_;
   m.check_between_steps("truncate_slot");
   m.check_slot(slot);
-  if (length < 0 || length > m.store->length(slot)) {
-    throw invalid("truncate_slot: slot " + std::to_string(slot) + " holds " +
-                  std::to_string(m.store->length(slot)) + " tokens; cannot truncate to " +
-                  std::to_string(length));
+  std::int32_t& held = m.lengths[static_cast<std::size_t>(slot)];
+  if (length < 0 || length > held) {
+    throw invalid("truncate_slot: slot " + std::to_string(slot) + " holds " + std::to_string(held) +
+                  " tokens; cannot truncate to " + std::to_string(length));
   }
-  if (length == m.store->length(slot)) return;
-  m.store->truncate(slot, length);
+  if (length == held) return;
+  held = length;
   if (m.ring) m.ring->forget_prefetches();
 }
 
@@ -500,7 +508,7 @@ SlotContext OffloadedStaticCache::load_slot(int slot, std::istream& in, const st
 
 int OffloadedStaticCache::length(int slot) const {
   impl_->check_slot(slot);
-  return impl_->store->length(slot);
+  return impl_->lengths[static_cast<std::size_t>(slot)];
 }
 
 bool OffloadedStaticCache::in_step() const {
@@ -543,9 +551,11 @@ void OffloadedStaticCache::destroy_stream(void* stream) noexcept {
   impl_->backend->destroy_stream(stream);
 }
 void OffloadedStaticCache::launch_host_func(void* stream, void (*fn)(void*), void* arg) {
+  impl_->backend->check_stream(stream);
   impl_->backend->launch_host_func(stream, fn, arg);
 }
 void OffloadedStaticCache::synchronize_stream(void* stream) {
+  impl_->backend->check_stream(stream);
   impl_->backend->synchronize_stream(stream);
 }
 void OffloadedStaticCache::synchronize() {

@@ -1,5 +1,6 @@
 #include "prefetch/cuda_backend.hpp"
 
+#include <cstdint>
 #include <string>
 
 #include "kvoffload/error.hpp"
@@ -108,13 +109,7 @@ void* CudaBackend::alloc_device(std::size_t bytes) {
                     "); the device has " + format_bytes(free_bytes) + " free of " +
                     format_bytes(total_bytes) + ": lower the budget or max_seq");
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  sizes_[ptr] = bytes;
-  memory_.device_allocations += 1;
-  memory_.device_bytes += bytes;
-  if (memory_.device_bytes > memory_.device_peak_bytes) {
-    memory_.device_peak_bytes = memory_.device_bytes;
-  }
+  ledger_.add(ptr, bytes, offload::AllocationLedger::Kind::kDevice);
   return ptr;
 }
 
@@ -122,8 +117,7 @@ void CudaBackend::free_device(void* ptr) noexcept {
   if (ptr == nullptr) return;
   DeviceGuard guard(device_, false);
   cudaFree(ptr);
-  std::lock_guard<std::mutex> lock(mutex_);
-  memory_.device_bytes -= take_size(ptr);
+  ledger_.remove(ptr);
 }
 
 void* CudaBackend::alloc_host(std::size_t bytes) {
@@ -138,9 +132,7 @@ void* CudaBackend::alloc_host(std::size_t bytes) {
                     "); lower max_seq or slots, keep more layers resident, or raise the "
                     "locked-memory limit (ulimit -l)");
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  sizes_[ptr] = bytes;
-  memory_.host_bytes += bytes;
+  ledger_.add(ptr, bytes, offload::AllocationLedger::Kind::kHost);
   return ptr;
 }
 
@@ -148,16 +140,7 @@ void CudaBackend::free_host(void* ptr) noexcept {
   if (ptr == nullptr) return;
   DeviceGuard guard(device_, false);
   cudaFreeHost(ptr);
-  std::lock_guard<std::mutex> lock(mutex_);
-  memory_.host_bytes -= take_size(ptr);
-}
-
-std::size_t CudaBackend::take_size(void* ptr) {
-  auto it = sizes_.find(ptr);
-  if (it == sizes_.end()) return 0;
-  const std::size_t bytes = it->second;
-  sizes_.erase(it);
-  return bytes;
+  ledger_.remove(ptr);
 }
 
 std::uint64_t CudaBackend::device_free_bytes() {
@@ -178,6 +161,9 @@ StreamHandle CudaBackend::create_stream() {
   DeviceGuard guard(device_);
   cudaStream_t stream = nullptr;
   KVO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::lock_guard<std::mutex> lock(streams_mutex_);
+  made_.insert(stream);
+  destroyed_.erase(stream);  // the runtime may hand out a destroyed stream's handle again
   return stream;
 }
 
@@ -186,6 +172,30 @@ void CudaBackend::destroy_stream(StreamHandle stream) noexcept {
   DeviceGuard guard(device_, false);
   cudaStreamSynchronize(as_stream(stream));
   cudaStreamDestroy(as_stream(stream));
+  std::lock_guard<std::mutex> lock(streams_mutex_);
+  if (made_.erase(stream) > 0) destroyed_.insert(stream);
+}
+
+void CudaBackend::check_stream(StreamHandle stream) const {
+  // nullptr and the special handles cudaStreamLegacy (1) and cudaStreamPerThread (2).
+  if (reinterpret_cast<std::uintptr_t>(stream) <= 2) return;
+  {
+    std::lock_guard<std::mutex> lock(streams_mutex_);
+    if (made_.count(stream) > 0) return;
+    if (destroyed_.count(stream) > 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "stream handle was destroyed (destroy_stream) and cannot be used");
+    }
+  }
+  // The caller's own stream (torch's, say): the runtime must know it.
+  DeviceGuard guard(device_);
+  unsigned int flags = 0;
+  const cudaError_t status = cudaStreamGetFlags(as_stream(stream), &flags);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorCode::kInvalidArgument, std::string("stream handle is not a CUDA stream (") +
+                                                 cudaGetErrorName(status) + ")");
+  }
 }
 
 EventHandle CudaBackend::create_event() {
@@ -282,8 +292,7 @@ double CudaBackend::stall_seconds() {
 }
 
 MemoryCounters CudaBackend::memory() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return memory_;
+  return ledger_.counters();
 }
 
 }  // namespace kvo::prefetch

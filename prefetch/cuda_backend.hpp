@@ -7,7 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <mutex>
-#include <unordered_map>
+#include <set>
 
 #include "prefetch/backend.hpp"
 
@@ -29,6 +29,7 @@ class CudaBackend final : public Backend {
 
   StreamHandle create_stream() override;
   void destroy_stream(StreamHandle stream) noexcept override;
+  void check_stream(StreamHandle stream) const override;
   EventHandle create_event() override;
   void destroy_event(EventHandle event) noexcept override;
 
@@ -54,8 +55,6 @@ class CudaBackend final : public Backend {
   // Adds the probes that have completed to stall_ms_; never blocks.
   void harvest_probes();
   void destroy_probes() noexcept;
-  // REQUIRES: mutex_ held. Forgets an allocation and returns its size (0 if unknown).
-  std::size_t take_size(void* ptr);
 
   int device_;
   cudaStream_t copy_stream_ = nullptr;  // copy_sync's own stream: ordered and waited on
@@ -63,9 +62,10 @@ class CudaBackend final : public Backend {
   std::array<StallProbe, kProbes> probes_{};
   std::size_t next_probe_ = 0;
   double stall_ms_ = 0;
-  mutable std::mutex mutex_;  // guards memory_ and sizes_
-  MemoryCounters memory_;
-  std::unordered_map<void*, std::size_t> sizes_;
+  offload::AllocationLedger ledger_;
+  mutable std::mutex streams_mutex_;  // guards made_ and destroyed_
+  std::set<StreamHandle> made_;       // streams this backend made and has not destroyed
+  std::set<StreamHandle> destroyed_;  // streams it destroyed (until the handle is made again)
 };
 
 }  // namespace kvo::prefetch

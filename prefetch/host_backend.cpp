@@ -172,32 +172,25 @@ HostBackend::~HostBackend() {
 void* HostBackend::alloc_device(std::size_t bytes) {
   const std::size_t rounded = round_up(bytes == 0 ? 1 : bytes, 256);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (device_capacity_ != 0 && memory_.device_bytes + rounded > device_capacity_) {
+  const std::uint64_t in_use = ledger_.counters().device_bytes;
+  if (device_capacity_ != 0 && in_use + rounded > device_capacity_) {
     throw Error(ErrorCode::kOutOfMemory, "host backend: device allocation of " +
                                              format_bytes(rounded) + " exceeds the " +
                                              format_bytes(device_capacity_) + " arena (" +
-                                             format_bytes(memory_.device_bytes) + " in use)");
+                                             format_bytes(in_use) + " in use)");
   }
   void* ptr = std::aligned_alloc(256, rounded);
   if (ptr == nullptr) {
     throw Error(ErrorCode::kOutOfMemory,
                 "host backend: could not allocate " + format_bytes(rounded) + " of device memory");
   }
-  sizes_[ptr] = rounded;
-  memory_.device_allocations += 1;
-  memory_.device_bytes += rounded;
-  if (memory_.device_bytes > memory_.device_peak_bytes) {
-    memory_.device_peak_bytes = memory_.device_bytes;
-  }
+  ledger_.add(ptr, rounded, offload::AllocationLedger::Kind::kDevice);
   return ptr;
 }
 
 void HostBackend::free_device(void* ptr) noexcept {
   if (ptr == nullptr) return;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    memory_.device_bytes -= take_size(ptr);
-  }
+  ledger_.remove(ptr);
   std::free(ptr);
 }
 
@@ -210,33 +203,19 @@ void* HostBackend::alloc_host(std::size_t bytes) {
                     " of host memory for the KV store; lower max_seq or slots, or keep more "
                     "layers resident on the device");
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  sizes_[ptr] = rounded;
-  memory_.host_bytes += rounded;
+  ledger_.add(ptr, rounded, offload::AllocationLedger::Kind::kHost);
   return ptr;
 }
 
 void HostBackend::free_host(void* ptr) noexcept {
   if (ptr == nullptr) return;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    memory_.host_bytes -= take_size(ptr);
-  }
+  ledger_.remove(ptr);
   std::free(ptr);
 }
 
-std::size_t HostBackend::take_size(void* ptr) {
-  auto it = sizes_.find(ptr);
-  if (it == sizes_.end()) return 0;
-  const std::size_t bytes = it->second;
-  sizes_.erase(it);
-  return bytes;
-}
-
 std::uint64_t HostBackend::device_free_bytes() {
-  std::lock_guard<std::mutex> lock(mutex_);
   if (device_capacity_ == 0) return UINT64_MAX;
-  return device_capacity_ - memory_.device_bytes;
+  return device_capacity_ - ledger_.counters().device_bytes;
 }
 
 StreamHandle HostBackend::create_stream() {
@@ -273,7 +252,12 @@ HostStream* HostBackend::async_stream(StreamHandle stream) const {
   if (stream == nullptr) return nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = streams_.find(static_cast<HostStream*>(stream));
-  return it == streams_.end() ? nullptr : *it;
+  if (it == streams_.end()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "stream handle is not a stream of this host-backend cache (destroyed, made by "
+                "another cache, or a CUDA stream): pass nullptr or a stream from create_stream");
+  }
+  return *it;
 }
 
 void HostBackend::copy_async(void* dst, const void* src, std::size_t bytes, StreamHandle stream) {
@@ -372,8 +356,7 @@ double HostBackend::stall_seconds() {
 }
 
 MemoryCounters HostBackend::memory() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return memory_;
+  return ledger_.counters();
 }
 
 }  // namespace kvo::prefetch

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <mutex>
 #include <set>
-#include <unordered_map>
 
 #include "prefetch/backend.hpp"
 
@@ -32,6 +31,7 @@ class HostBackend final : public Backend {
 
   StreamHandle create_stream() override;
   void destroy_stream(StreamHandle stream) noexcept override;
+  void check_stream(StreamHandle stream) const override { (void)async_stream(stream); }
   EventHandle create_event() override;
   void destroy_event(EventHandle event) noexcept override;
 
@@ -51,19 +51,19 @@ class HostBackend final : public Backend {
   std::uint64_t copied_bytes() const { return copied_bytes_.load(); }
 
  private:
-  // nullptr (and any handle this backend did not make) is the calling thread: synchronous.
+  // nullptr is the calling thread (synchronous), nullptr is returned; a stream this backend made
+  // is returned; any other handle (a destroyed stream, a CUDA stream) throws
+  // kvo::Error(kInvalidArgument): running it synchronously would hide the very ordering bugs
+  // this backend exists to catch.
   HostStream* async_stream(StreamHandle stream) const;
   void wait_impl(StreamHandle stream, EventHandle event, bool measured);
-  // REQUIRES: mutex_ held. Forgets an allocation and returns its size (0 if unknown).
-  std::size_t take_size(void* ptr);
 
   HostBackendOptions options_;
   std::uint64_t device_capacity_;
   std::uint64_t streams_made_ = 0;
-  mutable std::mutex mutex_;  // guards streams_ and the memory counters
+  mutable std::mutex mutex_;  // guards streams_ and the device cap's check-and-add
   std::set<HostStream*> streams_;
-  std::unordered_map<void*, std::size_t> sizes_;  // allocation sizes, to give bytes back
-  MemoryCounters memory_;
+  offload::AllocationLedger ledger_;
   std::atomic<std::uint64_t> copied_bytes_{0};
   std::atomic<std::uint64_t> stall_ns_{0};
 };

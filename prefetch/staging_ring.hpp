@@ -30,10 +30,11 @@ struct RingCounters {
 
 class StagingRing {
  public:
-  // REQUIRES: plan.streamed_layers > plan.ring_depth >= 1.
+  // REQUIRES: plan.streamed_layers > plan.ring_depth >= 1. `lengths` [slots]: the committed
+  // length of each slot, owned by the cache, read when prefetches and write-backs are issued.
   StagingRing(Backend& backend, offload::HostStore& store, offload::DeviceArena& arena,
-              const CachePlan& plan);
-  // Waits for the copy streams, then destroys events and streams. Never throws.
+              const CachePlan& plan, const std::int32_t* lengths);
+  // Waits for the copy streams; the events and streams then free themselves. Never throws.
   ~StagingRing();
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
@@ -43,7 +44,7 @@ class StagingRing {
   void begin_step(const std::int32_t* new_tokens);
   // Makes `stream` wait until streamed layer `streamed` is on the device; returns its buffer
   // (K, then V at + tensor_bytes).
-  std::byte* acquire(int streamed, StreamHandle stream);
+  std::byte* acquire(int streamed, StreamHandle stream);  // K; V at + layout.v_begin()
   // Records that the caller's work on the buffer is enqueued on `stream`, writes the step's
   // new rows back to the host and refills the buffer with the visit D ahead.
   void release(int streamed, StreamHandle stream);
@@ -62,10 +63,10 @@ class StagingRing {
 
  private:
   struct Buffer {
-    std::byte* base = nullptr;  // [K|V][slot][token][kv_head][head_dim]
-    EventHandle filled = nullptr;
-    EventHandle released = nullptr;
-    EventHandle written_back = nullptr;
+    std::byte* base = nullptr;  // one layer by the plan's KvLayout: K, then V
+    Event filled;
+    Event released;
+    Event written_back;
     std::int64_t visit = -1;  // the visit whose prefetch it holds (or receives)
   };
 
@@ -73,22 +74,19 @@ class StagingRing {
   // committed length for the current step and length + n for the next one.
   void prefetch(std::int64_t q);
   std::int64_t step_base() const { return step_ * streamed_; }
-  // Destroys the events and streams made so far (null handles are skipped).
-  void destroy_handles() noexcept;
 
   Backend& backend_;
   offload::HostStore& store_;
+  KvLayout layout_;
+  const std::int32_t* lengths_;
   int resident_;
   int streamed_;
   int depth_;
-  int slots_;
-  int max_seq_;
-  std::uint64_t row_bytes_;
-  std::uint64_t tensor_bytes_;
-  StreamHandle h2d_ = nullptr;
-  StreamHandle d2h_ = nullptr;
+  // Declared before the events, destroyed after them (once drained).
+  Stream h2d_;
+  Stream d2h_;
   std::vector<Buffer> buffers_;
-  std::vector<EventHandle> layer_written_;  // per streamed layer
+  std::vector<Event> layer_written_;  // per streamed layer
   const std::int32_t* new_tokens_ = nullptr;
   std::int64_t step_ = 0;    // the open (or next) step
   std::int64_t issued_ = 0;  // visits [0, issued_) have had their prefetch issued

@@ -19,7 +19,9 @@
 //
 // Threading: one thread at a time calls into one cache. Streams: `stream` is a cudaStream_t on
 // the CUDA backend (nullptr is the legacy default stream); on the host backend it is nullptr
-// (the calling thread itself, synchronous) or a stream made by create_stream().
+// (the calling thread itself, synchronous) or a stream made by create_stream(). A stream the
+// cache destroyed, or on the host backend any handle it did not make, is refused with
+// kInvalidArgument (running it synchronously would hide the ordering it exists to test).
 #pragma once
 
 #include <cstddef>
@@ -28,6 +30,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include "kvoffload/api.h"
 
 #include "kvoffload/config.hpp"
 #include "kvoffload/error.hpp"
@@ -37,33 +40,40 @@
 namespace kvo {
 
 // A non-owning view of one layer's K and V on the device, valid from acquire until release.
-// Layout NHD per slot: k[slot][token][kv_head][head_dim]; strides are in elements.
+// Layout NHD per slot: k[slot][token][kv_head][head_dim], v the same with v_head_dim (equal to
+// head_dim but for multi-head latent attention); strides are in elements.
 struct LayerView {
   int layer = 0;
-  bool resident = false;  // kept whole on the device (no copies)
-  void* k = nullptr;      // [slots][max_seq][kv_heads][head_dim]
-  void* v = nullptr;      // same layout as k
-  std::int64_t slot_stride = 0;
+  bool resident = false;         // kept whole on the device (no copies)
+  void* k = nullptr;             // [slots][max_seq][kv_heads][head_dim]
+  void* v = nullptr;             // [slots][max_seq][kv_heads][v_head_dim]
+  std::int64_t slot_stride = 0;  // of k
   std::int64_t token_stride = 0;
   std::int64_t head_stride = 0;
+  std::int64_t v_slot_stride = 0;  // of v
+  std::int64_t v_token_stride = 0;
+  std::int64_t v_head_stride = 0;
   int slots = 0;
   int max_seq = 0;
   int kv_heads = 0;
   int head_dim = 0;
+  int v_head_dim = 0;
   DType dtype = DType::kBF16;
   // Host arrays of `slots` entries, owned by the cache, valid until end_step:
   const std::int32_t* lengths = nullptr;     // rows valid before this step
   const std::int32_t* new_tokens = nullptr;  // rows this step appends
 
   std::size_t element_size() const { return dtype_size(dtype); }
-  void* k_row(int slot, int token) const { return row(k, slot, token); }
-  void* v_row(int slot, int token) const { return row(v, slot, token); }
+  void* k_row(int slot, int token) const {
+    return row(k, slot * slot_stride + static_cast<std::int64_t>(token) * token_stride);
+  }
+  void* v_row(int slot, int token) const {
+    return row(v, slot * v_slot_stride + static_cast<std::int64_t>(token) * v_token_stride);
+  }
 
  private:
-  void* row(void* base, int slot, int token) const {
-    return static_cast<char*>(base) +
-           (slot * slot_stride + static_cast<std::int64_t>(token) * token_stride) *
-               static_cast<std::int64_t>(element_size());
+  void* row(void* base, std::int64_t element) const {
+    return static_cast<char*>(base) + element * static_cast<std::int64_t>(element_size());
   }
 };
 
@@ -100,9 +110,9 @@ struct SavedContextInfo {
   std::vector<SlotContext> contexts;  // tokens and fingerprint of each record
 };
 // Throws kvo::Error(kInvalidArgument) for a file that cannot be read or is not a saved context.
-SavedContextInfo inspect_saved_context(const std::string& path);
+KVO_API SavedContextInfo inspect_saved_context(const std::string& path);
 
-class OffloadedStaticCache {
+class KVO_API OffloadedStaticCache {
  public:
   // Plans, allocates every device and host byte, and starts the copy streams.
   // Throws kvo::Error: kInvalidArgument for a bad config, kOutOfMemory when the plan does not
@@ -178,7 +188,8 @@ class OffloadedStaticCache {
   void* reserved(const std::string& name) const;
 
   // Stream helpers that work on both backends, for callers without their own runtime and for
-  // tests: create_stream gives a cudaStream_t on CUDA, an asynchronous worker on the host.
+  // tests: create_stream gives a cudaStream_t on CUDA, an asynchronous worker on the host (see
+  // CacheStream below for one that frees itself).
   void* create_stream();
   void destroy_stream(void* stream) noexcept;
   // Runs fn(arg) on `stream` after the work enqueued before it (cudaLaunchHostFunc on CUDA).
@@ -194,6 +205,46 @@ class OffloadedStaticCache {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+// A stream made by cache.create_stream(), owned: synchronized and destroyed with its owner, also
+// while an exception unwinds. Move-only; empty (get() == nullptr) when default-made or moved from.
+// REQUIRES: the cache outlives it.
+class CacheStream {
+ public:
+  CacheStream() = default;
+  explicit CacheStream(OffloadedStaticCache& cache)
+      : cache_(&cache), stream_(cache.create_stream()) {}
+  ~CacheStream() { reset(); }
+  CacheStream(CacheStream&& other) noexcept : cache_(other.cache_), stream_(other.stream_) {
+    other.stream_ = nullptr;
+  }
+  CacheStream& operator=(CacheStream&& other) noexcept {
+    if (this != &other) {
+      reset();
+      cache_ = other.cache_;
+      stream_ = other.stream_;
+      other.stream_ = nullptr;
+    }
+    return *this;
+  }
+  CacheStream(const CacheStream&) = delete;
+  CacheStream& operator=(const CacheStream&) = delete;
+  void* get() const { return stream_; }
+  void reset() noexcept {
+    if (stream_ == nullptr) return;
+    try {
+      cache_->synchronize_stream(stream_);
+    } catch (...) {
+      // No caller to report to; the stream is destroyed regardless.
+    }
+    cache_->destroy_stream(stream_);
+    stream_ = nullptr;
+  }
+
+ private:
+  OffloadedStaticCache* cache_ = nullptr;
+  void* stream_ = nullptr;
 };
 
 }  // namespace kvo

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include "kvoffload/api.h"
 
 #include "kvoffload/types.hpp"
 
@@ -31,10 +32,12 @@ struct HostBackendOptions {
 };
 
 struct CacheConfig {
-  // Shape of the cache: K and V are each [layer][slot][token][kv_head][head_dim].
+  // Shape of the cache: K is [layer][slot][token][kv_head][head_dim], V the same with
+  // v_head_dim (multi-head latent attention caches keys and values of different head sizes).
   int layers = 32;
   int kv_heads = 8;
   int head_dim = 128;
+  int v_head_dim = 0;  // 0: head_dim
   int max_seq = 4096;  // tokens per slot, statically allocated
   int slots = 1;       // sequences decoded together (the batch)
   DType dtype = DType::kBF16;
@@ -60,6 +63,6 @@ struct CacheConfig {
 };
 
 // Throws kvo::Error(kInvalidArgument) naming the first field that is out of range.
-void validate(const CacheConfig& config);
+KVO_API void validate(const CacheConfig& config);
 
 }  // namespace kvo

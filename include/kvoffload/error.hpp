@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include "kvoffload/api.h"
 
 namespace kvo {
 
@@ -15,9 +16,9 @@ enum class ErrorCode {
   kInternal,         // a broken invariant inside the library
 };
 
-const char* error_code_name(ErrorCode code);
+KVO_API const char* error_code_name(ErrorCode code);
 
-class Error : public std::runtime_error {
+class KVO_API Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
   ErrorCode code() const noexcept { return code_; }

@@ -37,11 +37,7 @@
 extern "C" {
 #endif
 
-#if defined(__GNUC__) || defined(__clang__)
-#define KVO_API __attribute__((visibility("default")))
-#else
-#define KVO_API
-#endif
+#include "kvoffload/api.h"
 
 /* Opaque handle to one cache. Made by kvo_cache_create, freed by kvo_cache_destroy. */
 typedef struct kvo_cache kvo_cache_t;

@@ -9,5 +9,5 @@
 
 namespace kvo {
 // "MAJOR.MINOR.PATCH" of the library that is linked.
-const char* version();
+KVO_API const char* version();
 }  // namespace kvo

@@ -3,9 +3,51 @@
 
 #include <cstdint>
 
+#include "kvoffload/api.h"
 #include "kvoffload/config.hpp"
 
 namespace kvo {
+
+// Where each K and V row of a cache lives in a layer-sized buffer: a resident layer, a staging
+// buffer and a streamed layer of the host store all share this one layout. K, then V at
+// v_begin(), each [slot][token][row]; a K row is one token's kv_heads x head_dim elements, a V row
+// kv_heads x v_head_dim. A slot's rows [0, n) are one contiguous range of each tensor: staging a
+// prefix is one copy per slot and tensor, appending a token one row.
+struct KvLayout {
+  int slots = 0;
+  int max_seq = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  int v_head_dim = 0;
+  std::uint64_t element_size = 0;
+  std::uint64_t k_row_bytes = 0;
+  std::uint64_t v_row_bytes = 0;
+  std::uint64_t k_tensor_bytes = 0;  // slots x max_seq K rows, padded to 256 bytes
+  std::uint64_t v_tensor_bytes = 0;
+
+  std::uint64_t layer_bytes() const { return k_tensor_bytes + v_tensor_bytes; }
+  std::uint64_t v_begin() const { return k_tensor_bytes; }
+  // Byte offsets of row (slot, token) from the start of K, and of V.
+  std::uint64_t k_offset(int slot, int token) const { return row(slot, token) * k_row_bytes; }
+  std::uint64_t v_offset(int slot, int token) const { return row(slot, token) * v_row_bytes; }
+  // Bytes of `rows` consecutive K rows, and V rows.
+  std::uint64_t k_bytes(std::int64_t rows) const {
+    return static_cast<std::uint64_t>(rows) * k_row_bytes;
+  }
+  std::uint64_t v_bytes(std::int64_t rows) const {
+    return static_cast<std::uint64_t>(rows) * v_row_bytes;
+  }
+
+ private:
+  std::uint64_t row(int slot, int token) const {
+    return static_cast<std::uint64_t>(slot) * static_cast<std::uint64_t>(max_seq) +
+           static_cast<std::uint64_t>(token);
+  }
+};
+
+// The layout of a config's K/V. Throws kvo::Error(kInvalidArgument) when a size overflows 64 bits.
+// REQUIRES: validate(config) passes.
+KVO_API KvLayout kv_layout(const CacheConfig& config);
 
 struct CachePlan {
   int layers = 0;
@@ -13,9 +55,10 @@ struct CachePlan {
   int streamed_layers = 0;  // layers - resident_layers
   int ring_depth = 0;       // staging buffers actually allocated (0 when nothing is streamed)
 
-  std::uint64_t row_bytes = 0;     // one token of one tensor: kv_heads * head_dim * element size
-  std::uint64_t tensor_bytes = 0;  // K (or V) of one layer: slots * max_seq rows, 256-aligned
-  std::uint64_t layer_bytes = 0;   // K and V of one layer: 2 * tensor_bytes
+  KvLayout layout;                 // where each row lives in a layer-sized buffer
+  std::uint64_t row_bytes = 0;     // one token of K: kv_heads * head_dim * element size
+  std::uint64_t tensor_bytes = 0;  // K of one layer: slots * max_seq rows, 256-aligned
+  std::uint64_t layer_bytes = 0;   // K and V of one layer
   std::uint64_t resident_bytes = 0;
   std::uint64_t staging_bytes = 0;
   std::uint64_t reserved_bytes = 0;  // caller regions, each rounded up to 256 bytes
@@ -26,19 +69,19 @@ struct CachePlan {
 
 // Device memory a CUDA cache leaves to others when its budget is left at 0: cuBLAS's workspace,
 // kernel modules loaded on first use, the caller's own tensors. max(1 GiB, 5% of the device).
-std::uint64_t device_headroom(std::uint64_t total_bytes);
+KVO_API std::uint64_t device_headroom(std::uint64_t total_bytes);
 // The budget of such a cache: the device's free memory less device_headroom(total); 0 when the
 // headroom takes it all.
-std::uint64_t default_device_budget(std::uint64_t free_bytes, std::uint64_t total_bytes);
+KVO_API std::uint64_t default_device_budget(std::uint64_t free_bytes, std::uint64_t total_bytes);
 
 // Bytes the plan needs for a given resident-layer count (before the "all fit" promotion).
 // REQUIRES: validate(config) passes.
-std::uint64_t plan_device_bytes(const CacheConfig& config, int resident_layers);
+KVO_API std::uint64_t plan_device_bytes(const CacheConfig& config, int resident_layers);
 
 // Turns a config and a device budget (0: unlimited) into a plan. With
 // config.resident_layers == kAutoResidentLayers, keeps as many layers resident as fit.
 // Throws kvo::Error(kOutOfMemory) naming the missing bytes when even the smallest plan, or the
 // explicitly requested one, does not fit; kvo::Error(kInvalidArgument) for a bad config.
-CachePlan plan_cache(const CacheConfig& config, std::uint64_t budget);
+KVO_API CachePlan plan_cache(const CacheConfig& config, std::uint64_t budget);
 
 }  // namespace kvo

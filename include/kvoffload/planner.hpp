@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kvoffload/api.h"
 #include "kvoffload/config.hpp"
 #include "kvoffload/types.hpp"
 
@@ -38,7 +39,8 @@ enum class Strategy {
   kKvoffload,          // resident layers that fit the budget, a ring of staging buffers
 };
 
-const char* strategy_name(Strategy strategy);  // "all-on-device", "hf-offloaded-static", ...
+KVO_API const char* strategy_name(
+    Strategy strategy);  // "all-on-device", "hf-offloaded-static", ...
 
 struct MemoryPlan {
   Strategy strategy = Strategy::kKvoffload;
@@ -58,12 +60,12 @@ struct MemoryPlan {
 // kvoffload's plan: as many resident layers as the budget holds. Throws kvo::Error:
 // kOutOfMemory naming the missing bytes when not even a ring fits (or the weights alone do
 // not), kInvalidArgument for an unknown model, a malformed config or bad sizes.
-MemoryPlan plan_memory(const MemoryQuery& query);
+KVO_API MemoryPlan plan_memory(const MemoryQuery& query);
 
 // The three strategies side by side. Never throws for a budget they do not fit: `fits` says.
-std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query);
+KVO_API std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query);
 
 // MemAvailable of this machine (UINT64_MAX where it cannot be read).
-std::uint64_t host_available_bytes();
+KVO_API std::uint64_t host_available_bytes();
 
 }  // namespace kvo

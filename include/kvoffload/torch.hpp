@@ -47,7 +47,7 @@
 
 namespace kvo::torch {
 
-class OffloadedStaticCache {
+class KVO_API OffloadedStaticCache {
  public:
   // Plans and allocates like kvo::OffloadedStaticCache(config); throws the same errors.
   explicit OffloadedStaticCache(const CacheConfig& config);

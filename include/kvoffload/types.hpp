@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include "kvoffload/api.h"
 
 namespace kvo {
 
@@ -11,33 +12,33 @@ namespace kvo {
 // to it; the name is for views, tools and errors.
 enum class DType { kF32, kF16, kBF16 };
 
-std::size_t dtype_size(DType dtype);
-const char* dtype_name(DType dtype);
+KVO_API std::size_t dtype_size(DType dtype);
+KVO_API const char* dtype_name(DType dtype);
 // Accepts "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16". Throws kvo::Error otherwise.
-DType parse_dtype(const std::string& name);
+KVO_API DType parse_dtype(const std::string& name);
 
 // Where "device" memory lives and who moves the bytes.
 // kCuda: a GPU; kHost: worker threads over host memory (no GPU needed); kAuto: kCuda when a GPU
 // is usable and the library was built with CUDA, else kHost.
 enum class BackendKind { kAuto, kCuda, kHost };
 
-const char* backend_name(BackendKind kind);
+KVO_API const char* backend_name(BackendKind kind);
 // Accepts "auto", "cuda", "host". Throws kvo::Error otherwise.
-BackendKind parse_backend(const std::string& name);
+KVO_API BackendKind parse_backend(const std::string& name);
 
 // Number of usable CUDA devices; 0 when built without CUDA or when there is no NVIDIA driver or
 // no device. Throws kvo::Error(kDevice) for a driver too old for this build's CUDA runtime
 // (naming the versions) or another failure of the CUDA setup, rather than reporting no device.
-int cuda_device_count();
+KVO_API int cuda_device_count();
 // kAuto resolved: kCuda when a CUDA device is usable, else kHost (throwing as cuda_device_count
 // does for a broken CUDA setup). Other kinds are returned as they are.
-BackendKind resolve_backend(BackendKind kind);
+KVO_API BackendKind resolve_backend(BackendKind kind);
 
 // Parses a byte size such as "24GiB", "512MiB", "1.5GB", "4096" (bytes). Binary (KiB, MiB, GiB,
 // TiB) and decimal (KB, MB, GB, TB) units; throws kvo::Error for negative, malformed or
 // overflowing sizes, naming the text it could not read.
-std::uint64_t parse_size(const std::string& text);
+KVO_API std::uint64_t parse_size(const std::string& text);
 // "16.00 GiB", "512.0 KiB", "123 B": for messages and summaries.
-std::string format_bytes(std::uint64_t bytes);
+KVO_API std::string format_bytes(std::uint64_t bytes);
 
 }  // namespace kvo

@@ -26,9 +26,9 @@ int live_threads() {
   return count;
 }
 
-// The decoder holds its stream in an OwnedStream member, so a constructor that throws after
+// The decoder holds its stream in a CacheStream member, so a constructor that throws after
 // making it (a bad checkpoint, an allocation) still destroys it, as unwinding destroys members.
-TEST(OwnedStream, IsDestroyedWhenItsOwnerUnwinds) {
+TEST(CacheStream, IsDestroyedWhenItsOwnerUnwinds) {
   CacheConfig config;
   config.layers = 2;
   config.max_seq = 16;
@@ -36,7 +36,7 @@ TEST(OwnedStream, IsDestroyedWhenItsOwnerUnwinds) {
   OffloadedStaticCache cache(config);
   const int before = live_threads();
   struct Owner {
-    OwnedStream stream;
+    CacheStream stream;
     explicit Owner(OffloadedStaticCache& c) : stream(c) {
       throw Error(ErrorCode::kInvalidArgument, "a constructor that fails after the stream");
     }
@@ -46,10 +46,10 @@ TEST(OwnedStream, IsDestroyedWhenItsOwnerUnwinds) {
   }
   EXPECT_EQ(live_threads(), before);
   {
-    OwnedStream a(cache);
+    CacheStream a(cache);
     EXPECT_NE(a.get(), nullptr);
     EXPECT_EQ(live_threads(), before + 1);
-    OwnedStream b = std::move(a);  // moved, not duplicated: destroyed once
+    CacheStream b = std::move(a);  // moved, not duplicated: destroyed once
     EXPECT_EQ(a.get(), nullptr);
     EXPECT_NE(b.get(), nullptr);
   }

@@ -1,6 +1,9 @@
 // HostStore layout and lengths; DeviceArena regions.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "kvoffload/kvoffload.hpp"
 #include "offload/device_arena.hpp"
 #include "offload/host_store.hpp"
@@ -27,7 +30,7 @@ TEST(HostStore, EachSlotsPrefixIsOneContiguousRange) {
   const CacheConfig c = shape();
   const CachePlan plan = plan_cache(c, 0);
   prefetch::HostBackend backend({}, 0);
-  HostStore store(backend, plan, c.slots, c.max_seq);
+  HostStore store(backend, plan);
   EXPECT_EQ(store.bytes(), plan.host_bytes);
   EXPECT_EQ(store.row_bytes(), 30u);
   EXPECT_EQ(plan.tensor_bytes, 1024u);  // 4 slots x 7 tokens x 30 bytes = 840, padded to 256
@@ -48,20 +51,31 @@ TEST(HostStore, EachSlotsPrefixIsOneContiguousRange) {
   EXPECT_EQ(backend.memory().host_bytes, (plan.host_bytes + 4095) / 4096 * 4096);
 }
 
-TEST(HostStore, LengthsResetAndTruncate) {
-  const CacheConfig c = shape();
-  prefetch::HostBackend backend({}, 0);
-  HostStore store(backend, plan_cache(c, 0), c.slots, c.max_seq);
-  for (int s = 0; s < c.slots; ++s) EXPECT_EQ(store.length(s), 0);
-  store.set_length(1, 6);
-  store.set_length(2, 3);
-  store.truncate(1, 4);
-  store.truncate(2, 5);  // never grows
-  EXPECT_EQ(store.length(1), 4);
-  EXPECT_EQ(store.length(2), 3);
-  store.reset(1);
-  EXPECT_EQ(store.length(1), 0);
-  EXPECT_EQ(store.lengths()[2], 3);
+// Lengths belong to the cache (every layer's rows of a slot share one length), not to the store.
+TEST(CacheLengths, ResetAndTruncate) {
+  CacheConfig c = shape();
+  c.backend = BackendKind::kHost;
+  c.reserved.clear();
+  OffloadedStaticCache cache(c);
+  for (int s = 0; s < c.slots; ++s) EXPECT_EQ(cache.length(s), 0);
+  const std::size_t row = plan_cache(c, 0).row_bytes;
+  const std::vector<std::uint8_t> rows(6 * row);
+  cache.begin_step({0, 6, 3, 0});
+  for (int layer = 0; layer < c.layers; ++layer) {
+    cache.acquire(layer);
+    cache.append(layer, 1, rows.data(), rows.data(), 6);
+    cache.append(layer, 2, rows.data(), rows.data(), 3);
+    cache.release(layer);
+  }
+  cache.end_step();
+  cache.truncate_slot(1, 4);
+  EXPECT_THROW(cache.truncate_slot(2, 5), Error);  // never grows
+  EXPECT_EQ(cache.length(1), 4);
+  EXPECT_EQ(cache.length(2), 3);
+  cache.reset_slot(1);
+  EXPECT_EQ(cache.length(1), 0);
+  cache.begin_step({0, 0, 0, 0});
+  EXPECT_EQ(cache.acquire(0).lengths[2], 3);
 }
 
 TEST(DeviceArena, OneAllocationCarvedAsPlanned) {

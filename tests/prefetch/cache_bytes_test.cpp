@@ -3,6 +3,7 @@
 // allocated on the device after construction.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -151,6 +152,81 @@ TEST(Bytes, ResetAndTruncateReissueWhatWasPrefetched) {
   EXPECT_EQ(cache.stats().prefetch_reissues, 4u);
   step(cache, {1, 1, 1});
   EXPECT_EQ(cache.stats().h2d_bytes_last_step, 2 * 5 * (1 + 6 + 0) * row);
+}
+
+// Keys and values of different head sizes (multi-head latent attention caches a wide K and a
+// narrow V): each tensor keeps its own row size everywhere, in the views, in what is staged and
+// written back, and in the plan. K rows of 2 x 24 and V rows of 2 x 8 f16 elements; every layer
+// streamed but the first, copies delayed at random.
+TEST(KeysAndValuesOfDifferentHeadSizes, EveryRowAndByteIsTheirOwn) {
+  CacheConfig c = small(5, 1, 2);
+  c.head_dim = 24;
+  c.v_head_dim = 8;
+  OffloadedStaticCache cache(c);
+  const CachePlan& plan = cache.stats().plan;
+  const std::uint64_t k_row = 2 * 24 * 2;
+  const std::uint64_t v_row = 2 * 8 * 2;
+  EXPECT_EQ(plan.layout.k_row_bytes, k_row);
+  EXPECT_EQ(plan.layout.v_row_bytes, v_row);
+  EXPECT_EQ(plan.layer_bytes,
+            (3 * 128 * k_row + 255) / 256 * 256 + (3 * 128 * v_row + 255) / 256 * 256);
+  EXPECT_EQ(plan.host_bytes, 4 * plan.layer_bytes);
+
+  // Rows carry (layer, kv, slot, token) in every byte pair, so any misplaced one shows.
+  const auto fill = [&](int layer, int kv, int slot, int first, int count) {
+    const std::uint64_t row = kv == 0 ? k_row : v_row;
+    std::vector<std::uint16_t> rows(static_cast<std::size_t>(count) * row / 2);
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const std::size_t token = static_cast<std::size_t>(first) + i / (row / 2);
+      rows[i] = static_cast<std::uint16_t>(layer * 4000 + kv * 2000 + slot * 600 + token * 4 +
+                                           i % (row / 2) % 4);
+    }
+    return rows;
+  };
+  std::mt19937 rng(3);
+  std::vector<int> lengths(3, 0);
+  for (int step = 0; step < 12; ++step) {
+    std::vector<std::int32_t> n(3);
+    for (int s = 0; s < 3; ++s)
+      n[static_cast<std::size_t>(s)] = step == 0 ? 5 + s : static_cast<int>(rng() % 3);
+    cache.begin_step(n);
+    for (int layer = 0; layer < c.layers; ++layer) {
+      const LayerView view = cache.acquire(layer);
+      ASSERT_EQ(view.head_dim, 24);
+      ASSERT_EQ(view.v_head_dim, 8);
+      ASSERT_EQ(view.token_stride, 2 * 24);
+      ASSERT_EQ(view.v_token_stride, 2 * 8);
+      for (int s = 0; s < 3; ++s) {
+        const auto k =
+            fill(layer, 0, s, lengths[static_cast<std::size_t>(s)], n[static_cast<std::size_t>(s)]);
+        const auto v =
+            fill(layer, 1, s, lengths[static_cast<std::size_t>(s)], n[static_cast<std::size_t>(s)]);
+        cache.append(layer, s, k.data(), v.data(), n[static_cast<std::size_t>(s)]);
+      }
+      // Every row before this step, read through the view's strides.
+      for (int s = 0; s < 3; ++s) {
+        const int len = lengths[static_cast<std::size_t>(s)];
+        const auto k = fill(layer, 0, s, 0, len);
+        const auto v = fill(layer, 1, s, 0, len);
+        EXPECT_EQ(std::memcmp(view.k_row(s, 0), k.data(), k.size() * 2), 0)
+            << "K " << step << " " << layer << " " << s;
+        EXPECT_EQ(std::memcmp(view.v_row(s, 0), v.data(), v.size() * 2), 0)
+            << "V " << step << " " << layer << " " << s;
+      }
+      cache.release(layer);
+    }
+    cache.end_step();
+    std::uint64_t prefix = 0, appended = 0;
+    for (int s = 0; s < 3; ++s) {
+      prefix += static_cast<std::uint64_t>(lengths[static_cast<std::size_t>(s)]);
+      appended += static_cast<std::uint64_t>(n[static_cast<std::size_t>(s)]);
+      lengths[static_cast<std::size_t>(s)] += n[static_cast<std::size_t>(s)];
+    }
+    // The step's copies: each streamed layer's prefix before the step came in, and exactly the
+    // appended rows went back, K and V each at their own row size.
+    EXPECT_EQ(cache.stats().h2d_bytes_last_step, 4 * prefix * (k_row + v_row)) << step;
+    EXPECT_EQ(cache.stats().d2h_bytes_last_step, 4 * appended * (k_row + v_row)) << step;
+  }
 }
 
 }  // namespace

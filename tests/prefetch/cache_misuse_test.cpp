@@ -208,6 +208,36 @@ TEST(BadConfig, ABudgetThatCannotFitNamesTheMissingBytes) {
   EXPECT_EQ(fits.stats().plan.device_bytes, 5 * layer);
 }
 
+// A stream the host backend did not make, or one it destroyed, is refused: running it on the
+// calling thread would hide the very ordering the host backend exists to check.
+TEST(BadStream, UnknownAndDestroyedHandlesAreRefusedAndChangeNothing) {
+  OffloadedStaticCache cache(config());
+  void* stream = cache.create_stream();
+  cache.destroy_stream(stream);
+  int not_a_stream = 0;
+  cache.begin_step({1, 0});
+  for (void* bad : {stream, static_cast<void*>(&not_a_stream)}) {
+    expect_error([&] { cache.acquire(0, bad); }, ErrorCode::kInvalidArgument,
+                 "not a stream of this host-backend cache");
+    EXPECT_THROW(cache.synchronize_stream(bad), Error);
+    EXPECT_THROW(cache.launch_host_func(
+                     bad, [](void*) {}, nullptr),
+                 Error);
+  }
+  // Nothing changed: the step goes on with a good stream.
+  CacheStream good(cache);
+  const std::vector<std::uint8_t> rows = rows_for(0, 0, 0, 0, 1);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    cache.acquire(layer, good.get());
+    EXPECT_THROW(cache.append(layer, 0, rows.data(), rows.data(), 1, &not_a_stream), Error);
+    cache.append(layer, 0, rows.data(), rows.data(), 1, good.get());
+    EXPECT_THROW(cache.release(layer, &not_a_stream), Error);
+    cache.release(layer, good.get());
+  }
+  cache.end_step();
+  EXPECT_EQ(cache.length(0), 1);
+}
+
 TEST(BadConfig, AHostStoreLargerThanTheMachineIsRefusedBeforeAllocating) {
   CacheConfig c;
   c.layers = 32;
