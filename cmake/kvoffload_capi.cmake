@@ -10,11 +10,8 @@ include(CMakePackageConfigHelpers)
 set(_kvo_root ${CMAKE_CURRENT_LIST_DIR}/..)
 cmake_path(NORMAL_PATH _kvo_root)
 
-# ---- the C ABI -------------------------------------------------------------------------------
-target_sources(kvoffload PRIVATE ${_kvo_root}/prefetch/c_api.cpp)
-
-# kvoffload's build-only dependencies (Boost.Lockfree, warning flags) are wrapped in
-# $<BUILD_INTERFACE:...> where it is defined, so the installed package needs neither.
+# The C ABI (prefetch/c_api.cpp) is part of kvo_core, beside the cache it wraps; kvo_core's
+# build-only dependencies (Boost.Lockfree, xxHash, warning flags) stay inside the objects.
 
 # ---- the LibTorch adapter (optional) ---------------------------------------------------------
 # LibTorch comes from the torch wheel of KVO_PYTHON. The wheel is a CUDA build, and its CMake
@@ -89,19 +86,28 @@ if(KVO_TORCH_FOUND)
 endif()
 
 # ---- installation ----------------------------------------------------------------------------
-install(TARGETS kvoffload
+# kvoffload::kvoffload (the shared library) needs nothing but itself; the static library, the
+# planner and the LibTorch adapter are components: find_package(kvoffload COMPONENTS static
+# planner torch).
+install(TARGETS kvoffload_shared
         EXPORT kvoffload-targets
-        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(TARGETS kvoffload
+        EXPORT kvoffload-static-targets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(DIRECTORY ${_kvo_root}/include/kvoffload
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
         FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp" PATTERN "torch.hpp" EXCLUDE)
 install(EXPORT kvoffload-targets
         NAMESPACE kvoffload::
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kvoffload)
+install(EXPORT kvoffload-static-targets
+        NAMESPACE kvoffload::
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kvoffload)
 # The adapter, when built, as the package's optional component `torch`:
-# find_package(kvoffload COMPONENTS torch) -> kvoffload::kvoffload_torch.
+# find_package(kvoffload COMPONENTS torch) -> kvoffload::kvoffload_torch (over the static
+# library).
 if(KVO_TORCH_FOUND)
   install(TARGETS kvoffload_torch
           EXPORT kvoffload-torch-targets
@@ -124,14 +130,15 @@ install(FILES ${_kvo_config_dir}/kvoffloadConfig.cmake
               ${_kvo_config_dir}/kvoffloadConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/kvoffload)
 
-# pkg-config: the library is static, so Libs lists what it needs itself (the C++ runtime,
-# threads, and on CUDA builds the static CUDA runtime). The prefix is found relative to the .pc
-# file, so the installed tree can be moved.
+# pkg-config: -lkvoffload links the shared library, which needs nothing more. For a static link
+# (pkg-config --static), Libs.private lists what libkvoffload.a needs: the C++ runtime, threads,
+# and on CUDA builds the static CUDA runtime, found on the linker's own path (never a path of
+# this machine). The prefix is found relative to the .pc file, so the tree can be moved.
 file(RELATIVE_PATH KVO_PC_PREFIX_FROM_PCDIR /prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig /prefix)
 string(REGEX REPLACE "/$" "" KVO_PC_PREFIX_FROM_PCDIR "${KVO_PC_PREFIX_FROM_PCDIR}")
-set(KVO_PC_LIBS "-lstdc++ -lm -pthread")
+set(KVO_PC_LIBS_PRIVATE "-lstdc++ -lm -pthread")
 if(KVO_WITH_CUDA)
-  string(APPEND KVO_PC_LIBS " -L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt")
+  string(APPEND KVO_PC_LIBS_PRIVATE " -lcudart_static -ldl -lrt")
 endif()
 configure_file(${_kvo_root}/cmake/kvoffload.pc.in ${_kvo_config_dir}/kvoffload.pc @ONLY)
 install(FILES ${_kvo_config_dir}/kvoffload.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

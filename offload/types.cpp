@@ -11,7 +11,7 @@
 namespace kvo {
 
 const char* version() {
-  return "0.1.0";
+  return KVO_VERSION_STRING;  // the project version, from CMake
 }
 
 const char* error_code_name(ErrorCode code) {

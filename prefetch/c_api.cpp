@@ -5,6 +5,7 @@
 #include "kvoffload/kvoffload.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -149,8 +150,74 @@ kvo_backend from_backend(kvo::BackendKind kind) {
   return KVO_BACKEND_AUTO;
 }
 
+// The sizes of the first version with struct_size (0.2): what every caller's struct holds at
+// least. Fields appended since then are read or written only when they fit.
+constexpr std::size_t kOptionsBase = offsetof(kvo_cache_options, v_head_dim);
+constexpr std::size_t kViewBase = offsetof(kvo_layer_view, v_slot_stride);
+constexpr std::size_t kStatsBase = offsetof(kvo_cache_stats, v_row_bytes);
+
+// REQUIRES of a caller's struct: its struct_size is that of a struct this library can serve.
+void check_struct_size(std::uint32_t size, std::size_t base, const char* what) {
+  if (size < base) {
+    throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                     std::string(what) + "->struct_size is " + std::to_string(size) +
+                         ", less than any version of it (" + std::to_string(base) +
+                         "); set it to sizeof(" + what + ")");
+  }
+}
+
+// Copies a struct the library filled to the caller's, no further than the caller's struct_size.
+template <typename T>
+void write_out(const T& full, T* out) {
+  const std::size_t size = std::min<std::size_t>(out->struct_size, sizeof(T));
+  const std::uint32_t caller_size = out->struct_size;
+  std::memcpy(out, &full, size);
+  out->struct_size = caller_size;
+}
+
+kvo_cache_options defaults() {
+  const kvo::CacheConfig d;
+  kvo_cache_options options;
+  std::memset(&options, 0, sizeof(options));
+  options.struct_size = sizeof(options);
+  options.layers = d.layers;
+  options.kv_heads = d.kv_heads;
+  options.head_dim = d.head_dim;
+  options.max_seq = d.max_seq;
+  options.slots = d.slots;
+  options.dtype = from_dtype(d.dtype);
+  options.resident_layers = d.resident_layers;
+  options.ring_depth = d.ring_depth;
+  options.device_budget = d.device_budget;
+  options.backend = from_backend(d.backend);
+  options.device = d.device;
+  options.host_max_delay_us = d.host.max_delay_us;
+  options.host_delay_seed = d.host.delay_seed;
+  options.v_head_dim = d.v_head_dim;
+  return options;
+}
+
+// The caller's options as this library knows them: what fits of its struct over the defaults;
+// a newer caller's fields this library does not know must be left at zero (their defaults).
+kvo_cache_options read_options(const kvo_cache_options& in) {
+  check_struct_size(in.struct_size, kOptionsBase, "options");
+  kvo_cache_options options = defaults();
+  std::memcpy(&options, &in, std::min<std::size_t>(in.struct_size, sizeof(options)));
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&in);
+  for (std::size_t i = sizeof(options); i < in.struct_size; ++i) {
+    if (bytes[i] != 0) {
+      throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                       "options set a field of a newer kvoffload (byte " + std::to_string(i) +
+                           " of " + std::to_string(in.struct_size) + ") that this library (" +
+                           kvo::version() + ") does not know");
+    }
+  }
+  return options;
+}
+
 kvo::CacheConfig to_config(const kvo_cache_options& options) {
   kvo::CacheConfig config;
+  config.v_head_dim = options.v_head_dim;
   config.layers = options.layers;
   config.kv_heads = options.kv_heads;
   config.head_dim = options.head_dim;
@@ -204,24 +271,14 @@ const char* kvo_last_error(const kvo_cache_t* cache) {
   return cache == nullptr ? thread_message.text : cache->message.text;
 }
 
-kvo_cache_options kvo_cache_options_default(void) {
-  const kvo::CacheConfig defaults;
-  kvo_cache_options options;
-  std::memset(&options, 0, sizeof(options));
-  options.layers = defaults.layers;
-  options.kv_heads = defaults.kv_heads;
-  options.head_dim = defaults.head_dim;
-  options.max_seq = defaults.max_seq;
-  options.slots = defaults.slots;
-  options.dtype = from_dtype(defaults.dtype);
-  options.resident_layers = defaults.resident_layers;
-  options.ring_depth = defaults.ring_depth;
-  options.device_budget = defaults.device_budget;
-  options.backend = from_backend(defaults.backend);
-  options.device = defaults.device;
-  options.host_max_delay_us = defaults.host.max_delay_us;
-  options.host_delay_seed = defaults.host.delay_seed;
-  return options;
+kvo_status kvo_cache_options_init(kvo_cache_options* options, uint32_t struct_size) {
+  return guarded(thread_message, "kvo_cache_options_init", [&] {
+    require(options, "options is NULL");
+    check_struct_size(struct_size, kOptionsBase, "options");
+    std::memset(options, 0, struct_size);  // fields past this library's struct: their defaults
+    options->struct_size = struct_size;
+    write_out(defaults(), options);
+  });
 }
 
 kvo_status kvo_cache_create(const kvo_cache_options* options, kvo_cache_t** out_cache) {
@@ -229,7 +286,7 @@ kvo_status kvo_cache_create(const kvo_cache_options* options, kvo_cache_t** out_
     require(out_cache, "out_cache is NULL");
     *out_cache = nullptr;
     require(options, "options is NULL");
-    *out_cache = new kvo_cache(to_config(*options));
+    *out_cache = new kvo_cache(to_config(read_options(*options)));
   });
 }
 
@@ -256,21 +313,29 @@ kvo_status kvo_begin_step(kvo_cache_t* cache, const int32_t* new_tokens, int32_t
 kvo_status kvo_acquire(kvo_cache_t* cache, int32_t layer, kvo_layer_view* out_view, void* stream) {
   return on_cache(cache, "kvo_acquire", [&](kvo_cache& c) {
     require(out_view, "out_view is NULL");
+    check_struct_size(out_view->struct_size, kViewBase, "out_view");
     const kvo::LayerView view = c.cache.acquire(layer, stream);
-    out_view->layer = view.layer;
-    out_view->resident = view.resident ? 1 : 0;
-    out_view->k = view.k;
-    out_view->v = view.v;
-    out_view->slot_stride = view.slot_stride;
-    out_view->token_stride = view.token_stride;
-    out_view->head_stride = view.head_stride;
-    out_view->slots = view.slots;
-    out_view->max_seq = view.max_seq;
-    out_view->kv_heads = view.kv_heads;
-    out_view->head_dim = view.head_dim;
-    out_view->dtype = from_dtype(view.dtype);
-    out_view->lengths = view.lengths;
-    out_view->new_tokens = view.new_tokens;
+    kvo_layer_view full;
+    std::memset(&full, 0, sizeof(full));
+    full.layer = view.layer;
+    full.resident = view.resident ? 1 : 0;
+    full.k = view.k;
+    full.v = view.v;
+    full.slot_stride = view.slot_stride;
+    full.token_stride = view.token_stride;
+    full.head_stride = view.head_stride;
+    full.slots = view.slots;
+    full.max_seq = view.max_seq;
+    full.kv_heads = view.kv_heads;
+    full.head_dim = view.head_dim;
+    full.dtype = from_dtype(view.dtype);
+    full.lengths = view.lengths;
+    full.new_tokens = view.new_tokens;
+    full.v_slot_stride = view.v_slot_stride;
+    full.v_token_stride = view.v_token_stride;
+    full.v_head_stride = view.v_head_stride;
+    full.v_head_dim = view.v_head_dim;
+    write_out(full, out_view);
   });
 }
 
@@ -343,26 +408,31 @@ kvo_status kvo_load_slot(kvo_cache_t* cache, int32_t slot, const char* path, con
 kvo_status kvo_stats(const kvo_cache_t* cache, kvo_cache_stats* out_stats) {
   return on_cache(cache, "kvo_stats", [&](const kvo_cache& c) {
     require(out_stats, "out_stats is NULL");
+    check_struct_size(out_stats->struct_size, kStatsBase, "out_stats");
     const kvo::CacheStats stats = c.cache.stats();
-    std::memset(out_stats, 0, sizeof(*out_stats));
-    out_stats->steps = stats.steps;
-    out_stats->h2d_bytes_total = stats.h2d_bytes_total;
-    out_stats->d2h_bytes_total = stats.d2h_bytes_total;
-    out_stats->h2d_bytes_last_step = stats.h2d_bytes_last_step;
-    out_stats->d2h_bytes_last_step = stats.d2h_bytes_last_step;
-    out_stats->acquire_wait_s = stats.acquire_wait_s;
-    out_stats->prefetch_reissues = stats.prefetch_reissues;
-    out_stats->device_allocations = stats.device_allocations;
-    out_stats->resident_layers = stats.plan.resident_layers;
-    out_stats->streamed_layers = stats.plan.streamed_layers;
-    out_stats->ring_depth = stats.plan.ring_depth;
-    out_stats->row_bytes = stats.plan.row_bytes;
-    out_stats->layer_bytes = stats.plan.layer_bytes;
-    out_stats->resident_bytes = stats.plan.resident_bytes;
-    out_stats->staging_bytes = stats.plan.staging_bytes;
-    out_stats->device_bytes = stats.plan.device_bytes;
-    out_stats->host_bytes = stats.plan.host_bytes;
-    out_stats->budget = stats.plan.budget;
+    kvo_cache_stats full;
+    std::memset(&full, 0, sizeof(full));
+    kvo_cache_stats* out = &full;
+    out->steps = stats.steps;
+    out->h2d_bytes_total = stats.h2d_bytes_total;
+    out->d2h_bytes_total = stats.d2h_bytes_total;
+    out->h2d_bytes_last_step = stats.h2d_bytes_last_step;
+    out->d2h_bytes_last_step = stats.d2h_bytes_last_step;
+    out->acquire_wait_s = stats.acquire_wait_s;
+    out->prefetch_reissues = stats.prefetch_reissues;
+    out->device_allocations = stats.device_allocations;
+    out->resident_layers = stats.plan.resident_layers;
+    out->streamed_layers = stats.plan.streamed_layers;
+    out->ring_depth = stats.plan.ring_depth;
+    out->row_bytes = stats.plan.row_bytes;
+    out->layer_bytes = stats.plan.layer_bytes;
+    out->resident_bytes = stats.plan.resident_bytes;
+    out->staging_bytes = stats.plan.staging_bytes;
+    out->device_bytes = stats.plan.device_bytes;
+    out->host_bytes = stats.plan.host_bytes;
+    out->budget = stats.plan.budget;
+    out->v_row_bytes = stats.plan.layout.v_row_bytes;
+    write_out(full, out_stats);
   });
 }
 

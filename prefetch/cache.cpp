@@ -27,7 +27,8 @@ Error invalid(const std::string& what) {
 
 }  // namespace
 
-struct OffloadedStaticCache::Impl {
+// Hidden: the library exports the class, not its insides.
+struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
   explicit Impl(const CacheConfig& cfg) : config(cfg) {
     validate(config);
     backend = prefetch::make_backend(config);

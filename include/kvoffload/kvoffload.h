@@ -26,6 +26,14 @@
  *
  * Layout of K and V (NHD per slot): [slot][token][kv_head][head_dim]; a slot's valid prefix
  * [0, length) is contiguous. Strides in views are in elements, never bytes.
+ *
+ * Growing without breaking: kvo_cache_options, kvo_layer_view and kvo_cache_stats begin with
+ * `struct_size`, the size of the struct as the caller was compiled. The caller sets it (sizeof)
+ * before handing the struct over; the library reads and writes only the fields that fit, gives
+ * options it was not told their defaults, and never writes past struct_size. New fields are only
+ * ever appended (each says "Since x.y"), and numeric values of enums never change, so a program
+ * built against an older header runs against any newer library of the same major version
+ * (libkvoffload.so.0).
  */
 #ifndef KVOFFLOAD_KVOFFLOAD_H_
 #define KVOFFLOAD_KVOFFLOAD_H_
@@ -74,9 +82,10 @@ typedef enum kvo_backend {
 /* kvo_cache_options.resident_layers: as many layers resident as the device budget holds. */
 #define KVO_AUTO_RESIDENT_LAYERS (-1)
 
-/* Everything a cache is built from. Start from kvo_cache_options_default() and change what
- * differs, so that fields added in later versions keep their defaults. */
+/* Everything a cache is built from. Start from kvo_cache_options_init(&options, sizeof options)
+ * and change what differs, so that fields added in later versions keep their defaults. */
 typedef struct kvo_cache_options {
+  uint32_t struct_size; /* sizeof(kvo_cache_options) as the caller was compiled */
   /* Shape: K and V are each [layers][slots][max_seq][kv_heads][head_dim]. */
   int32_t layers;   /* default 32 */
   int32_t kv_heads; /* default 8 */
@@ -98,12 +107,17 @@ typedef struct kvo_cache_options {
    * Default 0 (off). */
   uint32_t host_max_delay_us;
   uint64_t host_delay_seed;
+  /* Since 0.2: V's head_dim when it differs from K's (multi-head latent attention caches a wide K
+   * and a narrow V); 0 (default): head_dim. */
+  int32_t v_head_dim;
 } kvo_cache_options;
 
 /* A non-owning view of one layer's K and V in device memory, valid from kvo_acquire until
  * kvo_release of that layer (or kvo_abort_step). Row (slot s, token t) of K starts at element
- * s * slot_stride + t * token_stride of `k`; head h of that row at + h * head_stride. */
+ * s * slot_stride + t * token_stride of `k`; head h of that row at + h * head_stride. V the same
+ * with its v_ strides (equal to K's unless v_head_dim differs). */
 typedef struct kvo_layer_view {
+  uint32_t struct_size; /* set by the caller: sizeof(kvo_layer_view) as it was compiled */
   int32_t layer;
   int32_t resident;     /* 1 when the layer is kept whole on the device (no copies), else 0 */
   void* k;              /* [slots][max_seq][kv_heads][head_dim] */
@@ -120,10 +134,16 @@ typedef struct kvo_layer_view {
    * kvo_abort_step: rows valid before this step, and rows this step appends. */
   const int32_t* lengths;
   const int32_t* new_tokens;
+  /* Since 0.2: V's own strides (elements) and head_dim. */
+  int64_t v_slot_stride;
+  int64_t v_token_stride;
+  int64_t v_head_stride;
+  int32_t v_head_dim;
 } kvo_layer_view;
 
 /* The figures of kvo::CacheStats: traffic counters and the device plan. Bytes are exact. */
 typedef struct kvo_cache_stats {
+  uint32_t struct_size;         /* set by the caller: sizeof(kvo_cache_stats) as it was compiled */
   uint64_t steps;               /* committed by kvo_end_step */
   uint64_t h2d_bytes_total;     /* prefetched prefixes */
   uint64_t d2h_bytes_total;     /* written-back new rows */
@@ -143,6 +163,8 @@ typedef struct kvo_cache_stats {
   uint64_t device_bytes;   /* every device byte the cache allocated */
   uint64_t host_bytes;     /* pinned host store */
   uint64_t budget;         /* the budget the plan was made against (0: none) */
+  /* Since 0.2: one token of V (differs from row_bytes when v_head_dim does). */
+  uint64_t v_row_bytes;
 } kvo_cache_stats;
 
 /* ---- library -------------------------------------------------------------------------------- */
@@ -166,13 +188,20 @@ KVO_API const char* kvo_last_error(const kvo_cache_t* cache);
 
 /* ---- create and destroy --------------------------------------------------------------------- */
 
-/* The defaults: a Llama-3-8B-shaped cache of 4096 tokens, one slot, bf16, auto backend. */
-KVO_API kvo_cache_options kvo_cache_options_default(void);
+/* Fills *options with the defaults (a Llama-3-8B-shaped cache of 4096 tokens, one slot, bf16,
+ * auto backend) for the fields that fit in struct_size, and sets options->struct_size:
+ *   kvo_cache_options options;
+ *   kvo_cache_options_init(&options, sizeof options);
+ * REQUIRES: options != NULL; struct_size is sizeof(kvo_cache_options) as the caller was compiled
+ * (at least that of 0.2, the first version with struct_size). */
+KVO_API kvo_status kvo_cache_options_init(kvo_cache_options* options, uint32_t struct_size);
 
 /* Plans and allocates every device and host byte, and starts the copy streams. On KVO_OK,
  * *out_cache is a new cache that the caller owns and frees with kvo_cache_destroy; on failure it
- * is set to NULL and kvo_last_error(NULL) says why. `options` is only read during the call.
- * REQUIRES: options != NULL, out_cache != NULL. */
+ * is set to NULL and kvo_last_error(NULL) says why. `options` is only read during the call; fields
+ * past its struct_size take their defaults, and fields this library does not know must be zero.
+ * REQUIRES: options != NULL (its struct_size set, as kvo_cache_options_init does),
+ * out_cache != NULL. */
 KVO_API kvo_status kvo_cache_create(const kvo_cache_options* options, kvo_cache_t** out_cache);
 
 /* Waits for the cache's in-flight copies, then frees everything it owns; views and the message
@@ -193,7 +222,7 @@ KVO_API kvo_status kvo_begin_step(kvo_cache_t* cache, const int32_t* new_tokens,
 /* Makes `stream` wait (an event, not a host wait, on CUDA) until layer `layer`'s valid prefix is
  * on the device, and fills *out_view. The view is valid until kvo_release of this layer.
  * REQUIRES: a step is open; `layer` is the step's next layer (0, 1, ...); no layer is held;
- * out_view != NULL. */
+ * out_view != NULL with out_view->struct_size set. */
 KVO_API kvo_status kvo_acquire(kvo_cache_t* cache, int32_t layer, kvo_layer_view* out_view,
                                void* stream);
 
@@ -252,7 +281,8 @@ KVO_API kvo_status kvo_load_slot(kvo_cache_t* cache, int32_t slot, const char* p
                                  const char* model, int32_t* tokens, int32_t tokens_capacity,
                                  int32_t* out_token_count);
 
-/* Copies the counters and the plan into *out_stats. REQUIRES: out_stats != NULL. */
+/* Copies the counters and the plan into *out_stats.
+ * REQUIRES: out_stats != NULL with out_stats->struct_size set. */
 KVO_API kvo_status kvo_stats(const kvo_cache_t* cache, kvo_cache_stats* out_stats);
 
 /* ---- streams and copies, for callers without their own runtime, and for tests --------------- */

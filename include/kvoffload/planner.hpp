@@ -11,6 +11,7 @@
 
 #include "kvoffload/api.h"
 #include "kvoffload/config.hpp"
+#include "kvoffload/error.hpp"
 #include "kvoffload/types.hpp"
 
 namespace kvo {

@@ -92,7 +92,8 @@ static float* new_row(engine* e, int kv, int slot, int token) {
 }
 
 static kvo_cache_options small_options(uint64_t seed) {
-  kvo_cache_options options = kvo_cache_options_default();
+  kvo_cache_options options;
+  MUST(NULL, kvo_cache_options_init(&options, sizeof options));
   options.layers = LAYERS;
   options.kv_heads = KV_HEADS;
   options.head_dim = HEAD_DIM;
@@ -156,10 +157,12 @@ static void engine_step(engine* e, const int32_t* n, int abort_at) {
   kvo_cache_stats before, after;
   int32_t total_new = 0, total_len = 0, sum[SLOTS];
   int layer, s, kv, t, i;
+  before.struct_size = after.struct_size = sizeof before;
   MUST(e->cache, kvo_stats(e->cache, &before));
   MUST(e->cache, kvo_begin_step(e->cache, n, SLOTS));
   for (layer = 0; layer < LAYERS; ++layer) {
     kvo_layer_view view;
+    view.struct_size = sizeof view;
     MUST(e->cache, kvo_acquire(e->cache, layer, &view, e->stream));
     CHECK(view.layer == layer);
     CHECK(view.resident == (layer < RESIDENT));
@@ -275,6 +278,7 @@ static void provoke_errors(engine* e) {
   int32_t length = 0, devices = -1;
   float row[ROW] = {0};
   int s;
+  view.struct_size = sizeof view;
 
   for (s = 0; s < SLOTS; ++s) { /* room for the one-token step below */
     if (e->length[s] == MAX_SEQ) {
@@ -402,7 +406,9 @@ static void save_and_restore(engine* e, uint64_t seed) {
 }
 
 static void check_defaults(void) {
-  const kvo_cache_options d = kvo_cache_options_default();
+  kvo_cache_options d;
+  MUST(NULL, kvo_cache_options_init(&d, sizeof d));
+  CHECK(d.struct_size == sizeof d && d.v_head_dim == 0);
   CHECK(d.layers == 32 && d.kv_heads == 8 && d.head_dim == 128);
   CHECK(d.max_seq == 4096 && d.slots == 1 && d.dtype == KVO_DTYPE_BF16);
   CHECK(d.resident_layers == KVO_AUTO_RESIDENT_LAYERS && d.ring_depth == 2);
@@ -419,6 +425,7 @@ static void run(uint64_t seed, int async_stream) {
   kvo_cache_stats stats;
   kvo_backend backend = KVO_BACKEND_AUTO;
   int32_t prompt[SLOTS] = {17, 4, 0};
+  stats.struct_size = sizeof stats;
   engine_init(&e, seed, async_stream);
   MUST(e.cache, kvo_cache_backend(e.cache, &backend));
   CHECK(backend == KVO_BACKEND_HOST);

@@ -27,6 +27,7 @@ static int step(kvo_cache_t* cache, int first, int32_t count) {
   if (kvo_begin_step(cache, &count, 1) != KVO_OK) return fail(cache, "kvo_begin_step");
   for (l = 0; l < LAYERS; ++l) {
     kvo_layer_view view;
+    view.struct_size = sizeof view;
     if (kvo_acquire(cache, l, &view, NULL) != KVO_OK) return fail(cache, "kvo_acquire");
     for (t = 0; t < count; ++t) {
       for (i = 0; i < ROW; ++i) {
@@ -51,7 +52,7 @@ static int step(kvo_cache_t* cache, int first, int32_t count) {
 }
 
 int main(void) {
-  kvo_cache_options options = kvo_cache_options_default();
+  kvo_cache_options options;
   kvo_cache_t* cache = NULL;
   int32_t length = 0;
   int failed;
@@ -59,6 +60,9 @@ int main(void) {
     fprintf(stderr, "consumer: kvo_version() is %s, expected %s\n", kvo_version(),
             KVO_EXPECTED_VERSION);
     return 1;
+  }
+  if (kvo_cache_options_init(&options, sizeof options) != KVO_OK) {
+    return fail(NULL, "kvo_cache_options_init");
   }
   options.layers = LAYERS;
   options.kv_heads = KV_HEADS;
