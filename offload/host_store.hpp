@@ -18,8 +18,8 @@ namespace kvo::offload {
 
 class HostStore {
  public:
-  // Allocates plan.host_bytes through the backend. Refuses, naming both sizes, when they exceed
-  // the memory this machine has available; allocation failures name their size.
+  // Allocates plan.host_bytes through the backend; allocation failures name their size. The cache
+  // checks the plan against available memory first (offload/host_memory.hpp).
   HostStore(prefetch::Backend& backend, const CachePlan& plan, int slots, int max_seq);
   ~HostStore();
   HostStore(const HostStore&) = delete;

@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "kvoffload/cache.hpp"
+#include "kvoffload/planner.hpp"
 #include "offload/device_arena.hpp"
+#include "offload/host_memory.hpp"
 #include "offload/host_store.hpp"
 #include "prefetch/backend.hpp"
 #include "prefetch/staging_ring.hpp"
@@ -32,6 +34,7 @@ struct OffloadedStaticCache::Impl {
     std::uint64_t budget = config.device_budget;
     if (budget == 0 && backend->kind() == BackendKind::kCuda) budget = backend->device_free_bytes();
     plan = plan_cache(config, budget);
+    offload::require_host_memory(plan, backend->kind(), host_available_bytes());
     store = std::make_unique<offload::HostStore>(*backend, plan, config.slots, config.max_seq);
     arena = std::make_unique<offload::DeviceArena>(*backend, plan, config.reserved);
     if (plan.streamed_layers > 0) {
