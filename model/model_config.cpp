@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "kvoffload/error.hpp"
-#include "model/printable.hpp"
+#include "offload/printable.hpp"
 #include "model/strict_json.hpp"
 
 namespace kvo::model {

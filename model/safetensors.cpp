@@ -10,7 +10,7 @@
 #include <cstring>
 
 #include "kvoffload/error.hpp"
-#include "model/printable.hpp"
+#include "offload/printable.hpp"
 #include "model/strict_json.hpp"
 #include "offload/checked_math.hpp"
 

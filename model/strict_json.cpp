@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kvoffload/error.hpp"
-#include "model/printable.hpp"
+#include "offload/printable.hpp"
 
 namespace kvo::model {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "kvoffload/error.hpp"
 #include "kvoffload/types.hpp"
-#include "model/printable.hpp"
+#include "offload/printable.hpp"
 
 namespace kvo::cli {
 
@@ -28,7 +28,7 @@ bool all_digits(const std::string& text, std::size_t from) {
 }
 
 std::string shown_text(const std::string& text) {
-  return "'" + model::printable(text) + "'";
+  return "'" + kvo::printable(text) + "'";
 }
 
 template <typename T>
@@ -263,6 +263,9 @@ int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) 
     return kExitSuccess;
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return kExitSuccess;
+    return usage(e.what());
+  } catch (const std::exception& e) {
+    // A check of a value that failed in a way it should not have: still the value's fault.
     return usage(e.what());
   }
   try {

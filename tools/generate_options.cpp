@@ -6,7 +6,7 @@
 
 #include "kvoffload/kvoffload.hpp"
 #include "model/numerics.hpp"
-#include "model/printable.hpp"
+#include "offload/printable.hpp"
 #include "tools/cli.hpp"
 #include "tools/token_file.hpp"
 
@@ -170,7 +170,7 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
     if (!read_integer(a.resident, n) || n < 0 || n > r.config.layers) {
       throw UsageError("--resident needs all, auto or a layer count from 0 to " +
                        std::to_string(r.config.layers) + " (the model's layers), got '" +
-                       model::printable(a.resident) + "'");
+                       kvo::printable(a.resident) + "'");
     }
     d.resident_layers = static_cast<int>(n);
   }

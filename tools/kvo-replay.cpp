@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kvoffload/kvoffload.hpp"
-#include "model/printable.hpp"
+#include "offload/printable.hpp"
 #include "tools/cli.hpp"
 
 namespace {
@@ -120,7 +120,7 @@ Options finish(Options o) {
     if (!kvo::cli::read_integer(o.resident, n) || n < 0 || n > c.layers) {
       throw kvo::cli::UsageError("--resident needs auto or a layer count from 0 to " +
                                  std::to_string(c.layers) + " (--layers), got '" +
-                                 kvo::model::printable(o.resident) + "'");
+                                 kvo::printable(o.resident) + "'");
     }
     c.resident_layers = static_cast<int>(n);
   }

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "model/printable.hpp"
+#include "offload/printable.hpp"
 #include "tools/cli.hpp"
 
 namespace kvo::cli {
@@ -53,7 +53,7 @@ class LineReader {
   }
   [[noreturn]] void unexpected() const {
     if (line_[pos_] == ',') fail("a comma before the first id");
-    fail("'" + model::printable(line_.substr(pos_, 1)) +
+    fail("'" + kvo::printable(line_.substr(pos_, 1)) +
          "' is not part of a token id (ids are decimal integers from 0 to 2147483647)");
   }
   std::int32_t id() {
@@ -64,7 +64,7 @@ class LineReader {
       value = value * 10 + (line_[pos_] - '0');
       if (value > INT32_MAX) {
         pos_ = start;
-        fail("token id " + model::printable(line_.substr(start, 24)) +
+        fail("token id " + kvo::printable(line_.substr(start, 24)) +
              " is larger than 2147483647");
       }
       ++pos_;

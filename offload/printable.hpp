@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-namespace kvo::model {
+namespace kvo {
 
 inline std::string printable(std::string_view text, std::size_t max_chars = 64) {
   static const char kHex[] = "0123456789abcdef";
@@ -26,4 +26,4 @@ inline std::string printable(std::string_view text, std::size_t max_chars = 64) 
   return out;
 }
 
-}  // namespace kvo::model
+}  // namespace kvo
