@@ -5,8 +5,8 @@
 #include <cstdlib>
 
 #include "kvoffload/error.hpp"
-#include "offload/printable.hpp"
 #include "model/strict_json.hpp"
+#include "offload/printable.hpp"
 
 namespace kvo::model {
 namespace {

@@ -10,9 +10,9 @@
 #include <cstring>
 
 #include "kvoffload/error.hpp"
-#include "offload/printable.hpp"
 #include "model/strict_json.hpp"
 #include "offload/checked_math.hpp"
+#include "offload/printable.hpp"
 
 namespace kvo::model {
 namespace {

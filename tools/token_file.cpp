@@ -64,8 +64,7 @@ class LineReader {
       value = value * 10 + (line_[pos_] - '0');
       if (value > INT32_MAX) {
         pos_ = start;
-        fail("token id " + kvo::printable(line_.substr(start, 24)) +
-             " is larger than 2147483647");
+        fail("token id " + kvo::printable(line_.substr(start, 24)) + " is larger than 2147483647");
       }
       ++pos_;
     }
