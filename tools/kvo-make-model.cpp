@@ -177,11 +177,12 @@ class PartialDir {
     files_.push_back(name);
     return path_ + "/" + name;
   }
-  // Puts the directory at `out` (absent or empty).
-  void commit(const std::string& out, bool out_exists) {
-    if (out_exists && ::rmdir(out.c_str()) != 0) throw io_error("cannot replace " + out);
-    if (::rename(path_.c_str(), out.c_str()) != 0)
+  // Puts the directory at `out`, which is absent or an empty directory (rename replaces one of
+  // those in one step).
+  void commit(const std::string& out) {
+    if (::rename(path_.c_str(), out.c_str()) != 0) {
       throw io_error("cannot move the model to " + out);
+    }
     path_.clear();
   }
 
@@ -259,7 +260,7 @@ int make_model(const Args& args, const CLI::App& app) {
   if (shards > 1) {
     write_text(partial.file("model.safetensors.index.json"), index.dump(2) + "\n");
   }
-  partial.commit(args.out, out_exists);
+  partial.commit(args.out);
   std::cout << "kvo-make-model: wrote " << config.architecture << " (" << config.layers
             << " layers, hidden " << config.hidden_size << ", "
             << kvo::model::parameter_count(config) << " parameters, "
