@@ -21,11 +21,17 @@ Error invalid(const std::string& what) {
 }  // namespace
 
 Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
-                 const DecoderOptions& options)
-    : config_(config),
+                 const DecoderOptions& options, const ProgressFn& weights_progress)
+    : config_((validate(config), config)),  // checked before layout_ sizes anything by it
       options_(options),
       layout_(config, options.override_dtype ? options.dtype : config.dtype) {
-  validate(config_);
+  // The checkpoint's tensor table is read (mapped, no data touched) and checked against the
+  // config before a byte is allocated: a config that does not match its weights is refused here.
+  std::unique_ptr<Checkpoint> checkpoint;
+  if (!source.checkpoint_dir.empty()) {
+    checkpoint = std::make_unique<Checkpoint>(source.checkpoint_dir);
+    check_checkpoint(layout_, *checkpoint);
+  }
   const DecoderMemory memory =
       plan_decoder_memory(config_, options_, resolve_backend(options_.backend));
   options_.max_prompt = memory.max_prompt;
@@ -65,19 +71,23 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   } else {
     ops_ = std::make_unique<HostOps>(shape);
   }
-  if (!source.checkpoint_dir.empty()) {
-    const Checkpoint checkpoint(source.checkpoint_dir);
-    load_checkpoint(layout_, checkpoint,
-                    [&](std::size_t offset, const void* host, std::size_t bytes) {
-                      cache_->copy_to_device(weights + offset, host, bytes);
-                    });
+  if (checkpoint) {
+    load_checkpoint(
+        layout_, *checkpoint,
+        [&](std::size_t offset, const void* host, std::size_t bytes) {
+          cache_->copy_to_device(weights + offset, host, bytes);
+        },
+        weights_progress);
   } else {
+    const auto total = static_cast<std::int64_t>(layout_.entries().size());
+    std::int64_t done = 0;
     for (const auto& e : layout_.entries()) {
       if (cache_->backend() == BackendKind::kCuda) {
         fill_synthetic_on_device(layout_, e, source.seed, weights + e.offset, stream_);
       } else {
         fill_synthetic(layout_, e, source.seed, weights + e.offset);
       }
+      if (weights_progress) weights_progress(++done, total);
     }
     if (stream_ != nullptr) cache_->synchronize_stream(stream_);
   }
@@ -263,6 +273,9 @@ void Decoder::prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
   counts[static_cast<std::size_t>(slot)] = n;
   cache_->begin_step(counts);
   const int chunk = options_.chunk;
+  const std::int64_t chunks = (n + chunk - 1) / chunk;
+  const std::int64_t total = chunks * config_.layers;
+  std::int64_t done = 0;
   for (int layer = 0; layer < config_.layers; ++layer) {
     const LayerView view = cache_->acquire(layer, stream_);
     for (int c0 = 0; c0 < n; c0 += chunk) {
@@ -270,9 +283,11 @@ void Decoder::prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
       float* x = a.residual + static_cast<std::int64_t>(c0) * config_.hidden_size;
       attention_block(layer, view, x, m, slot, start + c0, false);
       mlp_block(layer, x, m);
+      // On CUDA the chunk is only enqueued here; the bar then runs ahead of the device by at
+      // most the queue, and the layer's release orders it again.
+      if (progress) progress(++done, total);
     }
     cache_->release(layer, stream_);
-    if (progress) progress(layer + 1, config_.layers);
   }
   cache_->end_step();
 }

@@ -20,6 +20,7 @@
 #include "kvoffload/cache.hpp"
 #include "model/model_config.hpp"
 #include "model/ops.hpp"
+#include "model/progress.hpp"
 #include "model/sampler.hpp"
 #include "model/weights.hpp"
 
@@ -51,22 +52,24 @@ struct DecoderOptions {
   HostBackendOptions host;
 };
 
-// Called after each layer of a prefill: (layers done, layers).
-using ProgressFn = std::function<void(int, int)>;
-
 class Decoder {
  public:
-  // Plans and allocates everything, then loads or draws the weights. Throws kvo::Error:
-  // kInvalidArgument for bad options or weights, kOutOfMemory when the weights alone exceed the
-  // budget (naming both sizes) or the plan does not fit.
-  Decoder(const ModelConfig& config, const WeightSource& weights, const DecoderOptions& options);
+  // Checks the config, the options and the checkpoint's tensor table, plans, and only then
+  // allocates everything and loads or draws the weights; `weights_progress` (if set) hears
+  // (tensors done, tensors) as they are. Throws kvo::Error, before allocating anything, with
+  // kInvalidArgument for bad options or a checkpoint that does not match the config, and
+  // kOutOfMemory when the weights alone exceed the budget (naming both sizes) or the plan does
+  // not fit the device or this machine's memory.
+  Decoder(const ModelConfig& config, const WeightSource& weights, const DecoderOptions& options,
+          const ProgressFn& weights_progress = {});
   ~Decoder();
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
 
   // Appends `tokens` to `slot` in one layer-major step and writes the logits of the last one to
   // `logits` [vocab] (host). REQUIRES: 0 < tokens.size() <= max_prompt; each id in the
-  // vocabulary; length(slot) + tokens.size() <= max_seq.
+  // vocabulary; length(slot) + tokens.size() <= max_seq. `progress` (if set) hears (chunks done,
+  // chunks) after each chunk of each layer: layers x ceil(tokens / chunk) in all.
   void prefill(int slot, const std::vector<std::int32_t>& tokens, float* logits,
                const ProgressFn& progress = {});
   // One step: tokens[s] >= 0 is the next token of slot s, -1 leaves the slot out. Writes

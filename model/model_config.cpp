@@ -1,11 +1,12 @@
 #include "model/model_config.hpp"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
+#include <cstdio>
+#include <cstdlib>
 
 #include "kvoffload/error.hpp"
-#include "model/json.hpp"
+#include "model/strict_json.hpp"
+#include "offload/printable.hpp"
 
 namespace kvo::model {
 namespace {
@@ -16,53 +17,73 @@ Error invalid(const std::string& what) {
 
 const char* const kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
 
+// config.json is small; anything past this is not one.
+constexpr std::uint64_t kMaxConfigBytes = 16u << 20;
+
+// The fields of one JSON object, read with the types and ranges the decoder needs. null counts as
+// absent (transformers writes null for unset optional fields).
 class Fields {
  public:
-  Fields(const Json& root, const std::string& source) : root_(root), source_(source) {}
+  Fields(const Json& object, const std::string& source) : object_(object), source_(source) {}
 
   const Json* get(const char* key) const {
-    const Json* v = root_.find(key);
-    return v != nullptr && !v->is_null() ? v : nullptr;
+    const auto it = object_.find(key);
+    return it != object_.end() && !it->is_null() ? &*it : nullptr;
   }
-  int integer(const char* key, int min, int fallback, bool required) const {
+  // A JSON integer (no fraction, no exponent) in [min, max].
+  int integer(const char* key, int min, int max, int fallback, bool required) const {
     const Json* v = get(key);
     if (v == nullptr) {
       if (required) throw invalid(source_ + ": missing field \"" + key + "\"");
       return fallback;
     }
-    if (!v->is_number() || v->number() != std::floor(v->number()) || v->number() < min ||
-        v->number() > 2147483647.0) {
-      throw invalid(source_ + ": field \"" + key +
-                    "\" must be an integer >= " + std::to_string(min));
+    // JSON integers arrive as int64 or, when positive, as uint64; a fraction or an exponent makes
+    // a float, which is refused rather than rounded.
+    bool in_range = false;
+    if (v->is_number_unsigned()) {
+      const auto u = v->get<std::uint64_t>();
+      in_range = u >= static_cast<std::uint64_t>(min) && u <= static_cast<std::uint64_t>(max);
+    } else if (v->is_number_integer()) {
+      const auto i = v->get<std::int64_t>();
+      in_range = i >= min && i <= max;
     }
-    return static_cast<int>(v->number());
-  }
-  double real(const Json& obj, const char* key, double fallback) const {
-    const Json* v = obj.find(key);
-    if (v == nullptr || v->is_null()) return fallback;
-    if (!v->is_number() || !std::isfinite(v->number())) {
-      throw invalid(source_ + ": field \"" + key + "\" must be a number");
+    if (!in_range) {
+      throw invalid(source_ + ": field \"" + key + "\" must be an integer from " +
+                    std::to_string(min) + " to " + std::to_string(max) + ", got " +
+                    printable(v->dump()));
     }
-    return v->number();
+    return static_cast<int>(v->get<std::int64_t>());
   }
-  double real(const char* key, double fallback) const { return real(root_, key, fallback); }
+  double real(const char* key, double fallback) const {
+    const Json* v = get(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_number() || !std::isfinite(v->get<double>())) {
+      throw invalid(source_ + ": field \"" + key + "\" must be a finite number, got " +
+                    printable(v->dump()));
+    }
+    return v->get<double>();
+  }
   bool boolean(const char* key, bool fallback) const {
     const Json* v = get(key);
     if (v == nullptr) return fallback;
-    if (v->kind() != Json::Kind::kBool) {
-      throw invalid(source_ + ": field \"" + key + "\" must be true or false");
+    if (!v->is_boolean()) {
+      throw invalid(source_ + ": field \"" + key + "\" must be true or false, got " +
+                    printable(v->dump()));
     }
-    return v->boolean();
+    return v->get<bool>();
   }
   std::string text(const char* key, const std::string& fallback) const {
     const Json* v = get(key);
     if (v == nullptr) return fallback;
-    if (!v->is_string()) throw invalid(source_ + ": field \"" + key + "\" must be a string");
-    return v->string();
+    if (!v->is_string()) {
+      throw invalid(source_ + ": field \"" + key + "\" must be a string, got " +
+                    printable(v->dump()));
+    }
+    return v->get<std::string>();
   }
 
  private:
-  const Json& root_;
+  const Json& object_;
   const std::string& source_;
 };
 
@@ -73,42 +94,58 @@ void parse_rope(const Fields& f, const std::string& source, ModelConfig& c) {
   if (scaling == nullptr) scaling = f.get("rope_scaling");
   if (scaling == nullptr) return;
   if (!scaling->is_object()) throw invalid(source + ": rope scaling must be an object");
-  c.rope_theta = static_cast<float>(f.real(*scaling, "rope_theta", c.rope_theta));
+  const Fields s(*scaling, source);
+  c.rope_theta = static_cast<float>(s.real("rope_theta", c.rope_theta));
   std::string type = "default";
   for (const char* key : {"rope_type", "type"}) {
-    const Json* t = scaling->find(key);
-    if (t != nullptr && t->is_string()) type = t->string();
+    if (s.get(key) != nullptr) type = s.text(key, type);
   }
   if (type == "default") return;
   if (type != "llama3") {
-    throw invalid(source + ": rope scaling type \"" + type +
+    throw invalid(source + ": rope scaling type \"" + printable(type) +
                   "\" is not supported (supported: default, llama3)");
   }
-  c.rope_scaling.factor = static_cast<float>(f.real(*scaling, "factor", 0));
-  c.rope_scaling.low_freq_factor = static_cast<float>(f.real(*scaling, "low_freq_factor", 1));
-  c.rope_scaling.high_freq_factor = static_cast<float>(f.real(*scaling, "high_freq_factor", 4));
+  c.rope_scaling.factor = static_cast<float>(s.real("factor", 0));
+  c.rope_scaling.low_freq_factor = static_cast<float>(s.real("low_freq_factor", 1));
+  c.rope_scaling.high_freq_factor = static_cast<float>(s.real("high_freq_factor", 4));
   c.rope_scaling.original_max_position =
-      static_cast<float>(f.real(*scaling, "original_max_position_embeddings", 8192));
+      static_cast<float>(s.real("original_max_position_embeddings", 8192));
   if (!(c.rope_scaling.factor > 0) ||
       !(c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor) ||
-      !(c.rope_scaling.low_freq_factor > 0)) {
+      !(c.rope_scaling.low_freq_factor > 0) || !(c.rope_scaling.original_max_position > 0) ||
+      !std::isfinite(c.rope_scaling.factor) || !std::isfinite(c.rope_scaling.high_freq_factor) ||
+      !std::isfinite(c.rope_scaling.original_max_position)) {
     throw invalid(source +
-                  ": llama3 rope scaling needs factor > 0 and high_freq_factor > "
-                  "low_freq_factor > 0");
+                  ": llama3 rope scaling needs finite factor > 0, high_freq_factor > "
+                  "low_freq_factor > 0 and original_max_position_embeddings > 0");
   }
+}
+
+// The shortest decimal that reads back as `value`, so that 1e-5f is written "1e-05" and not
+// "9.99999975e-06".
+double shortest(float value) {
+  char text[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, static_cast<double>(value));
+    if (std::strtof(text, nullptr) == value) break;
+  }
+  return std::strtod(text, nullptr);
 }
 
 }  // namespace
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
-  const Json root = Json::parse(json_text, source);
+  const Json root = parse_json(json_text, source);
   if (!root.is_object()) throw invalid(source + ": expected a JSON object");
   const Fields f(root, source);
+  using L = ModelLimits;
   ModelConfig c;
-  const Json* archs = f.get("architectures");
-  if (archs != nullptr && archs->is_array() && !archs->array().empty() &&
-      archs->array()[0].is_string()) {
-    c.architecture = archs->array()[0].string();
+  if (const Json* archs = f.get("architectures")) {
+    if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
+      throw invalid(source + ": \"architectures\" must be a list of names, got " +
+                    printable(archs->dump()));
+    }
+    c.architecture = (*archs)[0].get<std::string>();
   } else {
     const std::string type = f.text("model_type", "");
     if (type == "llama")
@@ -119,12 +156,12 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
       c.architecture = "Qwen2ForCausalLM";
     else
       throw invalid(source + ": no \"architectures\" and no known \"model_type\"" +
-                    (type.empty() ? "" : " (\"" + type + "\")"));
+                    (type.empty() ? "" : " (\"" + printable(type) + "\")"));
   }
   bool known = false;
   for (const char* a : kArchitectures) known = known || c.architecture == a;
   if (!known) {
-    throw invalid(source + ": architecture \"" + c.architecture +
+    throw invalid(source + ": architecture \"" + printable(c.architecture) +
                   "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
                   "Qwen2ForCausalLM)");
   }
@@ -133,18 +170,19 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
                                                           : "qwen2";
   const std::string act = f.text("hidden_act", "silu");
   if (act != "silu") {
-    throw invalid(source + ": hidden_act \"" + act + "\" is not supported (supported: silu)");
+    throw invalid(source + ": hidden_act \"" + printable(act) +
+                  "\" is not supported (supported: silu)");
   }
   if (f.boolean("mlp_bias", false)) throw invalid(source + ": mlp_bias is not supported");
-  c.vocab_size = f.integer("vocab_size", 1, 0, true);
-  c.hidden_size = f.integer("hidden_size", 1, 0, true);
-  c.intermediate_size = f.integer("intermediate_size", 1, 0, true);
-  c.layers = f.integer("num_hidden_layers", 1, 0, true);
-  c.heads = f.integer("num_attention_heads", 1, 0, true);
-  c.kv_heads = f.integer("num_key_value_heads", 1, c.heads, false);
-  c.head_dim = f.integer("head_dim", 1, c.hidden_size / c.heads, false);
+  c.vocab_size = f.integer("vocab_size", 1, L::kVocab, 0, true);
+  c.hidden_size = f.integer("hidden_size", 1, L::kHidden, 0, true);
+  c.intermediate_size = f.integer("intermediate_size", 1, L::kIntermediate, 0, true);
+  c.layers = f.integer("num_hidden_layers", 1, L::kLayers, 0, true);
+  c.heads = f.integer("num_attention_heads", 1, L::kHeads, 0, true);
+  c.kv_heads = f.integer("num_key_value_heads", 1, L::kHeads, c.heads, false);
+  c.head_dim = f.integer("head_dim", 2, L::kHeadDim, c.hidden_size / c.heads, false);
   c.rms_norm_eps = static_cast<float>(f.real("rms_norm_eps", 1e-6));
-  c.max_position_embeddings = f.integer("max_position_embeddings", 1, 4096, false);
+  c.max_position_embeddings = f.integer("max_position_embeddings", 1, L::kPositions, 4096, false);
   c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
   parse_rope(f, source, c);
   if (c.model_type == "qwen2") {
@@ -155,14 +193,15 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   } else {
     c.qkv_bias = c.o_bias = f.boolean("attention_bias", false);
   }
-  if (c.model_type == "mistral") c.sliding_window = f.integer("sliding_window", 1, 0, false);
+  if (c.model_type == "mistral") {
+    c.sliding_window = f.integer("sliding_window", 1, L::kPositions, 0, false);
+  }
   std::string dtype = f.text("torch_dtype", f.text("dtype", "bfloat16"));
   try {
     c.dtype = parse_dtype(dtype);
   } catch (const Error&) {
-    throw invalid(source + ": dtype \"" + dtype +
-                  "\" is not supported (float32, float16, "
-                  "bfloat16)");
+    throw invalid(source + ": dtype \"" + printable(dtype) +
+                  "\" is not supported (float32, float16, bfloat16)");
   }
   try {
     validate(c);
@@ -173,17 +212,28 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 }
 
 ModelConfig load_model_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw invalid("cannot open " + path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_model_config(text.str(), path);
+  return parse_model_config(read_regular_file(path, kMaxConfigBytes), path);
 }
 
 void validate(const ModelConfig& c) {
-  if (c.vocab_size < 1 || c.hidden_size < 1 || c.intermediate_size < 1 || c.layers < 1 ||
-      c.heads < 1 || c.kv_heads < 1 || c.head_dim < 2) {
-    throw invalid("every dimension must be positive (head_dim at least 2)");
+  using L = ModelLimits;
+  const struct {
+    const char* name;
+    int value, min, max;
+  } dims[] = {{"vocab_size", c.vocab_size, 1, L::kVocab},
+              {"hidden_size", c.hidden_size, 1, L::kHidden},
+              {"intermediate_size", c.intermediate_size, 1, L::kIntermediate},
+              {"num_hidden_layers", c.layers, 1, L::kLayers},
+              {"num_attention_heads", c.heads, 1, L::kHeads},
+              {"num_key_value_heads", c.kv_heads, 1, L::kHeads},
+              {"head_dim", c.head_dim, 2, L::kHeadDim},
+              {"max_position_embeddings", c.max_position_embeddings, 1, L::kPositions},
+              {"sliding_window", c.sliding_window, 0, L::kPositions}};
+  for (const auto& d : dims) {
+    if (d.value < d.min || d.value > d.max) {
+      throw invalid(std::string(d.name) + " must be from " + std::to_string(d.min) + " to " +
+                    std::to_string(d.max) + ", got " + std::to_string(d.value));
+    }
   }
   if (c.heads % c.kv_heads != 0) {
     throw invalid("num_attention_heads (" + std::to_string(c.heads) +
@@ -192,9 +242,9 @@ void validate(const ModelConfig& c) {
   }
   if (c.head_dim % 2 != 0)
     throw invalid("head_dim must be even, got " + std::to_string(c.head_dim));
-  if (c.head_dim > 1024) throw invalid("head_dim above 1024 is not supported");
-  if (!(c.rms_norm_eps > 0) || !(c.rope_theta > 0)) {
-    throw invalid("rms_norm_eps and rope_theta must be positive");
+  if (!(c.rms_norm_eps > 0) || !(c.rope_theta > 0) || !std::isfinite(c.rms_norm_eps) ||
+      !std::isfinite(c.rope_theta)) {
+    throw invalid("rms_norm_eps and rope_theta must be positive and finite");
   }
 }
 
@@ -264,45 +314,38 @@ std::vector<std::string> preset_names() {
 }
 
 std::string to_config_json(const ModelConfig& c) {
-  std::ostringstream o;
-  o.precision(9);
-  const char* dtype = c.dtype == DType::kF32   ? "float32"
-                      : c.dtype == DType::kF16 ? "float16"
-                                               : "bfloat16";
-  o << "{\n  \"architectures\": [" << json_quote(c.architecture) << "],\n"
-    << "  \"model_type\": " << json_quote(c.model_type) << ",\n"
-    << "  \"vocab_size\": " << c.vocab_size << ",\n"
-    << "  \"hidden_size\": " << c.hidden_size << ",\n"
-    << "  \"intermediate_size\": " << c.intermediate_size << ",\n"
-    << "  \"num_hidden_layers\": " << c.layers << ",\n"
-    << "  \"num_attention_heads\": " << c.heads << ",\n"
-    << "  \"num_key_value_heads\": " << c.kv_heads << ",\n"
-    << "  \"head_dim\": " << c.head_dim << ",\n"
-    << "  \"hidden_act\": \"silu\",\n"
-    << "  \"rms_norm_eps\": " << c.rms_norm_eps << ",\n"
-    << "  \"rope_theta\": " << c.rope_theta << ",\n"
-    << "  \"max_position_embeddings\": " << c.max_position_embeddings << ",\n"
-    << "  \"tie_word_embeddings\": " << (c.tie_word_embeddings ? "true" : "false") << ",\n";
+  nlohmann::ordered_json o;
+  o["architectures"] = {c.architecture};
+  o["model_type"] = c.model_type;
+  o["vocab_size"] = c.vocab_size;
+  o["hidden_size"] = c.hidden_size;
+  o["intermediate_size"] = c.intermediate_size;
+  o["num_hidden_layers"] = c.layers;
+  o["num_attention_heads"] = c.heads;
+  o["num_key_value_heads"] = c.kv_heads;
+  o["head_dim"] = c.head_dim;
+  o["hidden_act"] = "silu";
+  o["rms_norm_eps"] = shortest(c.rms_norm_eps);
+  o["rope_theta"] = shortest(c.rope_theta);
+  o["max_position_embeddings"] = c.max_position_embeddings;
+  o["tie_word_embeddings"] = c.tie_word_embeddings;
   if (c.rope_scaling.factor > 0) {
-    o << "  \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": " << c.rope_scaling.factor
-      << ", \"low_freq_factor\": " << c.rope_scaling.low_freq_factor
-      << ", \"high_freq_factor\": " << c.rope_scaling.high_freq_factor
-      << ", \"original_max_position_embeddings\": " << c.rope_scaling.original_max_position
-      << "},\n";
+    o["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", shortest(c.rope_scaling.factor)},
+                         {"low_freq_factor", shortest(c.rope_scaling.low_freq_factor)},
+                         {"high_freq_factor", shortest(c.rope_scaling.high_freq_factor)},
+                         {"original_max_position_embeddings",
+                          static_cast<std::int64_t>(c.rope_scaling.original_max_position)}};
   }
-  if (c.model_type == "llama") {
-    o << "  \"attention_bias\": " << (c.qkv_bias ? "true" : "false") << ",\n";
-  }
+  if (c.model_type == "llama") o["attention_bias"] = c.qkv_bias;
   if (c.model_type == "mistral") {
-    o << "  \"sliding_window\": ";
-    if (c.sliding_window > 0)
-      o << c.sliding_window;
-    else
-      o << "null";
-    o << ",\n";
+    o["sliding_window"] = c.sliding_window > 0 ? nlohmann::ordered_json(c.sliding_window)
+                                               : nlohmann::ordered_json(nullptr);
   }
-  o << "  \"torch_dtype\": \"" << dtype << "\"\n}\n";
-  return o.str();
+  o["torch_dtype"] = c.dtype == DType::kF32   ? "float32"
+                     : c.dtype == DType::kF16 ? "float16"
+                                              : "bfloat16";
+  return o.dump(2) + "\n";
 }
 
 std::int64_t parameter_count(const ModelConfig& c) {

@@ -35,12 +35,28 @@ struct ModelConfig {
   std::int64_t kv_dim() const { return static_cast<std::int64_t>(kv_heads) * head_dim; }
 };
 
+// The largest value each dimension may take, stated so that every size derived from a config
+// (weights, activations, a tensor's byte count) is far from overflowing and an absurd config is
+// refused before anything is allocated. Real Llama-family models stay well inside: Llama 3.1
+// 405B has 126 layers, hidden 16384, intermediate 53248, 128 heads, vocab 128256.
+struct ModelLimits {
+  static constexpr int kVocab = 1 << 22;         // 4,194,304
+  static constexpr int kHidden = 1 << 16;        // 65,536
+  static constexpr int kIntermediate = 1 << 20;  // 1,048,576
+  static constexpr int kLayers = 1024;
+  static constexpr int kHeads = 1024;  // attention heads and KV heads
+  static constexpr int kHeadDim = 1024;
+  static constexpr int kPositions = 1 << 30;  // max_position_embeddings, sliding_window
+};
+
 // Reads config.json (its text, `source` names it in errors). Throws kvo::Error(kInvalidArgument)
 // for malformed JSON, a missing or out-of-range field, or an unsupported architecture, naming it.
+// Integer fields must be JSON integers within ModelLimits.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
 ModelConfig load_model_config(const std::string& path);
 
-// Checks the relations between fields (heads divisible by kv_heads, even head_dim, ...).
+// Checks every dimension against ModelLimits and the relations between fields (heads divisible
+// by kv_heads, even head_dim, ...). Throws kvo::Error(kInvalidArgument) naming the field.
 void validate(const ModelConfig& config);
 
 // Built-in shapes by name: tiny, llama3-8b, mistral-7b, qwen2.5-7b. Throws for an unknown name,

@@ -30,10 +30,13 @@ MemoryPlan base_plan(Strategy strategy, const model::DecoderMemory& m, int layer
   return p;
 }
 
-void finish(MemoryPlan& p, std::uint64_t budget) {
+// On the host backend the "device" bytes are host memory as well, so both count against it.
+void finish(MemoryPlan& p, std::uint64_t budget, BackendKind backend) {
   p.total_bytes = p.weights_bytes + p.kv_device_bytes + p.activation_bytes + p.workspace_bytes;
   p.fits = budget == 0 || p.total_bytes <= budget;
-  p.host_fits = p.host_bytes <= p.host_available_bytes;
+  const std::uint64_t host_need =
+      backend == BackendKind::kHost ? p.total_bytes + p.host_bytes : p.host_bytes;
+  p.host_fits = host_need <= p.host_available_bytes;
 }
 
 MemoryPlan kvoffload_plan(const model::DecoderMemory& m, int layers, std::uint64_t budget) {
@@ -43,7 +46,7 @@ MemoryPlan kvoffload_plan(const model::DecoderMemory& m, int layers, std::uint64
   p.kv_device_bytes = cache.resident_bytes + cache.staging_bytes;
   p.host_bytes = cache.host_bytes;
   p.resident_layers = cache.resident_layers;
-  finish(p, budget);
+  finish(p, budget, m.cache.backend);
   if (p.total_bytes != cache.device_bytes) {
     throw Error(ErrorCode::kInternal, "the memory plan does not add up to the cache's plan");
   }
@@ -87,7 +90,7 @@ std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query) {
   MemoryPlan all = base_plan(Strategy::kAllOnDevice, m, config.layers);
   all.kv_device_bytes = layers * layer;
   all.resident_layers = config.layers;
-  finish(all, query.budget);
+  finish(all, query.budget, query.backend);
   plans.push_back(all);
 
   // transformers' OffloadedStaticCache: layer 0's K/V stays on the device, two device buffers of
@@ -97,7 +100,7 @@ std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query) {
   hf.kv_device_bytes = (layers > 1 ? 3 : 1) * layer;
   hf.host_bytes = (layers - 1) * layer;
   hf.resident_layers = 1;
-  finish(hf, query.budget);
+  finish(hf, query.budget, query.backend);
   plans.push_back(hf);
 
   try {

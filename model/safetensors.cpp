@@ -5,12 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "kvoffload/error.hpp"
-#include "model/json.hpp"
+#include "model/strict_json.hpp"
+#include "offload/checked_math.hpp"
+#include "offload/printable.hpp"
 
 namespace kvo::model {
 namespace {
@@ -19,32 +21,228 @@ Error invalid(const std::string& what) {
   return Error(ErrorCode::kInvalidArgument, what);
 }
 
+// An index lists one entry per tensor; even a 405B model's is far below this.
+constexpr std::uint64_t kMaxIndexBytes = 64u << 20;
+
 const char* safetensors_dtype(DType d) {
   return d == DType::kF32 ? "F32" : d == DType::kF16 ? "F16" : "BF16";
 }
 
-bool file_exists(const std::string& path) {
+// Element sizes of the format's dtypes; 0: not one of them.
+std::size_t element_bytes(const std::string& dtype) {
+  static const std::map<std::string, std::size_t> kSizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},     {"U32", 4},
+      {"F32", 4},  {"F64", 8}, {"I64", 8}, {"U64", 8},     {"C64", 8}};
+  const auto it = kSizes.find(dtype);
+  return it == kSizes.end() ? 0 : it->second;
+}
+
+bool exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0;
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw invalid("cannot open " + path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+// A non-negative JSON integer, or nothing (a fraction, an exponent, a sign, a string...).
+bool unsigned_integer(const Json& v, std::uint64_t& out) {
+  if (!v.is_number_unsigned()) return false;
+  out = v.get<std::uint64_t>();
+  return true;
+}
+
+struct Span {
+  std::uint64_t begin, end;
+  const std::string* name;
+};
+
+// The tensors must tile [0, data_size) exactly: sorted by offset, each starts where the
+// previous one ended, and the last ends at the end of the data.
+void check_tiling(std::vector<Span> spans, std::uint64_t data_size, const std::string& path) {
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::uint64_t covered = 0;
+  const std::string* previous = nullptr;
+  for (const Span& s : spans) {
+    if (s.begin < covered) {
+      throw invalid(path + ": tensors \"" + printable(*previous) + "\" and \"" +
+                    printable(*s.name) + "\" overlap (bytes " + std::to_string(s.begin) + " to " +
+                    std::to_string(covered) + " of the data section)");
+    }
+    if (s.begin > covered) {
+      throw invalid(path + ": bytes " + std::to_string(covered) + " to " + std::to_string(s.begin) +
+                    " of the data section belong to no tensor (before \"" + printable(*s.name) +
+                    "\")");
+    }
+    covered = s.end;
+    previous = s.name;
+  }
+  if (covered != data_size) {
+    throw invalid(path + ": the data section has " + std::to_string(data_size) +
+                  " bytes but its tensors cover only " + std::to_string(covered));
+  }
+}
+
+TensorInfo parse_entry(const std::string& name, const Json& entry, const std::string& path,
+                       const std::byte* data, std::uint64_t data_size, Span& span) {
+  const std::string where = path + ": tensor \"" + printable(name) + "\"";
+  if (!entry.is_object()) throw invalid(where + " is not a JSON object");
+  for (const auto& [key, value] : entry.items()) {
+    (void)value;
+    if (key != "dtype" && key != "shape" && key != "data_offsets") {
+      throw invalid(where + " has an unknown field \"" + printable(key) +
+                    "\" (expected dtype, shape, data_offsets)");
+    }
+  }
+  const auto dtype = entry.find("dtype");
+  const auto shape = entry.find("shape");
+  const auto offsets = entry.find("data_offsets");
+  if (dtype == entry.end() || shape == entry.end() || offsets == entry.end()) {
+    throw invalid(where + " lacks one of dtype, shape, data_offsets");
+  }
+  if (!dtype->is_string()) throw invalid(where + ": dtype is not a string");
+  TensorInfo t;
+  t.name = name;
+  t.file = path;
+  t.dtype_text = dtype->get<std::string>();
+  const std::size_t elem = element_bytes(t.dtype_text);
+  if (elem == 0) {
+    throw invalid(where + " has an unknown dtype \"" + printable(t.dtype_text) + "\"");
+  }
+  for (const DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
+    if (t.dtype_text == safetensors_dtype(d)) t.dtype = d, t.dtype_supported = true;
+  }
+  if (!shape->is_array()) throw invalid(where + ": shape is not a list");
+  std::uint64_t bytes = elem;
+  for (const Json& dim : *shape) {
+    std::uint64_t d = 0;
+    if (!unsigned_integer(dim, d) || d > static_cast<std::uint64_t>(INT64_MAX)) {
+      throw invalid(where + " has a malformed shape: " + printable(shape->dump()) +
+                    " (dimensions are non-negative integers)");
+    }
+    t.shape.push_back(static_cast<std::int64_t>(d));
+    if (__builtin_mul_overflow(bytes, d, &bytes)) {
+      throw invalid(where + ": shape " + printable(shape->dump()) + " of " + t.dtype_text +
+                    " holds more than 2^64 bytes");
+    }
+  }
+  std::uint64_t begin = 0, end = 0;
+  if (!offsets->is_array() || offsets->size() != 2 || !unsigned_integer((*offsets)[0], begin) ||
+      !unsigned_integer((*offsets)[1], end) || end < begin) {
+    throw invalid(where + " has malformed data_offsets " + printable(offsets->dump()) +
+                  " (two integers, begin <= end)");
+  }
+  if (end > data_size) {
+    throw invalid(where + " ends at byte " + std::to_string(end) +
+                  " of the data section, which has only " + std::to_string(data_size) +
+                  " bytes (the file is truncated or its header lies)");
+  }
+  if (end - begin != bytes) {
+    throw invalid(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                  ") hold " + std::to_string(end - begin) + " bytes but shape " +
+                  printable(shape->dump()) + " of " + t.dtype_text + " needs " +
+                  std::to_string(bytes));
+  }
+  t.data = data + begin;
+  t.bytes = static_cast<std::size_t>(bytes);
+  span = {begin, end, nullptr};
+  return t;
 }
 
 }  // namespace
 
+std::map<std::string, TensorInfo> parse_safetensors(const std::byte* file, std::size_t size,
+                                                    const std::string& path) {
+  if (size < 8) {
+    throw invalid(path + ": truncated safetensors file (" + std::to_string(size) +
+                  " bytes, not even the 8-byte header length)");
+  }
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) {
+    header_len = (header_len << 8) | std::to_integer<std::uint64_t>(file[i]);
+  }
+  if (header_len > kMaxSafetensorsHeaderBytes) {
+    throw invalid(path + ": the safetensors header claims " + std::to_string(header_len) +
+                  " bytes, more than the format's limit of " +
+                  std::to_string(kMaxSafetensorsHeaderBytes));
+  }
+  if (header_len > size - 8) {
+    throw invalid(path + ": truncated safetensors file: the header claims " +
+                  std::to_string(header_len) + " bytes but the file has " +
+                  std::to_string(size - 8) + " after the length");
+  }
+  const std::string_view header(reinterpret_cast<const char*>(file + 8), header_len);
+  if (header.empty() || header.front() != '{') {
+    throw invalid(path + ": the safetensors header does not start with '{'");
+  }
+  const Json root = parse_json(header, path + " (safetensors header)");
+  if (!root.is_object()) throw invalid(path + ": safetensors header is not a JSON object");
+  const std::byte* data = file + 8 + header_len;
+  const std::uint64_t data_size = size - 8 - header_len;
+  std::map<std::string, TensorInfo> tensors;
+  std::vector<Span> spans;
+  for (const auto& [name, entry] : root.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) throw invalid(path + ": __metadata__ is not a JSON object");
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string()) {
+          throw invalid(path + ": __metadata__ \"" + printable(key) + "\" is not a string");
+        }
+      }
+      continue;
+    }
+    Span span{};
+    TensorInfo t = parse_entry(name, entry, path, data, data_size, span);
+    const auto [it, inserted] = tensors.emplace(name, std::move(t));
+    (void)inserted;  // parse_json refuses repeated keys
+    span.name = &it->first;
+    spans.push_back(span);
+  }
+  check_tiling(std::move(spans), data_size, path);
+  return tensors;
+}
+
+ShardIndex parse_safetensors_index(const std::string& text, const std::string& path) {
+  const Json root = parse_json(text, path);
+  if (!root.is_object()) throw invalid(path + ": expected a JSON object");
+  const auto map = root.find("weight_map");
+  if (map == root.end() || !map->is_object()) {
+    throw invalid(path + ": missing \"weight_map\" (an object of tensor name -> file)");
+  }
+  ShardIndex index;
+  for (const auto& [name, file] : map->items()) {
+    if (!file.is_string()) {
+      throw invalid(path + ": weight_map entry \"" + printable(name) + "\" is not a file name");
+    }
+    const std::string& shard = file.get_ref<const std::string&>();
+    // Shards sit beside the index: a name with a directory part could reach any file.
+    if (shard.empty() || shard == "." || shard == ".." ||
+        shard.find_first_of(std::string("/\\\0", 3)) != std::string::npos) {
+      throw invalid(path + ": weight_map entry \"" + printable(name) + "\" names \"" +
+                    printable(shard) +
+                    "\", which is not a file in the model directory (shards are plain file "
+                    "names beside the index)");
+    }
+    if (std::find(index.shards.begin(), index.shards.end(), shard) == index.shards.end()) {
+      index.shards.push_back(shard);
+    }
+    index.shard_of.emplace(name, shard);
+  }
+  return index;
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw invalid("cannot open " + path + ": " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
+    const int err = errno;
     ::close(fd);
-    throw invalid("cannot stat " + path);
+    throw invalid("cannot stat " + path + ": " + std::strerror(err));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw invalid(path + " is not a regular file");
   }
   size_ = static_cast<std::size_t>(st.st_size);
   if (size_ < 8) {
@@ -53,84 +251,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                   " bytes, not even the 8-byte header length)");
   }
   mapping_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
   ::close(fd);
   if (mapping_ == MAP_FAILED) {
     mapping_ = nullptr;
-    throw invalid("cannot map " + path + ": " + std::strerror(errno));
+    throw invalid("cannot map " + path + ": " + std::strerror(map_errno));
   }
-  const auto* bytes = static_cast<const std::byte*>(mapping_);
-  std::uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i)
-    header_len = (header_len << 8) | std::to_integer<std::uint64_t>(bytes[i]);
   try {
-    if (header_len > size_ - 8) {
-      throw invalid(path + ": truncated safetensors file: the header claims " +
-                    std::to_string(header_len) + " bytes but the file has " +
-                    std::to_string(size_ - 8) + " after the length");
-    }
-    const std::string header(reinterpret_cast<const char*>(bytes + 8), header_len);
-    const Json root = Json::parse(header, path + " (safetensors header)");
-    if (!root.is_object()) throw invalid(path + ": safetensors header is not a JSON object");
-    const std::byte* data = bytes + 8 + header_len;
-    const std::size_t data_size = size_ - 8 - header_len;
-    for (const auto& [name, entry] : root.object()) {
-      if (name == "__metadata__") continue;
-      const std::string where = path + ": tensor \"" + name + "\"";
-      const Json* dtype = entry.find("dtype");
-      const Json* shape = entry.find("shape");
-      const Json* offsets = entry.find("data_offsets");
-      if (dtype == nullptr || !dtype->is_string() || shape == nullptr || !shape->is_array() ||
-          offsets == nullptr || !offsets->is_array() || offsets->array().size() != 2) {
-        throw invalid(where + " has a malformed header entry (needs dtype, shape, data_offsets)");
-      }
-      TensorInfo t;
-      t.name = name;
-      t.file = path;
-      const std::string& d = dtype->string();
-      std::size_t elem = 0;
-      if (d == "F32")
-        t.dtype = DType::kF32, elem = 4;
-      else if (d == "F16")
-        t.dtype = DType::kF16, elem = 2;
-      else if (d == "BF16")
-        t.dtype = DType::kBF16, elem = 2;
-      std::uint64_t count = 1;
-      for (const Json& dim : shape->array()) {
-        if (!dim.is_number() || dim.number() < 0 || dim.number() > 9.0e15) {
-          throw invalid(where + " has a malformed shape");
-        }
-        t.shape.push_back(static_cast<std::int64_t>(dim.number()));
-        count *= static_cast<std::uint64_t>(dim.number());
-      }
-      const Json& b = offsets->array()[0];
-      const Json& e = offsets->array()[1];
-      if (!b.is_number() || !e.is_number() || b.number() < 0 || e.number() < b.number()) {
-        throw invalid(where + " has malformed data_offsets");
-      }
-      const auto begin = static_cast<std::uint64_t>(b.number());
-      const auto end = static_cast<std::uint64_t>(e.number());
-      if (end > data_size) {
-        throw invalid(where + " ends at byte " + std::to_string(end) +
-                      " of the data section, which has only " + std::to_string(data_size) +
-                      " bytes (the file is truncated or its header lies)");
-      }
-      t.dtype_text = d;
-      t.dtype_supported = elem != 0;
-      if (elem == 0) {
-        t.bytes = static_cast<std::size_t>(end - begin);
-        t.data = data + begin;
-      } else {
-        if (end - begin != count * elem) {
-          throw invalid(where + ": data_offsets [" + std::to_string(begin) + ", " +
-                        std::to_string(end) + ") hold " + std::to_string(end - begin) +
-                        " bytes but shape and dtype " + d + " need " +
-                        std::to_string(count * elem));
-        }
-        t.data = data + begin;
-        t.bytes = static_cast<std::size_t>(end - begin);
-      }
-      tensors_[name] = std::move(t);
-    }
+    tensors_ = parse_safetensors(static_cast<const std::byte*>(mapping_), size_, path);
   } catch (...) {
     ::munmap(mapping_, size_);
     mapping_ = nullptr;
@@ -143,27 +271,38 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
-  const std::string index = dir + "/model.safetensors.index.json";
-  std::vector<std::string> shards;
-  if (file_exists(index)) {
-    const Json root = Json::parse(read_text(index), index);
-    const Json* map = root.find("weight_map");
-    if (map == nullptr || !map->is_object()) throw invalid(index + ": missing \"weight_map\"");
-    for (const auto& [name, file] : map->object()) {
-      if (!file.is_string())
-        throw invalid(index + ": weight_map entry \"" + name + "\" is not a file name");
-      bool seen = false;
-      for (const auto& s : shards) seen = seen || s == file.string();
-      if (!seen) shards.push_back(file.string());
-    }
-  } else if (file_exists(dir + "/model.safetensors")) {
-    shards.push_back("model.safetensors");
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    throw invalid("cannot open the model directory " + dir + ": " + std::strerror(errno));
+  }
+  if (!S_ISDIR(st.st_mode)) throw invalid(dir + " is not a directory");
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  ShardIndex index;
+  const bool indexed = exists(index_path);
+  if (indexed) {
+    index = parse_safetensors_index(read_regular_file(index_path, kMaxIndexBytes), index_path);
+  } else if (exists(dir + "/model.safetensors")) {
+    index.shards.push_back("model.safetensors");
   } else {
     throw invalid(dir + ": no model.safetensors or model.safetensors.index.json");
   }
-  for (const auto& shard : shards) {
+  std::map<std::string, const SafetensorsFile*> holder;
+  for (const auto& shard : index.shards) {
     files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + shard));
-    for (const auto& [name, info] : files_.back()->tensors()) tensors_[name] = &info;
+    for (const auto& [name, info] : files_.back()->tensors()) {
+      const auto [it, inserted] = tensors_.emplace(name, &info);
+      if (!inserted) {
+        throw invalid(dir + ": tensor \"" + printable(name) + "\" is in both " + it->second->file +
+                      " and " + info.file);
+      }
+    }
+  }
+  for (const auto& [name, shard] : index.shard_of) {
+    const auto it = tensors_.find(name);
+    if (it == tensors_.end() || it->second->file != dir + "/" + shard) {
+      throw invalid(index_path + " places tensor \"" + printable(name) + "\" in " + shard +
+                    ", which does not hold it");
+    }
   }
 }
 
@@ -175,32 +314,66 @@ const TensorInfo& Checkpoint::tensor(const std::string& name) const {
   return *it->second;
 }
 
-void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
-  std::ostringstream header;
-  header << "{\"__metadata__\":{\"format\":\"pt\"}";
+std::uint64_t TensorHeader::bytes() const {
+  std::uint64_t n = dtype_size(dtype);
+  for (const auto d : shape) {
+    if (d < 0) throw invalid("tensor \"" + name + "\" has a negative dimension");
+    n = offload::checked_mul(n, static_cast<std::uint64_t>(d), "tensor bytes");
+  }
+  return n;
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<TensorHeader> tensors)
+    : path_(path), out_(nullptr, &std::fclose) {
+  nlohmann::ordered_json header;
+  header["__metadata__"] = {{"format", "pt"}};
   std::uint64_t offset = 0;
   for (const auto& t : tensors) {
-    header << "," << json_quote(t.name) << ":{\"dtype\":\"" << safetensors_dtype(t.dtype)
-           << "\",\"shape\":[";
-    for (std::size_t i = 0; i < t.shape.size(); ++i) header << (i ? "," : "") << t.shape[i];
-    header << "],\"data_offsets\":[" << offset << "," << offset + t.data.size() << "]}";
-    offset += t.data.size();
+    const std::uint64_t end = offload::checked_add(offset, t.bytes(), "safetensors data bytes");
+    header[t.name] = {
+        {"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
+    offset = end;
   }
-  header << "}";
-  std::string text = header.str();
-  while ((text.size() + 8) % 8 != 0) text += ' ';  // data starts 8-byte aligned
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw invalid("cannot write " + path);
+  total_ = offset;
+  std::string text = header.dump();
+  while (text.size() % 8 != 0) text += ' ';  // data starts 8-byte aligned
+  out_.reset(std::fopen(path.c_str(), "wb"));
+  if (!out_) throw invalid("cannot write " + path + ": " + std::strerror(errno));
   unsigned char len[8];
-  std::uint64_t n = text.size();
+  const std::uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const auto& t : tensors) {
-    out.write(reinterpret_cast<const char*>(t.data.data()),
-              static_cast<std::streamsize>(t.data.size()));
+  if (std::fwrite(len, 1, 8, out_.get()) != 8 ||
+      std::fwrite(text.data(), 1, text.size(), out_.get()) != text.size()) {
+    throw invalid("failed writing " + path + ": " + std::strerror(errno));
   }
-  if (!out) throw invalid("failed writing " + path);
+}
+
+void SafetensorsWriter::write(const void* bytes, std::size_t size) {
+  if (written_ + size > total_) {
+    throw Error(ErrorCode::kInternal, path_ + ": more tensor bytes than the header declares");
+  }
+  if (size > 0 && std::fwrite(bytes, 1, size, out_.get()) != size) {
+    throw invalid("failed writing " + path_ + ": " + std::strerror(errno));
+  }
+  written_ += size;
+}
+
+void SafetensorsWriter::finish() {
+  if (written_ != total_) {
+    throw Error(ErrorCode::kInternal, path_ + ": " + std::to_string(written_) + " of " +
+                                          std::to_string(total_) + " tensor bytes written");
+  }
+  if (std::fflush(out_.get()) != 0 || std::fclose(out_.release()) != 0) {
+    throw invalid("failed writing " + path_ + ": " + std::strerror(errno));
+  }
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+  std::vector<TensorHeader> headers;
+  for (const auto& t : tensors) headers.push_back({t.name, t.dtype, t.shape});
+  SafetensorsWriter writer(path, std::move(headers));
+  for (const auto& t : tensors) writer.write(t.data.data(), t.data.size());
+  writer.finish();
 }
 
 }  // namespace kvo::model

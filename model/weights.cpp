@@ -1,5 +1,6 @@
 #include "model/weights.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -129,9 +130,14 @@ float synthetic_value(const WeightEntry& entry, std::uint64_t seed, std::int64_t
 
 void fill_synthetic(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
                     void* out) {
+  fill_synthetic_range(layout, entry, seed, 0, entry.elements, out);
+}
+
+void fill_synthetic_range(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
+                          std::int64_t first, std::int64_t count, void* out) {
   const Elem type = elem(layout.dtype());
-  for (std::int64_t i = 0; i < entry.elements; ++i) {
-    store_elem(out, i, type, synthetic_value(entry, seed, i));
+  for (std::int64_t i = 0; i < count; ++i) {
+    store_elem(out, i, type, synthetic_value(entry, seed, first + i));
   }
 }
 
@@ -146,9 +152,37 @@ void convert_elements(const void* src, DType from, void* dst, DType to, std::siz
   }
 }
 
-void load_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint,
-                     const UploadFn& upload) {
-  std::vector<std::byte> staging;
+namespace {
+
+// Layers the checkpoint holds: one more than the largest N of a "model.layers.N." tensor.
+int checkpoint_layers(const Checkpoint& checkpoint) {
+  static const std::string kPrefix = "model.layers.";
+  long long layers = 0;
+  for (const auto& [name, info] : checkpoint.tensors()) {
+    (void)info;
+    if (name.compare(0, kPrefix.size(), kPrefix) != 0) continue;
+    const std::size_t digits = name.find_first_not_of("0123456789", kPrefix.size());
+    if (digits == kPrefix.size() || digits > kPrefix.size() + 6 || digits == std::string::npos ||
+        name[digits] != '.') {
+      continue;
+    }
+    layers = std::max(layers, std::stoll(name.substr(kPrefix.size(), digits - kPrefix.size())) + 1);
+  }
+  return static_cast<int>(layers);
+}
+
+}  // namespace
+
+void check_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint) {
+  const int config_layers = layout.config().layers;
+  const int held = checkpoint_layers(checkpoint);
+  if (held != config_layers) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        checkpoint.dir() + ": config.json has num_hidden_layers " + std::to_string(config_layers) +
+            " but the checkpoint holds " + std::to_string(held) + " layers" +
+            (held > 0 ? " (model.layers.0 to model.layers." + std::to_string(held - 1) + ")" : ""));
+  }
   for (const auto& e : layout.entries()) {
     const TensorInfo& t = checkpoint.tensor(e.name);
     if (!t.dtype_supported) {
@@ -160,11 +194,23 @@ void load_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint,
                                                    shape_text(t.shape) + ", the config needs " +
                                                    shape_text(e.shape));
     }
+  }
+}
+
+void load_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint,
+                     const UploadFn& upload, const ProgressFn& progress) {
+  check_checkpoint(layout, checkpoint);
+  std::vector<std::byte> staging;
+  const auto total = static_cast<std::int64_t>(layout.entries().size());
+  std::int64_t done = 0;
+  for (const auto& e : layout.entries()) {
+    const TensorInfo& t = checkpoint.tensor(e.name);
     const std::size_t bytes = layout.entry_bytes(e);
     staging.resize(bytes);
     convert_elements(t.data, t.dtype, staging.data(), layout.dtype(),
                      static_cast<std::size_t>(e.elements));
     upload(e.offset, staging.data(), bytes);
+    if (progress) progress(++done, total);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "kvoffload/types.hpp"
 #include "model/model_config.hpp"
+#include "model/progress.hpp"
 
 namespace kvo::model {
 
@@ -63,6 +64,7 @@ class WeightLayout {
   const std::vector<WeightEntry>& entries() const { return entries_; }
   std::size_t bytes() const { return bytes_; }
   DType dtype() const { return dtype_; }
+  const ModelConfig& config() const { return config_; }
   std::size_t entry_bytes(const WeightEntry& e) const {
     return static_cast<std::size_t>(e.elements) * dtype_size(dtype_);
   }
@@ -79,17 +81,25 @@ class WeightLayout {
 // Writes the synthetic values of `entry` in the layout's dtype to `out` (host memory).
 void fill_synthetic(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
                     void* out);
+// The same for elements [first, first + count) of the entry: out[0] is element `first`.
+void fill_synthetic_range(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
+                          std::int64_t first, std::int64_t count, void* out);
 // The synthetic value of element i of an entry, before conversion to the model dtype.
 float synthetic_value(const WeightEntry& entry, std::uint64_t seed, std::int64_t i);
 
 // Copies `bytes` from host memory to `offset` of the weights region.
 using UploadFn = std::function<void(std::size_t offset, const void* host, std::size_t bytes)>;
 
-// Reads every tensor the layout needs from `checkpoint`, checks its shape and dtype, converts it
-// to the layout's dtype and uploads it. Throws kvo::Error naming the tensor that is missing or
-// has the wrong shape or dtype.
+// Checks the config against the checkpoint's tensor table, reading no tensor data: the same
+// number of layers, and every tensor the layout needs present with its shape and a supported
+// dtype. Throws kvo::Error(kInvalidArgument) naming the first difference. The decoder calls it
+// before it allocates anything.
+void check_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint);
+
+// Checks as check_checkpoint does, then converts every tensor the layout needs to the layout's
+// dtype and uploads it; `progress` (if set) hears (tensors done, tensors) after each one.
 void load_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint,
-                     const UploadFn& upload);
+                     const UploadFn& upload, const ProgressFn& progress = {});
 
 // Converts `count` elements between dtypes on the host.
 void convert_elements(const void* src, DType from, void* dst, DType to, std::size_t count);

@@ -17,8 +17,8 @@ namespace kvo::offload {
 
 class HostStore {
  public:
-  // Allocates plan.host_bytes. Refuses, naming both sizes, when they exceed the memory this
-  // machine has available; allocation failures name their size.
+  // Allocates plan.host_bytes; allocation failures name their size. The cache checks the plan
+  // against available memory first (offload/host_memory.hpp).
   HostStore(MemoryResource& memory, const CachePlan& plan);
   ~HostStore();
   HostStore(const HostStore&) = delete;

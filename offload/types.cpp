@@ -2,11 +2,13 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "kvoffload/error.hpp"
 #include "kvoffload/kvoffload.hpp"
 #include "kvoffload/types.hpp"
+#include "offload/printable.hpp"
 
 namespace kvo {
 
@@ -83,46 +85,67 @@ BackendKind parse_backend(const std::string& name) {
 
 std::uint64_t parse_size(const std::string& text) {
   const auto fail = [&](const char* why) {
-    return Error(ErrorCode::kInvalidArgument, "cannot read the size '" + text + "': " + why +
-                                                  " (examples: 24GiB, 512MiB, 1.5GB, 4096)");
+    return Error(ErrorCode::kInvalidArgument, "cannot read the size '" + printable(text) + "': " +
+                                                  why + " (examples: 24GiB, 512MiB, 1.5GB, 4096)");
   };
+  // [digits][.digits] [spaces] [unit], read exactly: the whole part as an integer (a plain
+  // number of bytes is never rounded through a double), the fraction scaled by the unit.
   std::size_t pos = 0;
-  while (pos < text.size() &&
-         (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.')) {
-    ++pos;
+  std::uint64_t whole = 0;
+  bool digits = false;
+  for (; pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos])); ++pos) {
+    digits = true;
+    if (__builtin_mul_overflow(whole, 10u, &whole) ||
+        __builtin_add_overflow(whole, static_cast<std::uint64_t>(text[pos] - '0'), &whole)) {
+      throw fail("too large");
+    }
   }
-  if (pos == 0) {
+  std::string fraction;
+  if (pos < text.size() && text[pos] == '.') {
+    for (++pos; pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos])); ++pos) {
+      fraction += text[pos];
+    }
+    digits = digits || !fraction.empty();
+  }
+  if (!digits) {
     throw fail(!text.empty() && text[0] == '-' ? "sizes cannot be negative" : "no number");
   }
-  const std::string number = text.substr(0, pos);
-  if (number.find('.') != number.rfind('.')) throw fail("more than one decimal point");
+  if (pos < text.size() && text[pos] == '.') throw fail("more than one decimal point");
   std::string unit = text.substr(pos);
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  double scale = 0;
+  std::uint64_t scale = 0;
   if (unit.empty() || unit == "B") {
     scale = 1;
   } else if (unit == "KiB" || unit == "K" || unit == "k") {
-    scale = 1024.0;
+    scale = 1ull << 10;
   } else if (unit == "MiB" || unit == "M") {
-    scale = 1024.0 * 1024;
+    scale = 1ull << 20;
   } else if (unit == "GiB" || unit == "G") {
-    scale = 1024.0 * 1024 * 1024;
+    scale = 1ull << 30;
   } else if (unit == "TiB" || unit == "T") {
-    scale = 1024.0 * 1024 * 1024 * 1024;
+    scale = 1ull << 40;
   } else if (unit == "KB" || unit == "kB") {
-    scale = 1e3;
+    scale = 1000;
   } else if (unit == "MB") {
-    scale = 1e6;
+    scale = 1000 * 1000;
   } else if (unit == "GB") {
-    scale = 1e9;
+    scale = 1000ull * 1000 * 1000;
   } else if (unit == "TB") {
-    scale = 1e12;
+    scale = 1000ull * 1000 * 1000 * 1000;
   } else {
     throw fail("unknown unit (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)");
   }
-  const double value = std::stod(number) * scale;
-  if (!(value < 1.8e19)) throw fail("too large");
-  return static_cast<std::uint64_t>(std::llround(value));
+  std::uint64_t bytes = 0;
+  if (__builtin_mul_overflow(whole, scale, &bytes)) throw fail("too large");
+  if (fraction.find_first_not_of('0') != std::string::npos) {
+    if (scale == 1) throw fail("a number of bytes has no fraction");
+    // At most 1 TiB of fraction: a long double holds it to the byte.
+    const long double part = std::strtold(("0." + fraction).c_str(), nullptr) * scale;
+    if (__builtin_add_overflow(bytes, static_cast<std::uint64_t>(std::llroundl(part)), &bytes)) {
+      throw fail("too large");
+    }
+  }
+  return bytes;
 }
 
 std::string format_bytes(std::uint64_t bytes) {

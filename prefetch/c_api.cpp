@@ -100,7 +100,17 @@ void require(const void* pointer, const char* what) {
   if (pointer == nullptr) throw CallError{KVO_ERROR_INVALID_ARGUMENT, what};
 }
 
-kvo::DType to_dtype(kvo_dtype dtype) {
+// A C caller may store any int in an enum field, and reading a value outside the enum's range
+// through the C++ enum type is undefined: the fields are read as the ints they are stored as.
+template <typename Enum>
+int stored_int(const Enum& field) {
+  static_assert(sizeof(Enum) == sizeof(int), "C enums are stored as int");
+  int value = 0;
+  std::memcpy(&value, &field, sizeof value);
+  return value;
+}
+
+kvo::DType to_dtype(int dtype) {
   switch (dtype) {
     case KVO_DTYPE_F32:
       return kvo::DType::kF32;
@@ -125,7 +135,7 @@ kvo_dtype from_dtype(kvo::DType dtype) {
   return KVO_DTYPE_BF16;
 }
 
-kvo::BackendKind to_backend(kvo_backend backend) {
+kvo::BackendKind to_backend(int backend) {
   switch (backend) {
     case KVO_BACKEND_AUTO:
       return kvo::BackendKind::kAuto;
@@ -223,11 +233,11 @@ kvo::CacheConfig to_config(const kvo_cache_options& options) {
   config.head_dim = options.head_dim;
   config.max_seq = options.max_seq;
   config.slots = options.slots;
-  config.dtype = to_dtype(options.dtype);
+  config.dtype = to_dtype(stored_int(options.dtype));
   config.resident_layers = options.resident_layers;
   config.ring_depth = options.ring_depth;
   config.device_budget = options.device_budget;
-  config.backend = to_backend(options.backend);
+  config.backend = to_backend(stored_int(options.backend));
   config.device = options.device;
   config.host.max_delay_us = options.host_max_delay_us;
   config.host.delay_seed = options.host_delay_seed;

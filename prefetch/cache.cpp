@@ -7,9 +7,11 @@
 #include <vector>
 
 #include "kvoffload/cache.hpp"
+#include "kvoffload/planner.hpp"
 #include "offload/byte_io.hpp"
 #include "offload/context_file.hpp"
 #include "offload/device_arena.hpp"
+#include "offload/host_memory.hpp"
 #include "offload/host_store.hpp"
 #include "prefetch/backend.hpp"
 #include "prefetch/staging_ring.hpp"
@@ -43,6 +45,7 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
       }
     }
     plan = plan_cache(config, budget);
+    offload::require_host_memory(plan, backend->kind(), host_available_bytes());
     store = std::make_unique<offload::HostStore>(*backend, plan);
     arena = std::make_unique<offload::DeviceArena>(*backend, plan, config.reserved);
     lengths.assign(static_cast<std::size_t>(config.slots), 0);

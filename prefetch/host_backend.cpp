@@ -157,6 +157,14 @@ class HostStream {
   std::thread worker_;  // last: starts once everything above is built
 };
 
+namespace {
+std::atomic<std::uint64_t> g_allocations{0};
+}  // namespace
+
+std::uint64_t HostBackend::allocations_in_process() {
+  return g_allocations.load();
+}
+
 HostBackend::HostBackend(const HostBackendOptions& options, std::uint64_t device_capacity)
     : options_(options), device_capacity_(device_capacity) {}
 
@@ -185,6 +193,7 @@ void* HostBackend::alloc_device(std::size_t bytes) {
                 "host backend: could not allocate " + format_bytes(rounded) + " of device memory");
   }
   ledger_.add(ptr, rounded, offload::AllocationLedger::Kind::kDevice);
+  g_allocations.fetch_add(1);
   return ptr;
 }
 
@@ -200,10 +209,10 @@ void* HostBackend::alloc_host(std::size_t bytes) {
   if (ptr == nullptr) {
     throw Error(ErrorCode::kOutOfMemory,
                 "could not allocate " + format_bytes(rounded) +
-                    " of host memory for the KV store; lower max_seq or slots, or keep more "
-                    "layers resident on the device");
+                    " of host memory for the KV store; lower max_seq or slots");
   }
   ledger_.add(ptr, rounded, offload::AllocationLedger::Kind::kHost);
+  g_allocations.fetch_add(1);
   return ptr;
 }
 

@@ -47,6 +47,10 @@ class HostBackend final : public Backend {
   double stall_seconds() override;
   MemoryCounters memory() const override;
 
+  // Successful alloc_device and alloc_host calls of every HostBackend in this process, so that a
+  // test can prove that a refusal came before anything was allocated.
+  static std::uint64_t allocations_in_process();
+
   // Bytes the workers actually copied (not what the schedule says it asked for).
   std::uint64_t copied_bytes() const { return copied_bytes_.load(); }
 

@@ -44,61 +44,67 @@ std::vector<std::int32_t> generation_eos(const std::string& model_dir) {
 
 }  // namespace
 
-const char* const kTextUsage = R"(Text (a model directory with tokenizer.json or tokenizer.model):
-  --prompt TEXT        the prompt as text; after --prompt-file or --load-context, a question
-                       about the document, joined to it by a blank line
-  --prompt-file FILE   the prompt (a document) as UTF-8 text
-  --chat               wrap the prompt in the model's chat format (ChatML, as SmolLM2 writes
-                       it; other templates are refused); --system TEXT replaces its default
-  --ignore-eos         generate --max-new tokens even past the end-of-sequence token
-  --save-context FILE  after the prefill, save every slot's K/V rows, tokens and a model
-                       fingerprint to FILE (--max-seq defaults to the prompt + --max-new + 4096,
-                       room for questions)
-  --load-context FILE  restore the slots from FILE instead of a prefill, then prefill --prompt
-                       (the question) and generate; --max-seq defaults to the file's
-)";
-
-void add_text_options(std::set<std::string>& valued, std::set<std::string>& flags) {
-  valued.insert({"prompt", "prompt-file", "system", "save-context", "load-context"});
-  flags.insert({"chat", "ignore-eos"});
+void TextOptions::read_given(const CLI::App& app) {
+  has_prompt = app.count("--prompt") != 0;
+  has_prompt_file = app.count("--prompt-file") != 0;
+  has_system = app.count("--system") != 0;
+  ids_given = app.count("--prompt-tokens") != 0 || app.count("--prompt-len") != 0;
 }
 
-TextSession::TextSession(const cli::Args& args, const std::string& model_dir, int slots)
+void declare_text_options(CLI::App& app, TextOptions& o) {
+  app.option_defaults()->group("Text (a model directory with tokenizer.json or tokenizer.model)");
+  cli::add_text(app, "--prompt", o.prompt, "TEXT",
+                "the prompt as text; after --prompt-file or --load-context, a question about "
+                "the document, joined to it by a blank line");
+  cli::add_text(app, "--prompt-file", o.prompt_file, "FILE",
+                "the prompt (a document) as UTF-8 text");
+  cli::add_flag(app, "--chat", o.chat,
+                "wrap the prompt in the model's chat format (ChatML, as SmolLM2 writes it; other "
+                "templates are refused)");
+  cli::add_text(app, "--system", o.system, "TEXT", "with --chat: the system message to use");
+  cli::add_flag(app, "--ignore-eos", o.ignore_eos,
+                "generate --max-new tokens even past the end-of-sequence token");
+  cli::add_text(app, "--save-context", o.save_context, "FILE",
+                "after the prefill, save every slot's K/V rows, tokens and a model fingerprint "
+                "to FILE (--max-seq defaults to the prompt + --max-new + 4096, room for "
+                "questions)");
+  cli::add_text(app, "--load-context", o.load_context, "FILE",
+                "restore the slots from FILE instead of a prefill, then prefill --prompt (the "
+                "question) and generate; --max-seq defaults to the file's");
+}
+
+TextSession::TextSession(const TextOptions& options, const std::string& model_dir, int slots)
     : model_dir_(model_dir), slots_(slots) {
-  for (const char* name :
-       {"prompt", "prompt-file", "chat", "system", "save-context", "load-context", "ignore-eos"}) {
-    active_ = active_ || args.has(name);
-  }
+  active_ = options.any();
   if (!active_) return;
   if (model_dir.empty()) {
     throw cli::UsageError(
         "text prompts and saved contexts need --model DIR with a tokenizer; a preset has "
         "none (give ids with --prompt-tokens or --prompt-len)");
   }
-  for (const char* ids_option : {"prompt-tokens", "prompt-len"}) {
-    if (args.has(ids_option)) {
-      throw cli::UsageError(std::string("--") + ids_option +
-                            " gives ids, the text options give text: use one or the other");
-    }
+  if (options.ids_given) {
+    throw cli::UsageError(
+        "--prompt-tokens and --prompt-len give ids, the text options give text: use one or the "
+        "other");
   }
-  if (args.has("system") && !args.has("chat")) throw cli::UsageError("--system needs --chat");
+  if (options.has_system && !options.chat) throw cli::UsageError("--system needs --chat");
   tokenizer_ = model::load_tokenizer(model_dir);
-  save_path_ = args.get("save-context", "");
-  load_path_ = args.get("load-context", "");
+  save_path_ = options.save_context;
+  load_path_ = options.load_context;
 
   std::optional<model::ChatFormat> chat;
-  if (args.has("chat")) {
+  if (options.chat) {
     std::optional<std::string> system;
-    if (args.has("system")) system = args.get("system", "");
+    if (options.has_system) system = options.system;
     chat = model::chat_format(model::read_tokenizer_settings(model_dir), system);
   }
   const std::string before = chat ? chat->before : "";
   const std::string after = chat ? chat->after : "";
   const bool add_special = !chat;  // a chat format writes its own special tokens
   std::optional<std::string> document;
-  if (args.has("prompt-file")) document = model::read_text_file(args.get("prompt-file", ""));
+  if (options.has_prompt_file) document = model::read_text_file(options.prompt_file);
   std::optional<std::string> question;
-  if (args.has("prompt")) question = args.get("prompt", "");
+  if (options.has_prompt) question = options.prompt;
 
   if (loads()) {
     if (document) {
@@ -135,7 +141,7 @@ TextSession::TextSession(const cli::Args& args, const std::string& model_dir, in
   }
   if (prompt_.empty() && !loads()) throw cli::UsageError("the prompt has no tokens");
 
-  if (!args.has("ignore-eos")) {
+  if (!options.ignore_eos) {
     stop_ids_ = generation_eos(model_dir);
     if (stop_ids_.empty()) {
       if (const auto eos = tokenizer_->eos_id()) stop_ids_.push_back(*eos);

@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -23,15 +22,34 @@
 
 namespace kvo::tools {
 
-// The options this adds to kvo-generate, and their lines of its usage text.
-void add_text_options(std::set<std::string>& valued, std::set<std::string>& flags);
-extern const char* const kTextUsage;
+// The options this adds to kvo-generate: their values, and which were given.
+struct TextOptions {
+  std::string prompt;
+  std::string prompt_file;
+  std::string system;
+  std::string save_context;
+  std::string load_context;
+  bool chat = false;
+  bool ignore_eos = false;
+  // Filled by read_given() once the command line is read:
+  bool has_prompt = false, has_prompt_file = false, has_system = false;
+  bool ids_given = false;  // --prompt-tokens or --prompt-len
+
+  bool any() const {
+    return has_prompt || has_prompt_file || has_system || chat || ignore_eos ||
+           !save_context.empty() || !load_context.empty();
+  }
+  void read_given(const CLI::App& app);
+};
+
+// Declares the text options on kvo-generate's command line, in their own group.
+void declare_text_options(CLI::App& app, TextOptions& options);
 
 class TextSession {
  public:
   // Reads the options; loads the tokenizer when text goes in or out (model_dir empty: a preset,
   // which has none, so text options are refused saying why).
-  TextSession(const cli::Args& args, const std::string& model_dir, int slots);
+  TextSession(const TextOptions& options, const std::string& model_dir, int slots);
 
   // Text options were given: prompts come from here, the output is text.
   bool active() const { return active_; }

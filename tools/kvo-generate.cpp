@@ -1,6 +1,7 @@
 // kvo-generate: generates tokens with a Llama-family model whose K/V cache lives in an
 // OffloadedStaticCache. The model is a Hugging Face checkpoint directory or a preset with
-// weights drawn from a seed; the prompt is a file of token ids or a seeded synthetic one.
+// weights drawn from a seed; the prompt is text (tools/generate_text.hpp), a file of token ids
+// or a seeded synthetic one.
 // Reports what moved and how fast: prefill and decode tokens/s, H2D bytes per token, the
 // bandwidth achieved, the time spent waiting for prefetches, and device bytes.
 #include <unistd.h>
@@ -8,11 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <iostream>
-#include <memory>
-#include <set>
-#include <sstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -22,230 +19,17 @@
 #include "model/model_config.hpp"
 #include "model/sampler.hpp"
 #include "tools/cli.hpp"
-#include "tools/generate_text.hpp"
+#include "tools/generate_options.hpp"
+#include "tools/progress_bar.hpp"
 
 namespace {
-
-constexpr const char* kUsage = R"(usage: kvo-generate [options]
-
-Model (default: --preset tiny):
-  --model DIR          Hugging Face checkpoint: config.json + model.safetensors (or sharded)
-  --preset NAME        tiny, llama3-8b, mistral-7b, qwen2.5-7b, with weights drawn from
-                       --weight-seed (1) on the device itself
-  --dtype T            weights and K/V: f32, f16 or bf16 (the model's)
-Prompt (default: --prompt-len 32):
-  --prompt-tokens FILE token ids separated by spaces or commas; one line per slot, or one
-                       line for every slot
-  --prompt-len N       a synthetic prompt of N ids drawn from --seed (different per slot)
-Generation:
-  --max-new N          tokens to generate per slot (32)
-  --max-seq N          tokens per slot in the cache (prompt + max-new)
-  --slots N            sequences decoded together (1)
-  --chunk N            prefill tokens per attention/MLP chunk (512)
-  --temperature X      0: greedy (0)        --top-k N   (0: off)      --top-p X   (1: off)
-  --seed N             prompt and sampling seed (1)
-Cache:
-  --vram-budget SIZE   device budget, e.g. 24GiB; the planner picks the resident layers
-  --resident N|all|auto  layers kept on the device (auto: as many as the budget holds)
-  --ring D             staging buffers (2)
-  --backend B          auto, cuda or host (auto: cuda when there is a GPU)
-  --attention K        CUDA attention kernels: auto (FlashInfer where it serves the shape) or
-                       builtin (the built-in kernels, to compare)
-Output:
-  --json               print one JSON object as the last line
-  --quiet              do not print tokens as they come
-)";
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-struct Options {
-  kvo::model::ModelConfig config;
-  kvo::model::WeightSource source;
-  kvo::model::DecoderOptions decoder;
-  kvo::model::SamplingParams sampling;
-  std::vector<std::vector<std::int32_t>> prompts;  // [slots]
-  std::string model_name;
-  int max_new = 32;
-  std::uint64_t seed = 1;
-  bool json = false;
-  bool quiet = false;
-  std::shared_ptr<kvo::tools::TextSession> text;  // text prompts, output, saved contexts
-};
-
-std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw kvo::cli::UsageError("cannot open --prompt-tokens file " + path);
-  std::vector<std::vector<std::int32_t>> prompts;
-  std::string line;
-  int line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    std::replace(line.begin(), line.end(), ',', ' ');
-    std::istringstream words(line);
-    std::vector<std::int32_t> ids;
-    std::string word;
-    while (words >> word) {
-      std::size_t used = 0;
-      long long id = -1;
-      try {
-        id = std::stoll(word, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != word.size() || id < 0 || id > INT32_MAX) {
-        throw kvo::cli::UsageError(path + ":" + std::to_string(line_no) + ": '" + word +
-                                   "' is not a token id");
-      }
-      ids.push_back(static_cast<std::int32_t>(id));
-    }
-    if (!ids.empty()) prompts.push_back(std::move(ids));
-  }
-  if (prompts.empty()) throw kvo::cli::UsageError(path + " holds no token ids");
-  return prompts;
-}
-
-Options parse(int argc, char** argv) {
-  std::set<std::string> valued = {
-      "model",       "preset",   "dtype", "weight-seed", "prompt-tokens", "prompt-len", "max-new",
-      "max-seq",     "slots",    "chunk", "temperature", "top-k",         "top-p",      "seed",
-      "vram-budget", "resident", "ring",  "backend",     "attention",     "max-delay-us"};
-  std::set<std::string> flags = {"json", "quiet", "help"};
-  kvo::tools::add_text_options(valued, flags);
-  const kvo::cli::Args args(argc, argv, valued, flags);
-  if (args.has("help")) {
-    std::cout << kUsage << kvo::tools::kTextUsage;
-    std::exit(0);
-  }
-  Options o;
-  if (args.has("model") && args.has("preset")) {
-    throw kvo::cli::UsageError("--model and --preset exclude each other");
-  }
-  if (args.has("model")) {
-    o.source.checkpoint_dir = args.get("model", "");
-    o.config = kvo::model::load_model_config(o.source.checkpoint_dir + "/config.json");
-    o.model_name = o.source.checkpoint_dir;
-  } else {
-    o.model_name = args.get("preset", "tiny");
-    o.config = kvo::model::preset(o.model_name);
-    o.source.seed = static_cast<std::uint64_t>(args.get_int("weight-seed", 1, 0, INT64_MAX));
-  }
-  kvo::model::DecoderOptions& d = o.decoder;
-  if (args.has("dtype")) {
-    d.override_dtype = true;
-    d.dtype = kvo::parse_dtype(args.get("dtype", ""));
-  }
-  o.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, INT64_MAX));
-  d.slots = static_cast<int>(args.get_int("slots", 1, 1, 4096));
-  constexpr std::int64_t kMax = 1 << 30;
-  if (args.has("prompt-tokens") && args.has("prompt-len")) {
-    throw kvo::cli::UsageError("--prompt-tokens and --prompt-len exclude each other");
-  }
-  o.text = std::make_shared<kvo::tools::TextSession>(args, o.source.checkpoint_dir, d.slots);
-  if (o.text->active()) {
-    o.prompts.assign(static_cast<std::size_t>(d.slots), o.text->prompt());
-  } else if (args.has("prompt-tokens")) {
-    o.prompts = read_prompt_file(args.get("prompt-tokens", ""));
-    if (o.prompts.size() == 1) o.prompts.resize(static_cast<std::size_t>(d.slots), o.prompts[0]);
-    if (static_cast<int>(o.prompts.size()) != d.slots) {
-      throw kvo::cli::UsageError("--prompt-tokens holds " + std::to_string(o.prompts.size()) +
-                                 " prompts for " + std::to_string(d.slots) + " slots");
-    }
-  } else {
-    const int len = static_cast<int>(args.get_int("prompt-len", 32, 1, kMax));
-    for (int s = 0; s < d.slots; ++s) {
-      std::vector<std::int32_t> ids(static_cast<std::size_t>(len));
-      for (int i = 0; i < len; ++i) {
-        const std::uint64_t bits = kvo::model::splitmix64(
-            kvo::model::splitmix64(o.seed * 1000003ull + static_cast<std::uint64_t>(s)) +
-            static_cast<std::uint64_t>(i));
-        ids[static_cast<std::size_t>(i)] =
-            static_cast<std::int32_t>(bits % static_cast<std::uint64_t>(o.config.vocab_size));
-      }
-      o.prompts.push_back(std::move(ids));
-    }
-  }
-  std::size_t longest = 0;
-  for (const auto& p : o.prompts) longest = std::max(longest, p.size());
-  const std::size_t prefilled = std::max<std::size_t>(longest, 1);
-  if (o.text->active()) longest = static_cast<std::size_t>(std::max(o.text->context_tokens(), 1));
-  o.max_new = static_cast<int>(args.get_int("max-new", 32, 0, kMax));
-  std::int64_t max_seq = static_cast<std::int64_t>(longest) + std::max(o.max_new, 1);
-  if (o.text->saved_max_seq()) max_seq = *o.text->saved_max_seq();
-  if (o.text->saves() && !o.text->loads()) max_seq += 4096;  // room for questions
-  d.max_seq = static_cast<int>(args.get_int("max-seq", max_seq, 1, kMax));
-  if (static_cast<std::int64_t>(longest) > d.max_seq) {
-    throw kvo::cli::UsageError("the prompt has " + std::to_string(longest) +
-                               " tokens, longer than --max-seq " + std::to_string(d.max_seq));
-  }
-  if (static_cast<std::int64_t>(longest) + o.max_new - 1 > d.max_seq) {
-    throw kvo::cli::UsageError("prompt (" + std::to_string(longest) + ") + --max-new (" +
-                               std::to_string(o.max_new) + ") - 1 exceeds --max-seq " +
-                               std::to_string(d.max_seq));
-  }
-  d.max_prompt = static_cast<int>(prefilled);
-  d.chunk = static_cast<int>(args.get_int("chunk", 512, 1, kMax));
-  d.ring_depth = static_cast<int>(args.get_int("ring", 2, 1, 64));
-  const std::string resident = args.get("resident", "auto");
-  d.resident_layers = resident == "all" ? o.config.layers
-                      : resident == "auto"
-                          ? kvo::kAutoResidentLayers
-                          : static_cast<int>(args.get_int("resident", 0, 0, o.config.layers));
-  if (args.has("vram-budget")) d.device_budget = kvo::parse_size(args.get("vram-budget", ""));
-  d.backend = kvo::parse_backend(args.get("backend", "auto"));
-  const std::string attention = args.get("attention", "auto");
-  if (attention != "auto" && attention != "builtin") {
-    throw kvo::cli::UsageError("--attention takes auto or builtin, not '" + attention + "'");
-  }
-  d.builtin_attention = attention == "builtin";
-  if (args.has("max-delay-us")) {
-    d.host.max_delay_us = static_cast<std::uint32_t>(args.get_int("max-delay-us", 0, 0, 1000000));
-    d.host.delay_seed = o.seed;
-  }
-  o.sampling.temperature = std::stof(args.get("temperature", "0"));
-  o.sampling.top_k = static_cast<int>(args.get_int("top-k", 0, 0, kMax));
-  o.sampling.top_p = std::stof(args.get("top-p", "1"));
-  o.json = args.has("json");
-  o.quiet = args.has("quiet");
-  return o;
-}
-
-// A one-line progress bar on a terminal: layers of the prefill done, tokens/s, ETA.
-class ProgressBar {
- public:
-  ProgressBar(int tokens, bool enabled)
-      : tokens_(tokens), enabled_(enabled), start_(Clock::now()) {}
-  void update(int done, int total) {
-    if (!enabled_) return;
-    const double elapsed = seconds_since(start_);
-    const double fraction = static_cast<double>(done) / total;
-    const double rate = elapsed > 0 ? fraction * tokens_ / elapsed : 0;
-    const double eta = fraction > 0 ? elapsed * (1 - fraction) / fraction : 0;
-    const int width = 30;
-    const int filled = static_cast<int>(fraction * width);
-    std::fprintf(stderr, "\rprefill [%s%s] %3d%% %9.0f tok/s ETA %5.1fs",
-                 std::string(static_cast<std::size_t>(filled), '#').c_str(),
-                 std::string(static_cast<std::size_t>(width - filled), ' ').c_str(),
-                 static_cast<int>(fraction * 100), rate, eta);
-    if (done == total) std::fprintf(stderr, "\n");
-    std::fflush(stderr);
-  }
-
- private:
-  int tokens_;
-  bool enabled_;
-  Clock::time_point start_;
-};
-
-std::string join(const std::vector<std::int32_t>& ids) {
-  std::string s;
-  for (std::size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
-  return s;
-}
-
-int run(const Options& o) {
+int run(const kvo::cli::GenerateRun& o) {
   // With text, stdout carries the generated text (and the JSON line last); the report goes to
   // stderr.
   kvo::tools::TextSession& text = *o.text;
@@ -264,7 +48,11 @@ int run(const Options& o) {
   };
 
   const auto setup_start = Clock::now();
-  kvo::model::Decoder decoder(o.config, o.source, o.decoder);
+  kvo::cli::ProgressBar weights_bar(
+      o.source.checkpoint_dir.empty() ? "weights (drawing)" : "weights (loading)", 0, "");
+  kvo::model::Decoder decoder(
+      o.config, o.source, o.decoder,
+      [&](std::int64_t done, std::int64_t total) { weights_bar.update(done, total); });
   const double setup_s = seconds_since(setup_start);
   sample_memory();
   const kvo::model::ModelConfig& c = decoder.config();
@@ -297,21 +85,18 @@ int run(const Options& o) {
   std::vector<std::vector<std::int32_t>> generated(static_cast<std::size_t>(slots));
   std::vector<float> logits(static_cast<std::size_t>(slots) * c.vocab_size);
   const bool stream_tokens = !o.quiet;
-  const bool tty = ::isatty(STDERR_FILENO) != 0;
 
   // A saved context instead of a prefill: only the question is prefilled after it.
-  std::vector<std::vector<std::int32_t>> prompts = o.prompts;
-  if (text.loads()) {
-    prompts.assign(static_cast<std::size_t>(slots), text.load_context(decoder, o.source, stdout));
-  }
+  std::vector<std::int32_t> question;
+  if (text.loads()) question = text.load_context(decoder, o.source, stdout);
 
   // Prefill, slot by slot, each a layer-major step.
   std::int64_t prompt_tokens = 0;
   const auto prefill_start = Clock::now();
   for (int s = 0; s < slots; ++s) {
-    const auto& prompt = prompts[static_cast<std::size_t>(s)];
-    ProgressBar bar(static_cast<int>(prompt.size()), tty && prompt.size() >= 1024);
-    auto progress = [&](int done, int total) { bar.update(done, total); };
+    const std::vector<std::int32_t> prompt = text.loads() ? question : o.prompt(s);
+    kvo::cli::ProgressBar bar("prefill", static_cast<double>(prompt.size()), "tok");
+    auto progress = [&](std::int64_t done, std::int64_t total) { bar.update(done, total); };
     if (device_sampling) {
       first[static_cast<std::size_t>(s)] = decoder.prefill_sample(s, prompt, progress);
     } else {
@@ -419,39 +204,40 @@ int run(const Options& o) {
               cuda ? "cudaMemGetInfo" : "arena, exact",
               kvo::format_bytes(plan.device_bytes).c_str());
   if (o.json) {
-    std::string tokens = "[";
-    for (int s = 0; s < slots; ++s) {
-      tokens += (s ? ",[" : "[") + join(generated[static_cast<std::size_t>(s)]) + "]";
-    }
-    tokens += "]";
-    std::string extra;
+    nlohmann::ordered_json j;
+    j["tokens"] = generated;
+    j["prefill_tokens"] = prompt_tokens;
+    j["decode_tokens"] = decode_tokens;
+    j["prefill_tokens_per_s"] = prefill_tps;
+    j["decode_tokens_per_s"] = decode_tps;
+    j["h2d_bytes_per_token"] = h2d_per_token;
+    j["h2d_GBps"] = h2d_gbps;
+    j["h2d_bytes_total"] = st.h2d_bytes_total;
+    j["d2h_bytes_total"] = st.d2h_bytes_total;
+    j["prefetch_stall_s"] = st.acquire_wait_s;
+    j["peak_device_bytes"] = peak;
+    j["planned_device_bytes"] = plan.device_bytes;
+    j["weight_bytes"] = decoder.weight_bytes();
+    j["activation_bytes"] = decoder.activation_bytes();
+    j["resident_layers"] = plan.resident_layers;
+    j["streamed_layers"] = plan.streamed_layers;
+    j["ring_depth"] = plan.ring_depth;
+    j["backend"] = kvo::backend_name(decoder.backend());
+    j["slots"] = slots;
+    j["max_seq"] = o.decoder.max_seq;
+    j["chunk"] = o.decoder.chunk;
+    j["prefill_s"] = prefill_s;
+    j["decode_s"] = decode_s;
+    j["attention"] = decoder.attention_kernels();
     if (text.active()) {
-      extra = ",\"text\":[";
-      for (int s = 0; s < slots; ++s) extra += (s ? "," : "") + text.json_text(s);
-      extra += "],\"context_loaded_tokens\":" + std::to_string(text.loaded_tokens()) +
-               ",\"context_load_s\":" + std::to_string(text.load_seconds()) +
-               ",\"prefill_skipped\":" + (text.loads() ? "true" : "false");
+      nlohmann::json texts = nlohmann::json::array();
+      for (int s = 0; s < slots; ++s) texts.push_back(nlohmann::json::parse(text.json_text(s)));
+      j["text"] = texts;
+      j["context_loaded_tokens"] = text.loaded_tokens();
+      j["context_load_s"] = text.load_seconds();
+      j["prefill_skipped"] = text.loads();
     }
-    std::fprintf(
-        json_out,
-        "{\"tokens\":%s%s,\"prefill_tokens\":%lld,\"decode_tokens\":%lld,"
-        "\"prefill_tokens_per_s\":%.3f,\"decode_tokens_per_s\":%.3f,"
-        "\"h2d_bytes_per_token\":%.1f,\"h2d_GBps\":%.4f,\"h2d_bytes_total\":%llu,"
-        "\"d2h_bytes_total\":%llu,\"prefetch_stall_s\":%.6f,\"peak_device_bytes\":%llu,"
-        "\"planned_device_bytes\":%llu,\"weight_bytes\":%llu,\"activation_bytes\":%llu,"
-        "\"resident_layers\":%d,\"streamed_layers\":%d,\"ring_depth\":%d,\"backend\":\"%s\","
-        "\"slots\":%d,\"max_seq\":%d,\"chunk\":%d,\"prefill_s\":%.6f,\"decode_s\":%.6f,"
-        "\"attention\":\"%s\"}\n",
-        tokens.c_str(), extra.c_str(), static_cast<long long>(prompt_tokens),
-        static_cast<long long>(decode_tokens), prefill_tps, decode_tps, h2d_per_token, h2d_gbps,
-        static_cast<unsigned long long>(st.h2d_bytes_total),
-        static_cast<unsigned long long>(st.d2h_bytes_total), st.acquire_wait_s,
-        static_cast<unsigned long long>(peak), static_cast<unsigned long long>(plan.device_bytes),
-        static_cast<unsigned long long>(decoder.weight_bytes()),
-        static_cast<unsigned long long>(decoder.activation_bytes()), plan.resident_layers,
-        plan.streamed_layers, plan.ring_depth, kvo::backend_name(decoder.backend()), slots,
-        o.decoder.max_seq, o.decoder.chunk, prefill_s, decode_s,
-        decoder.attention_kernels().c_str());
+    std::fprintf(json_out, "%s\n", j.dump().c_str());
   }
   std::fflush(json_out);
   return 0;
@@ -460,16 +246,8 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const kvo::cli::UsageError& e) {
-    std::cerr << "kvo-generate: " << e.what() << "\n\n" << kUsage;
-    return 2;
-  } catch (const kvo::Error& e) {
-    std::cerr << "kvo-generate: " << e.what() << "\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "kvo-generate: " << e.what() << "\n";
-    return 1;
-  }
+  CLI::App app("", "kvo-generate");
+  kvo::cli::GenerateArgs args;
+  kvo::cli::declare_options(app, args);
+  return kvo::cli::run(app, argc, argv, [&] { return run(kvo::cli::resolve(args, app)); });
 }

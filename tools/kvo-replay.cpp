@@ -7,36 +7,16 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kvoffload/kvoffload.hpp"
+#include "offload/printable.hpp"
 #include "tools/cli.hpp"
 
 namespace {
-
-constexpr const char* kUsage = R"(usage: kvo-replay [options]
-
-Shape (defaults: Llama-3-8B's KV shape at 4096 tokens):
-  --layers N        decoder layers (32)          --kv-heads N   KV heads (8)
-  --head-dim N      head dimension (128)         --dtype T      f32, f16 or bf16 (bf16)
-  --max-seq N       tokens per slot (4096)       --slots N      sequences (1)
-Steps:
-  --prompt N        prefill tokens per slot (max-seq - steps)
-  --steps N         decode steps after the prefill (8)
-Cache:
-  --resident N|auto layers kept on the device (0); auto: as many as --vram-budget holds
-  --ring D          staging buffers (2)
-  --vram-budget S   device budget, e.g. 24GiB (none)
-  --backend B       auto, cuda or host (auto)
-  --delays          host backend: random copy delays up to --max-delay-us (50)
-  --seed N          seed of the synthetic rows and delays (1)
-Checks and output:
-  --verify MODE     full (every valid row at every acquire), sample (first, last and 8 random
-                    rows per slot), off (full)
-  --json            print one JSON object as the last line
-)";
 
 // splitmix64: the synthetic content of a row is a pure function of where it belongs.
 std::uint64_t mix(std::uint64_t x) {
@@ -74,59 +54,90 @@ struct RowSource {
 
 struct Options {
   kvo::CacheConfig config;
-  int prompt = 0;
+  int prompt = -1;  // -1: max_seq - steps
   int steps = 8;
   std::string verify = "full";
   bool json = false;
   std::uint64_t seed = 1;
+  // As given on the command line, resolved by finish().
+  std::string resident = "0";
+  std::string dtype = "bf16";
+  std::string backend = "auto";
+  std::uint64_t vram_budget = 0;
+  bool delays = false;
+  int max_delay_us = 50;
 };
 
-Options parse(int argc, char** argv) {
-  const kvo::cli::Args args(
-      argc, argv,
-      {"layers", "kv-heads", "head-dim", "max-seq", "slots", "prompt", "steps", "resident", "ring",
-       "dtype", "backend", "seed", "vram-budget", "max-delay-us", "verify"},
-      {"delays", "json", "help"});
-  if (args.has("help")) {
-    std::cout << kUsage;
-    std::exit(0);
-  }
-  Options o;
+// Every option, declared once.
+void declare_options(CLI::App& app, Options& o) {
+  kvo::cli::describe(app,
+                     "Drives kvoffload's cache with synthetic K/V in a model's step pattern (one "
+                     "prefill, then decode steps) without model compute, checks every acquired "
+                     "view against the rows appended, and reports what moved.");
+  using kvo::cli::add_integer;
   kvo::CacheConfig& c = o.config;
-  constexpr std::int64_t kMax = 1 << 30;
-  c.layers = static_cast<int>(args.get_int("layers", 32, 1, 4096));
-  c.kv_heads = static_cast<int>(args.get_int("kv-heads", 8, 1, 4096));
-  c.head_dim = static_cast<int>(args.get_int("head-dim", 128, 1, 65536));
-  c.max_seq = static_cast<int>(args.get_int("max-seq", 4096, 1, kMax));
-  c.slots = static_cast<int>(args.get_int("slots", 1, 1, 65536));
-  c.dtype = kvo::parse_dtype(args.get("dtype", "bf16"));
-  c.backend = kvo::parse_backend(args.get("backend", "auto"));
-  c.ring_depth = static_cast<int>(args.get_int("ring", 2, 1, 64));
-  const std::string resident = args.get("resident", "0");
-  c.resident_layers = resident == "auto"
-                          ? kvo::kAutoResidentLayers
-                          : static_cast<int>(args.get_int("resident", 0, 0, c.layers));
-  if (args.has("vram-budget")) c.device_budget = kvo::parse_size(args.get("vram-budget", ""));
-  o.seed = static_cast<std::uint64_t>(args.get_int("seed", 1, 0, INT64_MAX));
-  if (args.has("delays")) {
-    c.host.max_delay_us = static_cast<std::uint32_t>(args.get_int("max-delay-us", 50, 0, 1000000));
+  constexpr int kMax = 1 << 30;
+  c.layers = 32, c.kv_heads = 8, c.head_dim = 128, c.max_seq = 4096, c.slots = 1;
+  app.option_defaults()->group("Shape (default: Llama-3-8B's KV shape at 4096 tokens)");
+  add_integer(app, "--layers", c.layers, 1, 4096, "decoder layers");
+  add_integer(app, "--kv-heads", c.kv_heads, 1, 4096, "KV heads");
+  add_integer(app, "--head-dim", c.head_dim, 1, 65536, "head dimension");
+  kvo::cli::add_choice(app, "--dtype", o.dtype, {"f32", "f16", "bf16"}, "element type");
+  kvo::cli::add_tokens(app, "--max-seq", c.max_seq, 1, kMax, "tokens per slot");
+  add_integer(app, "--slots", c.slots, 1, 65536, "sequences");
+  app.option_defaults()->group("Steps");
+  kvo::cli::add_tokens(app, "--prompt", o.prompt, 0, kMax, "")
+      ->description("prefill tokens per slot (default: --max-seq - --steps)");
+  kvo::cli::add_tokens(app, "--steps", o.steps, 0, kMax, "decode steps after the prefill");
+  app.option_defaults()->group("Cache");
+  kvo::cli::add_text(app, "--resident", o.resident, "N|auto",
+                     "layers kept on the device (default 0); auto: as many as --vram-budget "
+                     "holds");
+  add_integer(app, "--ring", c.ring_depth, 1, 64, "staging buffers");
+  kvo::cli::add_size(app, "--vram-budget", o.vram_budget, 1, "device budget, e.g. 24GiB (none)");
+  kvo::cli::add_choice(app, "--backend", o.backend, {"auto", "cuda", "host"},
+                       "who moves the bytes (auto: cuda when there is a GPU)");
+  kvo::cli::add_flag(app, "--delays", o.delays,
+                     "host backend: random copy delays up to --max-delay-us");
+  add_integer(app, "--max-delay-us", o.max_delay_us, 0, 1000000, "the longest random delay");
+  add_integer(app, "--seed", o.seed, 0, UINT64_MAX, "seed of the synthetic rows and delays");
+  app.option_defaults()->group("Checks and output");
+  kvo::cli::add_choice(app, "--verify", o.verify, {"full", "sample", "off"},
+                       "full: every valid row at every acquire; sample: first, last and 8 "
+                       "random rows per slot");
+  kvo::cli::add_flag(app, "--json", o.json, "print one JSON object as the last line");
+}
+
+// What the options mean together; throws kvo::cli::UsageError.
+Options finish(Options o) {
+  kvo::CacheConfig& c = o.config;
+  c.dtype = kvo::parse_dtype(o.dtype);
+  c.backend = kvo::parse_backend(o.backend);
+  if (o.resident == "auto") {
+    c.resident_layers = kvo::kAutoResidentLayers;
+  } else {
+    std::int64_t n = 0;
+    if (!kvo::cli::read_integer(o.resident, n) || n < 0 || n > c.layers) {
+      throw kvo::cli::UsageError("--resident needs auto or a layer count from 0 to " +
+                                 std::to_string(c.layers) + " (--layers), got '" +
+                                 kvo::printable(o.resident) + "'");
+    }
+    c.resident_layers = static_cast<int>(n);
+  }
+  c.device_budget = o.vram_budget;
+  if (o.delays) {
+    c.host.max_delay_us = static_cast<std::uint32_t>(o.max_delay_us);
     c.host.delay_seed = o.seed;
   }
-  o.steps = static_cast<int>(args.get_int("steps", 8, 0, kMax));
   if (o.steps > c.max_seq) {
     throw kvo::cli::UsageError("--steps (" + std::to_string(o.steps) + ") exceeds --max-seq (" +
                                std::to_string(c.max_seq) + ")");
   }
-  o.prompt = static_cast<int>(args.get_int("prompt", c.max_seq - o.steps, 0, c.max_seq));
+  if (o.prompt < 0) o.prompt = c.max_seq - o.steps;
   if (static_cast<std::int64_t>(o.prompt) + o.steps > c.max_seq) {
     throw kvo::cli::UsageError("--prompt + --steps (" + std::to_string(o.prompt + o.steps) +
                                ") exceeds --max-seq (" + std::to_string(c.max_seq) + ")");
   }
-  o.verify = args.get("verify", "full");
-  if (o.verify != "full" && o.verify != "sample" && o.verify != "off") {
-    throw kvo::cli::UsageError("--verify must be full, sample or off, got '" + o.verify + "'");
-  }
-  o.json = args.has("json");
   return o;
 }
 
@@ -178,7 +189,8 @@ class Replay {
     return true;
   }
 
-  int run() {
+  // True when every view held what was appended and the bytes moved match the model.
+  bool run() {
     const auto start = Clock::now();
     bool ok = step(o_.prompt);
     const double prefill_s = seconds_since(start);
@@ -187,8 +199,7 @@ class Replay {
     for (int i = 0; ok && i < o_.steps; ++i) ok = step(1);
     cache_->synchronize();
     const double decode_s = seconds_since(decode_start);
-    report(ok, prefill_s, decode_s, after_prefill);
-    return ok ? 0 : 1;
+    return report(ok, prefill_s, decode_s, after_prefill);
   }
 
  private:
@@ -228,7 +239,7 @@ class Replay {
     return true;
   }
 
-  void report(bool ok, double prefill_s, double decode_s, const kvo::CacheStats& prefill) {
+  bool report(bool ok, double prefill_s, double decode_s, const kvo::CacheStats& prefill) {
     const kvo::CacheStats st = cache_->stats();
     const kvo::CachePlan& p = st.plan;
     std::uint64_t context = 0;
@@ -267,25 +278,34 @@ class Replay {
                 o_.verify == "off" ? "no (--verify off)" : (ok ? "yes" : "NO: contents differ"),
                 bytes_ok ? "" : "; H2D bytes differ from the model");
     if (o_.json) {
-      std::printf(
-          "{\"verified\":%s,\"verify\":\"%s\",\"backend\":\"%s\",\"layers\":%d,\"kv_heads\":%d,"
-          "\"head_dim\":%d,\"dtype\":\"%s\",\"max_seq\":%d,\"slots\":%d,\"prompt\":%d,"
-          "\"steps\":%d,\"resident_layers\":%d,\"ring_depth\":%d,"
-          "\"h2d_bytes_last_step\":%llu,\"d2h_bytes_last_step\":%llu,"
-          "\"h2d_bytes_total\":%llu,\"d2h_bytes_total\":%llu,\"model_h2d_bytes_per_step\":%llu,"
-          "\"acquire_wait_s\":%.9f,\"planned_device_bytes\":%llu,\"host_bytes\":%llu,"
-          "\"prefill_s\":%.6f,\"decode_step_s\":%.9f,\"decode_h2d_GBps\":%.4f}\n",
-          verified ? "true" : "false", o_.verify.c_str(), kvo::backend_name(cache_->backend()),
-          o_.config.layers, o_.config.kv_heads, o_.config.head_dim,
-          kvo::dtype_name(o_.config.dtype), o_.config.max_seq, o_.config.slots, o_.prompt, o_.steps,
-          p.resident_layers, p.ring_depth, static_cast<unsigned long long>(st.h2d_bytes_last_step),
-          static_cast<unsigned long long>(st.d2h_bytes_last_step),
-          static_cast<unsigned long long>(st.h2d_bytes_total),
-          static_cast<unsigned long long>(st.d2h_bytes_total),
-          static_cast<unsigned long long>(expected_h2d), st.acquire_wait_s,
-          static_cast<unsigned long long>(p.device_bytes),
-          static_cast<unsigned long long>(p.host_bytes), prefill_s, step_s, h2d_gbps);
+      nlohmann::ordered_json j;
+      j["verified"] = verified;
+      j["verify"] = o_.verify;
+      j["backend"] = kvo::backend_name(cache_->backend());
+      j["layers"] = o_.config.layers;
+      j["kv_heads"] = o_.config.kv_heads;
+      j["head_dim"] = o_.config.head_dim;
+      j["dtype"] = kvo::dtype_name(o_.config.dtype);
+      j["max_seq"] = o_.config.max_seq;
+      j["slots"] = o_.config.slots;
+      j["prompt"] = o_.prompt;
+      j["steps"] = o_.steps;
+      j["resident_layers"] = p.resident_layers;
+      j["ring_depth"] = p.ring_depth;
+      j["h2d_bytes_last_step"] = st.h2d_bytes_last_step;
+      j["d2h_bytes_last_step"] = st.d2h_bytes_last_step;
+      j["h2d_bytes_total"] = st.h2d_bytes_total;
+      j["d2h_bytes_total"] = st.d2h_bytes_total;
+      j["model_h2d_bytes_per_step"] = expected_h2d;
+      j["acquire_wait_s"] = st.acquire_wait_s;
+      j["planned_device_bytes"] = p.device_bytes;
+      j["host_bytes"] = p.host_bytes;
+      j["prefill_s"] = prefill_s;
+      j["decode_step_s"] = step_s;
+      j["decode_h2d_GBps"] = h2d_gbps;
+      std::printf("%s\n", j.dump().c_str());
     }
+    return ok && bytes_ok;
   }
 
   Options o_;
@@ -301,14 +321,11 @@ class Replay {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    Replay replay(parse(argc, argv));
-    return replay.run();
-  } catch (const kvo::cli::UsageError& e) {
-    std::cerr << "kvo-replay: " << e.what() << "\n\n" << kUsage;
-    return 2;
-  } catch (const kvo::Error& e) {
-    std::cerr << "kvo-replay: " << e.what() << "\n";
-    return 1;
-  }
+  CLI::App app("", "kvo-replay");
+  Options options;
+  declare_options(app, options);
+  return kvo::cli::run(app, argc, argv, [&] {
+    Replay replay(finish(options));
+    return replay.run() ? kvo::cli::kExitSuccess : kvo::cli::kExitFailure;
+  });
 }

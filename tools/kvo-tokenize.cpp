@@ -1,8 +1,10 @@
 // kvo-tokenize: the tokenizer of a model directory on its own. Text on stdin -> token ids on
 // stdout (one line, separated by spaces: the format of kvo-generate --prompt-tokens); with
 // --decode, ids on stdin -> text.
+#include <cstdint>
 #include <iostream>
 #include <iterator>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -11,34 +13,46 @@
 #include "model/chat_format.hpp"
 #include "model/tokenizer.hpp"
 #include "model/tokenizer_settings.hpp"
+#include "offload/printable.hpp"
 #include "tools/cli.hpp"
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: kvo-tokenize --model DIR [options] < input
+struct TokenizeArgs {
+  std::string model;
+  std::string system;
+  bool decode = false;
+  bool no_special = false;
+  bool skip_special = false;
+  bool chat = false;
+};
 
-  --model DIR       model directory with tokenizer.json (byte-level BPE) or tokenizer.model
-                    (SentencePiece), and tokenizer_config.json
-  --decode          read token ids (spaces, commas or newlines between them), write the text
-  --no-special      encode without the BOS/EOS the tokenizer adds to a sequence
-  --skip-special    decode without special tokens
-  --chat            wrap the text in the model's chat format (a user message, then the start
-                    of the assistant's turn); --system TEXT replaces its default system message
-)";
+void declare(CLI::App& app, TokenizeArgs& a) {
+  kvo::cli::describe(app,
+                     "The tokenizer of a model directory on its own: text on stdin -> token ids "
+                     "on stdout (one line, spaces between: kvo-generate --prompt-tokens reads "
+                     "it); with --decode, ids on stdin -> text.");
+  kvo::cli::add_text(app, "--model", a.model, "DIR",
+                     "model directory with tokenizer.json (byte-level BPE) or tokenizer.model "
+                     "(SentencePiece), and tokenizer_config.json")
+      ->required();
+  kvo::cli::add_flag(app, "--decode", a.decode,
+                     "read token ids (spaces, commas or newlines between them), write the text");
+  kvo::cli::add_flag(app, "--no-special", a.no_special,
+                     "encode without the BOS/EOS the tokenizer adds to a sequence");
+  kvo::cli::add_flag(app, "--skip-special", a.skip_special, "decode without special tokens");
+  kvo::cli::add_flag(app, "--chat", a.chat,
+                     "wrap the text in the model's chat format (a user message, then the start "
+                     "of the assistant's turn)");
+  kvo::cli::add_text(app, "--system", a.system, "TEXT",
+                     "with --chat: the system message to use instead of the default");
+}
 
-int run(int argc, char** argv) {
-  const kvo::cli::Args args(argc, argv, {"model", "system"},
-                            {"decode", "no-special", "skip-special", "chat", "help"});
-  if (args.has("help")) {
-    std::cout << kUsage;
-    return 0;
-  }
-  if (!args.has("model")) throw kvo::cli::UsageError("--model is required");
-  const std::string dir = args.get("model", "");
-  const auto tokenizer = kvo::model::load_tokenizer(dir);
+int run(const TokenizeArgs& a, const CLI::App& app) {
+  const auto tokenizer = kvo::model::load_tokenizer(a.model);
   const std::string input{std::istreambuf_iterator<char>(std::cin),
                           std::istreambuf_iterator<char>()};
-  if (args.has("decode")) {
+  if (a.decode) {
     std::string words = input;
     for (char& c : words) {
       if (c == ',') c = ' ';
@@ -47,31 +61,27 @@ int run(int argc, char** argv) {
     std::vector<std::int32_t> ids;
     std::string word;
     while (in >> word) {
-      std::size_t used = 0;
-      long long id = -1;
-      try {
-        id = std::stoll(word, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != word.size() || id < 0 || id >= tokenizer->vocab_size()) {
-        throw kvo::cli::UsageError("'" + word + "' is not a token id of this tokenizer (0.." +
+      std::int64_t id = -1;
+      if (!kvo::cli::read_integer(word, id) || id < 0 || id >= tokenizer->vocab_size()) {
+        throw kvo::cli::UsageError("'" + kvo::printable(word) +
+                                   "' is not a token id of this tokenizer (0.." +
                                    std::to_string(tokenizer->vocab_size() - 1) + ")");
       }
       ids.push_back(static_cast<std::int32_t>(id));
     }
-    std::cout << tokenizer->decode(ids, args.has("skip-special"));
+    std::cout << tokenizer->decode(ids, a.skip_special);
     return 0;
   }
+  if (app.count("--system") != 0 && !a.chat) throw kvo::cli::UsageError("--system needs --chat");
   std::vector<std::int32_t> ids;
-  if (args.has("chat")) {
+  if (a.chat) {
     std::optional<std::string> system;
-    if (args.has("system")) system = args.get("system", "");
+    if (app.count("--system") != 0) system = a.system;
     const kvo::model::ChatFormat chat =
-        kvo::model::chat_format(kvo::model::read_tokenizer_settings(dir), system);
+        kvo::model::chat_format(kvo::model::read_tokenizer_settings(a.model), system);
     ids = tokenizer->encode(chat.before + input + chat.after, /*add_special=*/false);
   } else {
-    ids = tokenizer->encode(input, !args.has("no-special"));
+    ids = tokenizer->encode(input, !a.no_special);
   }
   std::string line;
   for (std::size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
@@ -82,13 +92,8 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const kvo::cli::UsageError& e) {
-    std::cerr << "kvo-tokenize: " << e.what() << "\n\n" << kUsage;
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "kvo-tokenize: " << e.what() << "\n";
-    return 1;
-  }
+  CLI::App app("", "kvo-tokenize");
+  TokenizeArgs args;
+  declare(app, args);
+  return kvo::cli::run(app, argc, argv, [&] { return run(args, app); });
 }

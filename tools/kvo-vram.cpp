@@ -1,6 +1,7 @@
 // kvo-vram: device memory against context length, planned for kvoffload and for the strategies
 // a user would compare it with, and (on a GPU, with --measure) measured. "Will 128K fit on my
 // 24 GB card, and how does that compare with what I use today?"
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -18,61 +19,29 @@
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: kvo-vram [options]
+constexpr std::int64_t kMaxContext = std::int64_t{1} << 30;
 
-  --preset NAME       tiny, llama3-8b, mistral-7b or qwen2.5-7b (llama3-8b)
-  --model DIR         a Hugging Face model directory (its config.json) instead of a preset
-  --contexts LIST     contexts, e.g. 4k,32k,128k,1m (powers of two from 4k to 1m)
-  --vram-budget SIZE  device budget, e.g. 24GiB (24GiB)
-  --slots N           sequences decoded together (1)
-  --chunk N           prefill rows per chunk (512)
-  --max-prompt N      longest prompt prefilled at once (the context)
-  --ring D            kvoffload's staging buffers (2)
-  --dtype T           weights and K/V: f32, f16 or bf16 (the model's)
-  --backend B         whose workspaces to count: cuda or host (cuda)
-  --csv FILE          also write the rows as CSV
-  --svg FILE          draw device memory against context, one line per strategy
-  --measure           GPU only: run each context (synthetic weights, a prefill, a few decode
-                      steps) and add the measured peak device bytes beside kvoffload's plan
-)";
-
-int parse_context(const std::string& text) {
-  std::size_t used = 0;
-  long long value = -1;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string unit = used > 0 ? text.substr(used) : "";
-  long long scale = 0;
-  if (unit.empty()) scale = 1;
-  if (unit == "k" || unit == "K") scale = 1024;
-  if (unit == "m" || unit == "M") scale = 1024 * 1024;
-  if (used == 0 || scale == 0 || value <= 0 || value * scale > (1ll << 30)) {
-    throw kvo::cli::UsageError("cannot read the context '" + text +
-                               "' (examples: 4096, 4k, 128k, 1m; at most 1g tokens)");
-  }
-  return static_cast<int>(value * scale);
-}
-
+// "4k,32k,128k": sorted, each once.
 std::vector<int> parse_contexts(const std::string& list) {
   std::vector<int> contexts;
   std::size_t start = 0;
-  while (start <= list.size()) {
+  while (true) {
     const std::size_t comma = list.find(',', start);
     const std::string item =
         list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (!item.empty()) contexts.push_back(parse_context(item));
+    contexts.push_back(
+        static_cast<int>(kvo::cli::parse_token_count(item, 1, kMaxContext, "--contexts")));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  if (contexts.empty()) throw kvo::cli::UsageError("--contexts is empty");
+  std::sort(contexts.begin(), contexts.end());
+  contexts.erase(std::unique(contexts.begin(), contexts.end()), contexts.end());
   return contexts;
 }
 
 std::string context_label(double tokens) {
   const auto t = static_cast<long long>(tokens);
+  if (t % (1 << 30) == 0) return std::to_string(t >> 30) + "G";
   if (t % (1 << 20) == 0) return std::to_string(t >> 20) + "M";
   if (t % 1024 == 0) return std::to_string(t >> 10) + "K";
   return std::to_string(t);
@@ -115,49 +84,80 @@ std::uint64_t measure(const kvo::MemoryQuery& q, const kvo::model::ModelConfig& 
   return peak - before;
 }
 
-int run(int argc, char** argv) {
-  const kvo::cli::Args args(argc, argv,
-                            {"preset", "model", "contexts", "vram-budget", "slots", "chunk",
-                             "max-prompt", "ring", "dtype", "backend", "csv", "svg"},
-                            {"measure", "help"});
-  if (args.has("help")) {
-    std::cout << kUsage;
-    return 0;
-  }
-  if (args.has("preset") && args.has("model")) {
-    throw kvo::cli::UsageError("give --preset or --model, not both");
-  }
+struct Args {
+  std::string preset = "llama3-8b";
+  std::string model;
+  std::string contexts;
+  std::uint64_t budget = 24ull << 30;
+  int slots = 1;
+  int chunk = 512;
+  int max_prompt = 0;
+  int ring = 2;
+  std::string dtype;
+  std::string backend = "cuda";
+  std::string csv;
+  std::string svg;
+  bool measure = false;
+};
+
+// Every option, declared once.
+void declare_options(CLI::App& app, Args& a) {
+  kvo::cli::describe(app,
+                     "Plans device memory against context length for kvoffload and for the "
+                     "strategies it is compared with, and (on a GPU, with --measure) measures "
+                     "it.");
+  auto* preset = kvo::cli::add_choice(app, "--preset", a.preset, kvo::model::preset_names(),
+                                      "a built-in model");
+  auto* model = kvo::cli::add_text(app, "--model", a.model, "DIR",
+                                   "a Hugging Face model directory (its config.json) instead");
+  model->excludes(preset);
+  kvo::cli::add_text(app, "--contexts", a.contexts, "LIST",
+                     "contexts, e.g. 4k,32k,128k,1m, up to 1g (default: powers of two from 4k "
+                     "to 1m)");
+  kvo::cli::add_size(app, "--vram-budget", a.budget, 1, "device budget (default 24GiB)");
+  kvo::cli::add_integer(app, "--slots", a.slots, 1, 4096, "sequences decoded together");
+  kvo::cli::add_tokens(app, "--chunk", a.chunk, 1, 1 << 20, "prefill rows per chunk");
+  kvo::cli::add_tokens(app, "--max-prompt", a.max_prompt, 1, 1 << 30, "")
+      ->description("longest prompt prefilled at once (default: the context)");
+  kvo::cli::add_integer(app, "--ring", a.ring, 1, 64, "kvoffload's staging buffers");
+  kvo::cli::add_choice(app, "--dtype", a.dtype, {"f32", "f16", "bf16"},
+                       "weights and K/V (default: the model's)");
+  kvo::cli::add_choice(app, "--backend", a.backend, {"cuda", "host"}, "whose workspaces to count");
+  kvo::cli::add_text(app, "--csv", a.csv, "FILE", "also write the rows as CSV");
+  kvo::cli::add_text(app, "--svg", a.svg, "FILE",
+                     "draw device memory against context, one line per strategy");
+  kvo::cli::add_flag(app, "--measure", a.measure,
+                     "GPU only: run each context (synthetic weights, a prefill, a few decode "
+                     "steps) and add the measured peak device bytes beside kvoffload's plan");
+}
+
+int run(const Args& a, const CLI::App& app) {
   kvo::MemoryQuery q;
-  q.model = args.has("model") ? args.get("model", "") : args.get("preset", "llama3-8b");
-  q.budget = kvo::parse_size(args.get("vram-budget", "24GiB"));
-  if (q.budget == 0) throw kvo::cli::UsageError("--vram-budget must be more than 0 bytes");
-  q.slots = static_cast<int>(args.get_int("slots", 1, 1, 4096));
-  q.chunk = static_cast<int>(args.get_int("chunk", 512, 1, 1 << 20));
-  const int max_prompt = static_cast<int>(args.get_int("max-prompt", 0, 0, 1 << 30));
-  q.ring_depth = static_cast<int>(args.get_int("ring", 2, 1, 64));
-  if (args.has("dtype")) {
+  q.model = app.count("--model") != 0 ? a.model : a.preset;
+  q.budget = a.budget;
+  q.slots = a.slots;
+  q.chunk = a.chunk;
+  const int max_prompt = a.max_prompt;
+  q.ring_depth = a.ring;
+  if (!a.dtype.empty()) {
     q.override_dtype = true;
-    q.dtype = kvo::parse_dtype(args.get("dtype", ""));
+    q.dtype = kvo::parse_dtype(a.dtype);
   }
-  q.backend = kvo::parse_backend(args.get("backend", "cuda"));
-  if (q.backend == kvo::BackendKind::kAuto) q.backend = kvo::BackendKind::kCuda;
-  const bool do_measure = args.has("measure");
+  q.backend = kvo::parse_backend(a.backend);
+  const bool do_measure = a.measure;
   if (do_measure && kvo::cuda_device_count() == 0) {
     throw kvo::Error(kvo::ErrorCode::kDevice,
                      "--measure runs each context on a GPU, and no "
                      "CUDA device is usable here");
   }
   std::vector<int> contexts;
-  if (args.has("contexts")) {
-    contexts = parse_contexts(args.get("contexts", ""));
+  if (app.count("--contexts") != 0) {
+    contexts = parse_contexts(a.contexts);
   } else {
     for (int c = 4096; c <= (1 << 20); c *= 2) contexts.push_back(c);
   }
   kvo::model::ModelConfig measured_config;
-  if (do_measure) {
-    measured_config = args.has("model") ? kvo::model::load_model_config(q.model + "/config.json")
-                                        : kvo::model::preset(q.model);
-  }
+  if (do_measure) measured_config = kvo::model::resolve_model(q.model);
 
   struct Row {
     int context;
@@ -210,9 +210,9 @@ int run(int argc, char** argv) {
                 gib(rows.front().plan.host_available_bytes).c_str());
   }
 
-  if (args.has("csv")) {
-    std::ofstream csv(args.get("csv", ""));
-    if (!csv) throw kvo::cli::UsageError("cannot write " + args.get("csv", ""));
+  if (!a.csv.empty()) {
+    std::ofstream csv(a.csv);
+    if (!csv) throw kvo::Error(kvo::ErrorCode::kInvalidArgument, "cannot write " + a.csv);
     csv << "context,strategy,weights_bytes,kv_device_bytes,activation_bytes,workspace_bytes,"
            "total_bytes,host_bytes,fits,resident_layers,host_fits"
         << (do_measure ? ",measured_bytes" : "") << "\n";
@@ -226,7 +226,7 @@ int run(int argc, char** argv) {
       csv << "\n";
     }
   }
-  if (args.has("svg")) {
+  if (!a.svg.empty()) {
     kvo::tools::Chart chart;
     chart.title = q.model + ": device memory against context (" + std::to_string(q.slots) +
                   (q.slots == 1 ? " sequence)" : " sequences)");
@@ -234,6 +234,7 @@ int run(int argc, char** argv) {
     chart.y_label = "device memory";
     chart.x_tick = context_label;
     chart.y_tick = gib_tick;
+    chart.flag_label = "host memory short";
     const char* colors[] = {"#7f7f7f", "#ff7f0e", "#1f77b4"};
     const char* labels[] = {"everything on the device", "transformers offloaded static",
                             "kvoffload"};
@@ -245,13 +246,14 @@ int run(int argc, char** argv) {
         if (static_cast<int>(r.plan.strategy) != s) continue;
         series.x.push_back(r.context);
         series.y.push_back(static_cast<double>(r.plan.total_bytes) / (1ull << 30));
+        series.flagged.push_back(!r.plan.host_fits);
       }
       chart.series.push_back(series);
     }
     chart.lines.push_back({"budget " + gib_tick(static_cast<double>(q.budget) / (1ull << 30)),
                            static_cast<double>(q.budget) / (1ull << 30)});
-    std::ofstream svg(args.get("svg", ""));
-    if (!svg) throw kvo::cli::UsageError("cannot write " + args.get("svg", ""));
+    std::ofstream svg(a.svg);
+    if (!svg) throw kvo::Error(kvo::ErrorCode::kInvalidArgument, "cannot write " + a.svg);
     svg << kvo::tools::render_svg(chart);
   }
   return 0;
@@ -260,13 +262,8 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const kvo::cli::UsageError& e) {
-    std::cerr << "kvo-vram: " << e.what() << "\n\n" << kUsage;
-    return 2;
-  } catch (const kvo::Error& e) {
-    std::cerr << "kvo-vram: " << e.what() << "\n";
-    return 1;
-  }
+  CLI::App app("", "kvo-vram");
+  Args args;
+  declare_options(app, args);
+  return kvo::cli::run(app, argc, argv, [&] { return run(args, app); });
 }

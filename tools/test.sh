@@ -1,8 +1,41 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine (packages, Python reference environment), builds, and runs every test.
-# Prints ctest's summary; exits non-zero when a test fails.
+# Sets up a fresh machine, builds, and runs the tests; prints ctest's summary and exits non-zero
+# when a test fails.
+#   tools/test.sh [ctest options]          the full build with Python: every test
+#   tools/test.sh --asan [ctest options]   build-asan/ (AddressSanitizer + UndefinedBehavior-
+#                                          Sanitizer): the unit and tool tests, and each fuzz
+#                                          target for KVO_FUZZ_SECONDS (5) on its corpus
+#   tools/test.sh --tsan [ctest options]   build-tsan/ (ThreadSanitizer): the tests of the host
+#                                          backend's threads and the cache's schedule
+# A sanitizer's report fails the test it happens in.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=${KVO_BUILD_DIR:-$root/build}
-"$root/tools/setup.sh" --python
-ctest --test-dir "$build" --output-on-failure -j "${KVO_JOBS:-$(nproc)}" "$@"
+jobs=${KVO_JOBS:-$(nproc)}
+case "${1:-}" in
+  --asan)
+    shift
+    "$root/tools/setup.sh" --asan
+    build=${KVO_BUILD_DIR:-$root/build-asan}
+    cmake "$build" -DKVO_FUZZ_SECONDS="${KVO_FUZZ_SECONDS:-5}" >/dev/null
+    export ASAN_OPTIONS=detect_leaks=1:exitcode=86:strict_string_checks=1
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=87
+    labels="unit|tool|fuzz"
+    ;;
+  --tsan)
+    shift
+    "$root/tools/setup.sh" --tsan
+    build=${KVO_BUILD_DIR:-$root/build-tsan}
+    export TSAN_OPTIONS=halt_on_error=1:exitcode=66:second_deadlock_stack=1
+    labels="schedule"
+    ;;
+  *)
+    "$root/tools/setup.sh" --python
+    build=${KVO_BUILD_DIR:-$root/build}
+    labels=""
+    ;;
+esac
+if [ -n "$labels" ]; then
+  ctest --test-dir "$build" --output-on-failure -j "$jobs" -L "$labels" "$@"
+else
+  ctest --test-dir "$build" --output-on-failure -j "$jobs" "$@"
+fi

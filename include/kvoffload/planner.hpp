@@ -55,7 +55,7 @@ struct MemoryPlan {
   int layers = 0;
   bool fits = false;                       // total_bytes <= budget (always true without a budget)
   std::uint64_t host_available_bytes = 0;  // this machine's available memory
-  bool host_fits = false;                  // host_bytes <= host_available_bytes
+  bool host_fits = false;  // host_bytes (plus total_bytes on the host backend) fit available
 };
 
 // kvoffload's plan: as many resident layers as the budget holds. Throws kvo::Error:

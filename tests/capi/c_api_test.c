@@ -346,6 +346,9 @@ static void provoke_errors(engine* e) {
   options.dtype = (kvo_dtype)7;
   EXPECT_STATUS(NULL, kvo_cache_create(&options, &cache), KVO_ERROR_INVALID_ARGUMENT, "dtype");
   options = small_options(1);
+  options.backend = (kvo_backend)-9;
+  EXPECT_STATUS(NULL, kvo_cache_create(&options, &cache), KVO_ERROR_INVALID_ARGUMENT, "backend");
+  options = small_options(1);
   options.head_dim = 0;
   EXPECT_STATUS(NULL, kvo_cache_create(&options, &cache), KVO_ERROR_INVALID_ARGUMENT,
                 "head_dim must be positive");

@@ -105,7 +105,7 @@ TEST(ModelConfig, ParsesHuggingFaceFields) {
 
 TEST(ModelConfig, ErrorsNameTheProblem) {
   expect_error([] { parse_model_config("{\"vocab_size\": 10,", "cfg.json"); },
-               {"cfg.json", "offset"});
+               {"cfg.json", "line 1, column"});
   expect_error([] { parse_model_config(R"({"architectures": ["GPT2LMHeadModel"]})", "cfg.json"); },
                {"GPT2LMHeadModel", "not supported"});
   expect_error(

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "kvoffload/kvoffload.hpp"
 
@@ -93,6 +94,31 @@ TEST(Sizes, ParsesWhatUsersType) {
   for (const char* bad : {"24XB", "-1", "", "GiB", "1.2.3GB", "99999999999TiB"}) {
     EXPECT_THROW(parse_size(bad), Error) << bad;
   }
+  // Exact to the byte, up to the last one: no trip through a double.
+  EXPECT_EQ(parse_size("9007199254740993"), 9007199254740993ull);
+  EXPECT_EQ(parse_size("18446744073709551615"), UINT64_MAX);
+  EXPECT_EQ(parse_size("0.5KiB"), 512u);
+  EXPECT_EQ(parse_size(".5KiB"), 512u);
+  EXPECT_EQ(parse_size("2.KiB"), 2048u);
+  // Found by fuzzing: "." threw std::invalid_argument (an abort in the tools), and sizes between
+  // 2^63 and 2^64 bytes went through llround out of its range.
+  for (const auto& [bad, why] : std::vector<std::pair<const char*, const char*>>{
+           {".", "no number"},
+           {".GiB", "no number"},
+           {"18446744073709551616", "too large"},
+           {"10000000000000000000000", "too large"},
+           {"16777216TiB", "too large"},
+           {"1.5", "a number of bytes has no fraction"},
+           {"1.5.", "more than one decimal point"},
+           {"\x1b[2J", "no number"}}) {
+    try {
+      parse_size(bad);
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(parse_size("10000000000000000000"), 10000000000000000000ull);
   try {
     parse_size("24XB");
   } catch (const Error& e) {

@@ -1,0 +1,73 @@
+// The whole plan against this machine's memory: on the host backend the "device" arena is host
+// memory too, so both parts count, and the remedy must be one that works there. Refused before
+// anything is allocated.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "expect_error.hpp"
+#include "kvoffload/kvoffload.hpp"
+#include "offload/host_memory.hpp"
+#include "prefetch/host_backend.hpp"
+
+namespace kvo {
+namespace {
+
+using kvo::testing::expect_error;
+
+CachePlan plan_of(std::uint64_t device, std::uint64_t host) {
+  CachePlan p;
+  p.device_bytes = device;
+  p.host_bytes = host;
+  p.streamed_layers = 16;
+  return p;
+}
+
+TEST(HostMemory, TheHostBackendCountsTheArenaToo) {
+  const std::uint64_t gib = 1ull << 30;
+  // 16.9 GiB of "device" plus 15 GiB of store on a 22 GiB machine: each part fits, the sum
+  // does not.
+  const CachePlan p = plan_of(17 * gib, 15 * gib);
+  EXPECT_NO_THROW(offload::require_host_memory(p, BackendKind::kCuda, 22 * gib));
+  expect_error([&] { offload::require_host_memory(p, BackendKind::kHost, 22 * gib); },
+               ErrorCode::kOutOfMemory,
+               "the plan needs 32.00 GiB (34359738368 bytes) of host memory (17.00 GiB "
+               "(18253611008 bytes) for the device arena, which is host memory on the host "
+               "backend, and 15.00 GiB (16106127360 bytes) for the KV store) but this machine has "
+               "22.00 GiB (23622320128 bytes) available: missing 10.00 GiB");
+  expect_error([&] { offload::require_host_memory(p, BackendKind::kHost, 22 * gib); },
+               ErrorCode::kOutOfMemory, "keeping layers resident does not reduce it");
+  EXPECT_NO_THROW(offload::require_host_memory(p, BackendKind::kHost, 32 * gib));
+}
+
+TEST(HostMemory, OnCudaTheStoreAloneCountsAndMoreResidentLayersHelp) {
+  const std::uint64_t gib = 1ull << 30;
+  const CachePlan p = plan_of(20 * gib, 30 * gib);
+  expect_error([&] { offload::require_host_memory(p, BackendKind::kCuda, 22 * gib); },
+               ErrorCode::kOutOfMemory,
+               "the pinned host KV store needs 30.00 GiB (32212254720 bytes) (16 streamed layers) "
+               "but this machine has 22.00 GiB (23622320128 bytes) available: missing 8.00 GiB");
+  expect_error([&] { offload::require_host_memory(p, BackendKind::kCuda, 22 * gib); },
+               ErrorCode::kOutOfMemory, "Keep more layers resident on the device");
+}
+
+TEST(HostMemory, ACacheBeyondThisMachineIsRefusedBeforeAllocating) {
+  // kvo-replay's shape with 16 layers resident, scaled past any machine: 2^30 tokens of
+  // Llama-3-8B's KV shape is 4 TiB per layer.
+  CacheConfig c;
+  c.backend = BackendKind::kHost;
+  c.max_seq = 1 << 30;
+  c.resident_layers = 16;
+  const std::uint64_t before = prefetch::HostBackend::allocations_in_process();
+  expect_error([&] { OffloadedStaticCache cache(c); }, ErrorCode::kOutOfMemory,
+               "for the device arena, which is host memory on the host backend, and 64.00 TiB "
+               "(70368744177664 bytes) for the KV store) but this machine has");
+  EXPECT_EQ(prefetch::HostBackend::allocations_in_process(), before);
+  // A cache that fits allocates, and the counter sees it: the check above is not vacuous.
+  c.max_seq = 64;
+  { OffloadedStaticCache cache(c); }
+  EXPECT_GT(prefetch::HostBackend::allocations_in_process(), before);
+}
+
+}  // namespace
+}  // namespace kvo

@@ -1,0 +1,44 @@
+# Runs a tool and checks its exit status and what it printed (stdout and stderr together):
+#   cmake -DCOMMAND="tool|arg|arg..." -DEXIT=N [-DMATCH=regex] [-DNO_MATCH=regex]
+#         [-DABSENT=path] [-DEMPTY_DIR=path] [-DPRINTABLE=1] [-DFILE_SIZE_LIMIT=blocks]
+#         [-DNO_REPORT=regex]
+#         -P expect_exit.cmake
+# Arguments are separated by '|'. ABSENT names a path that must not exist afterwards, EMPTY_DIR
+# a directory that must hold nothing; NO_REPORT is what a sanitizer's report looks like;
+# PRINTABLE=1 requires that nothing but printable ASCII, tabs and newlines was printed;
+# FILE_SIZE_LIMIT runs the tool with files limited to that many 512-byte blocks (writes past it
+# fail).
+string(REPLACE "|" ";" command "${COMMAND}")
+if(DEFINED FILE_SIZE_LIMIT)
+  # Writes past the limit fail with EFBIG instead of killing the tool (SIGXFSZ ignored).
+  list(JOIN command "' '" quoted)
+  set(command sh -c "trap '' XFSZ && ulimit -f ${FILE_SIZE_LIMIT} && exec '${quoted}'")
+endif()
+execute_process(COMMAND ${command} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+set(all "${out}${err}")
+# A sanitizer's report fails the run whatever the exit status (a leak is reported at exit).
+if(DEFINED NO_REPORT AND all MATCHES "${NO_REPORT}")
+  message(FATAL_ERROR "a sanitizer reported:\n${all}")
+endif()
+if(NOT rc STREQUAL EXIT)
+  message(FATAL_ERROR "exit status ${rc}, expected ${EXIT}:\n${all}")
+endif()
+if(DEFINED MATCH AND NOT all MATCHES "${MATCH}")
+  message(FATAL_ERROR "the output lacks /${MATCH}/:\n${all}")
+endif()
+if(DEFINED NO_MATCH AND all MATCHES "${NO_MATCH}")
+  message(FATAL_ERROR "the output has /${NO_MATCH}/:\n${all}")
+endif()
+if(DEFINED ABSENT AND EXISTS "${ABSENT}")
+  message(FATAL_ERROR "${ABSENT} was left behind")
+endif()
+if(DEFINED EMPTY_DIR)
+  file(GLOB left "${EMPTY_DIR}/*")
+  if(left)
+    message(FATAL_ERROR "left behind in ${EMPTY_DIR}: ${left}")
+  endif()
+endif()
+if(PRINTABLE AND all MATCHES "[^\t\n -~]")
+  message(FATAL_ERROR "unprintable bytes were printed:\n${all}")
+endif()
+message(STATUS "exit ${rc} as expected:\n${all}")
