@@ -155,6 +155,33 @@ class CudaOps final : public Ops {
   void swiglu(float* gate, const float* up, std::int64_t count) override {
     cuda::swiglu(gate, up, count, stream_);
   }
+  void synchronize() override { KVO_MODEL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void fill_synthetic(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
+                      void* dst) override {
+    cuda::fill_synthetic(dst, entry.elements, elem(layout.dtype()), seed, entry.stream, entry.scale,
+                         entry.kind == WeightKind::kNorm, stream_);
+  }
+  // The rows' slots and draws go up, the draws run on the device, only the ids come back.
+  void sample(const float* logits, int n, const SampleRows& rows, const SamplingParams& params,
+              std::uint64_t seed, std::int32_t* tokens) override {
+    if (n == 0) return;
+    if (n > shape_.max_decode_rows) {
+      throw Error(ErrorCode::kInvalidArgument, "sample: more rows than the plan's slots");
+    }
+    check_sampling(params);
+    auto* device_rows = reinterpret_cast<std::int32_t*>(base_ + layout_.sampling);
+    std::int32_t* device_tokens = device_rows + 2 * shape_.max_decode_rows;
+    sample_rows_.assign(rows.slots, rows.slots + n);
+    sample_rows_.insert(sample_rows_.end(), rows.draws, rows.draws + n);
+    const std::size_t bytes = sizeof(std::int32_t) * static_cast<std::size_t>(n);
+    KVO_MODEL_CUDA_CHECK(cudaMemcpyAsync(device_rows, sample_rows_.data(), 2 * bytes,
+                                         cudaMemcpyHostToDevice, stream_));
+    cuda::sample(logits, n, shape_.config.vocab_size, params.temperature, params.top_k,
+                 params.top_p, seed, device_rows, device_tokens, stream_);
+    KVO_MODEL_CUDA_CHECK(
+        cudaMemcpyAsync(tokens, device_tokens, bytes, cudaMemcpyDeviceToHost, stream_));
+    KVO_MODEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
 
  private:
   // The built-in kernels, for shapes FlashInfer does not serve.
@@ -342,41 +369,14 @@ class CudaOps final : public Ops {
   std::byte* attn_out_ = nullptr;  // [R][heads][head_dim] (type)
   std::byte* prefill_tmp_ = nullptr;
   flashinfer_ops::DecodeWorkspace decode_ws_;
-  std::vector<std::int32_t> kv_lens_;  // [slots]: keys of each decode row
+  std::vector<std::int32_t> kv_lens_;      // [slots]: keys of each decode row
+  std::vector<std::int32_t> sample_rows_;  // [2][n]: slots, then draws, of the rows sampled
 };
 
 }  // namespace
 
 std::unique_ptr<Ops> make_cuda_ops(const OpsShape& shape, void* stream, void* workspace) {
   return std::make_unique<CudaOps>(shape, stream, workspace);
-}
-
-void fill_synthetic_on_device(const WeightLayout& layout, const WeightEntry& entry,
-                              std::uint64_t seed, void* dst, void* stream) {
-  cuda::fill_synthetic(dst, entry.elements, elem(layout.dtype()), seed, entry.stream, entry.scale,
-                       entry.kind == WeightKind::kNorm, static_cast<cudaStream_t>(stream));
-}
-
-void sample_on_device(const OpsShape& shape, void* workspace, const float* logits, int n,
-                      const std::int32_t* host_rows, const SamplingParams& params,
-                      std::uint64_t seed, std::int32_t* host_tokens, void* stream) {
-  if (n == 0) return;
-  if (n > shape.max_decode_rows) {
-    throw Error(ErrorCode::kInvalidArgument, "sample_on_device: more rows than the plan's slots");
-  }
-  check_sampling(params);
-  const WorkspaceLayout layout(shape.config, shape.weight_dtype, shape.max_rows,
-                               shape.max_decode_rows, shape.max_seq, shape.builtin_attention);
-  auto* rows =
-      reinterpret_cast<std::int32_t*>(static_cast<std::byte*>(workspace) + layout.sampling);
-  std::int32_t* tokens = rows + 2 * shape.max_decode_rows;
-  auto s = static_cast<cudaStream_t>(stream);
-  const std::size_t row_bytes = sizeof(std::int32_t) * static_cast<std::size_t>(n);
-  KVO_MODEL_CUDA_CHECK(cudaMemcpyAsync(rows, host_rows, 2 * row_bytes, cudaMemcpyHostToDevice, s));
-  cuda::sample(logits, n, shape.config.vocab_size, params.temperature, params.top_k, params.top_p,
-               seed, rows, tokens, s);
-  KVO_MODEL_CUDA_CHECK(cudaMemcpyAsync(host_tokens, tokens, row_bytes, cudaMemcpyDeviceToHost, s));
-  KVO_MODEL_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 std::uint64_t cuda_device_bytes_in_use() {

@@ -13,14 +13,6 @@ namespace {
 std::unique_ptr<Ops> make_cuda_ops(const OpsShape&, void*, void*) {
   unavailable();
 }
-void fill_synthetic_on_device(const WeightLayout&, const WeightEntry&, std::uint64_t, void*,
-                              void*) {
-  unavailable();
-}
-void sample_on_device(const OpsShape&, void*, const float*, int, const std::int32_t*,
-                      const SamplingParams&, std::uint64_t, std::int32_t*, void*) {
-  unavailable();
-}
 std::uint64_t cuda_device_bytes_in_use() {
   return 0;
 }

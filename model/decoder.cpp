@@ -66,8 +66,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   if (cache_->backend() == BackendKind::kCuda) {
     owned_stream_ = CacheStream(*cache_);
     stream_ = owned_stream_.get();
-    workspace_ = cache_->reserved("workspace");
-    ops_ = make_cuda_ops(shape, stream_, workspace_);
+    ops_ = make_cuda_ops(shape, stream_, cache_->reserved("workspace"));
   } else {
     ops_ = std::make_unique<HostOps>(shape);
   }
@@ -82,27 +81,23 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
     const auto total = static_cast<std::int64_t>(layout_.entries().size());
     std::int64_t done = 0;
     for (const auto& e : layout_.entries()) {
-      if (cache_->backend() == BackendKind::kCuda) {
-        fill_synthetic_on_device(layout_, e, source.seed, weights + e.offset, stream_);
-      } else {
-        fill_synthetic(layout_, e, source.seed, weights + e.offset);
-      }
+      ops_->fill_synthetic(layout_, e, source.seed, weights + e.offset);
       if (weights_progress) weights_progress(++done, total);
     }
-    if (stream_ != nullptr) cache_->synchronize_stream(stream_);
+    ops_->synchronize();
   }
   weights_ = layout_.bind(weights);
-  host_rows_.resize(3 * static_cast<std::size_t>(options_.slots));
   shape_ = shape;
   draws_.assign(static_cast<std::size_t>(options_.slots), 0);
-  sample_rows_.resize(2 * static_cast<std::size_t>(options_.slots));
+  draw_rows_.resize(static_cast<std::size_t>(options_.slots));
+  batch_ = DecodeBatch(options_.slots);
 }
 
 Decoder::~Decoder() {
   // The ops' kernels and copies on the stream finish before anything they use is freed.
-  if (cache_ && stream_ != nullptr) {
+  if (ops_) {
     try {
-      cache_->synchronize_stream(stream_);
+      ops_->synchronize();
     } catch (...) {
     }
   }
@@ -125,43 +120,56 @@ void Decoder::check_tokens(const std::vector<std::int32_t>& tokens) const {
   }
 }
 
-void Decoder::attention_block(int layer, const LayerView& view, float* x, int n, int slot,
-                              int first_position, bool decode) {
+void Decoder::project_qkv(int layer, const float* x, int n) {
   const LayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
-  const ModelConfig& c = config_;
   ActivationLayout& a = *act_;
-  const int h = c.hidden_size;
-  const int qd = static_cast<int>(c.q_dim());
-  const int kvd = static_cast<int>(c.kv_dim());
+  const int qd = static_cast<int>(config_.q_dim());
+  const int kvd = static_cast<int>(config_.kv_dim());
   ops_->rms_norm(x, n, w.attn_norm, a.xnorm);
   const Ops::Projection qkv[3] = {
       {w.wq, w.bq, qd, a.q, false}, {w.wk, w.bk, kvd, a.k, false}, {w.wv, w.bv, kvd, a.v, false}};
-  ops_->linear_many(a.xnorm, n, h, qkv, 3);
-  const std::int64_t kv_count = static_cast<std::int64_t>(n) * kvd;
-  const std::size_t row_bytes = static_cast<std::size_t>(kvd) * dtype_size(layout_.dtype());
-  if (decode) {
-    const int slots = options_.slots;
-    DecodeRows rows;
-    rows.slots = a.rows + slots;
-    rows.positions = a.rows + 2 * slots;
-    rows.host_slots = host_rows_.data() + slots;
-    rows.host_positions = host_rows_.data() + 2 * slots;
-    ops_->rope(a.q, a.k, n, rows.positions, 0);
-    ops_->to_cache_rows(a.k, kv_count, a.k_rows);
-    ops_->to_cache_rows(a.v, kv_count, a.v_rows);
-    for (int i = 0; i < n; ++i) {
-      cache_->append(layer, rows.host_slots[i], static_cast<std::byte*>(a.k_rows) + i * row_bytes,
-                     static_cast<std::byte*>(a.v_rows) + i * row_bytes, 1, stream_);
-    }
-    ops_->attention_decode(a.q, n, rows, view, a.attn);
-  } else {
-    ops_->rope(a.q, a.k, n, nullptr, first_position);
-    ops_->to_cache_rows(a.k, kv_count, a.k_rows);
-    ops_->to_cache_rows(a.v, kv_count, a.v_rows);
-    cache_->append(layer, slot, a.k_rows, a.v_rows, n, stream_);
-    ops_->attention_prefill(a.q, n, slot, first_position, view, a.attn);
+  ops_->linear_many(a.xnorm, n, config_.hidden_size, qkv, 3);
+}
+
+void Decoder::prefill_attention(int layer, const LayerView& view, float* x, int n, int slot,
+                                int first_position) {
+  const LayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
+  ActivationLayout& a = *act_;
+  project_qkv(layer, x, n);
+  ops_->rope(a.q, a.k, n, nullptr, first_position);
+  const std::int64_t kv_count = static_cast<std::int64_t>(n) * config_.kv_dim();
+  ops_->to_cache_rows(a.k, kv_count, a.k_rows);
+  ops_->to_cache_rows(a.v, kv_count, a.v_rows);
+  cache_->append(layer, slot, a.k_rows, a.v_rows, n, stream_);
+  ops_->attention_prefill(a.q, n, slot, first_position, view, a.attn);
+  ops_->linear(a.attn, n, static_cast<int>(config_.q_dim()), w.wo, w.bo, config_.hidden_size, x,
+               true);
+}
+
+void Decoder::decode_attention(int layer, const LayerView& view) {
+  const LayerWeights& w = weights_.layers[static_cast<std::size_t>(layer)];
+  ActivationLayout& a = *act_;
+  const int n = batch_.size();
+  const int slots = options_.slots;
+  project_qkv(layer, a.residual, n);
+  DecodeRows rows;
+  rows.slots = a.rows + slots;
+  rows.positions = a.rows + 2 * slots;
+  rows.host_slots = batch_.slots();
+  rows.host_positions = batch_.positions();
+  ops_->rope(a.q, a.k, n, rows.positions, 0);
+  const std::int64_t kv_count = static_cast<std::int64_t>(n) * config_.kv_dim();
+  ops_->to_cache_rows(a.k, kv_count, a.k_rows);
+  ops_->to_cache_rows(a.v, kv_count, a.v_rows);
+  // Each row goes to its own slot: one append per row.
+  const std::size_t row_bytes = config_.kv_dim() * dtype_size(layout_.dtype());
+  for (int i = 0; i < n; ++i) {
+    cache_->append(layer, batch_.slots()[i], static_cast<std::byte*>(a.k_rows) + i * row_bytes,
+                   static_cast<std::byte*>(a.v_rows) + i * row_bytes, 1, stream_);
   }
-  ops_->linear(a.attn, n, qd, w.wo, w.bo, h, x, true);
+  ops_->attention_decode(a.q, n, rows, view, a.attn);
+  ops_->linear(a.attn, n, static_cast<int>(config_.q_dim()), w.wo, w.bo, config_.hidden_size,
+               a.residual, true);
 }
 
 void Decoder::mlp_block(int layer, float* x, int n) {
@@ -178,11 +186,15 @@ void Decoder::mlp_block(int layer, float* x, int n) {
   ops_->linear(a.gate, n, ff, w.w_down, nullptr, h, x, true);
 }
 
-void Decoder::logits_of(const float* rows, int n, float* host_logits) {
+void Decoder::head(const float* rows, int n) {
   ops_->rms_norm(rows, n, weights_.final_norm, act_->xnorm);
   ops_->linear(act_->xnorm, n, config_.hidden_size, weights_.lm_head, nullptr, config_.vocab_size,
                act_->logits, false);
-  if (stream_ != nullptr) cache_->synchronize_stream(stream_);
+}
+
+void Decoder::logits_of(const float* rows, int n, float* host_logits) {
+  head(rows, n);
+  ops_->synchronize();
   cache_->copy_to_host(host_logits, act_->logits,
                        sizeof(float) * static_cast<std::size_t>(n) * config_.vocab_size);
 }
@@ -200,29 +212,15 @@ void Decoder::set_sampling(const SamplingParams& params, std::uint64_t seed) {
 
 void Decoder::sample_of(const float* rows, int n, const std::int32_t* row_slots,
                         std::int32_t* tokens) {
-  ops_->rms_norm(rows, n, weights_.final_norm, act_->xnorm);
-  ops_->linear(act_->xnorm, n, config_.hidden_size, weights_.lm_head, nullptr, config_.vocab_size,
-               act_->logits, false);
+  head(rows, n);
   for (int i = 0; i < n; ++i) {
-    sample_rows_[static_cast<std::size_t>(i)] = row_slots[i];
-    sample_rows_[static_cast<std::size_t>(n + i)] =
+    draw_rows_[static_cast<std::size_t>(i)] =
         static_cast<std::int32_t>(draws_[static_cast<std::size_t>(row_slots[i])]++);
   }
-  if (stream_ != nullptr) {
-    sample_on_device(shape_, workspace_, act_->logits, n, sample_rows_.data(), sampling_,
-                     sampling_seed_, tokens, stream_);
-    return;
-  }
-  const int vocab = config_.vocab_size;
-  decode_logits_.resize(static_cast<std::size_t>(n) * vocab);
-  cache_->copy_to_host(decode_logits_.data(), act_->logits,
-                       sizeof(float) * static_cast<std::size_t>(n) * vocab);
-  for (int i = 0; i < n; ++i) {
-    const float u = sampling_uniform(sampling_seed_, static_cast<std::uint64_t>(row_slots[i]),
-                                     static_cast<std::uint32_t>(sample_rows_[n + i]));
-    tokens[i] = sample_token(decode_logits_.data() + static_cast<std::int64_t>(i) * vocab, vocab,
-                             sampling_, u, sample_scratch_);
-  }
+  SampleRows sample_rows;
+  sample_rows.slots = row_slots;
+  sample_rows.draws = draw_rows_.data();
+  ops_->sample(act_->logits, n, sample_rows, sampling_, sampling_seed_, tokens);
 }
 
 void Decoder::prefill(int slot, const std::vector<std::int32_t>& tokens, float* logits,
@@ -265,7 +263,7 @@ void Decoder::prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
     if (tokens[i] < 0) throw invalid("token id " + std::to_string(tokens[i]) + " is negative");
   }
   ActivationLayout& a = *act_;
-  if (stream_ != nullptr) cache_->synchronize_stream(stream_);
+  ops_->synchronize();  // the previous step's kernels may still read a.tokens
   cache_->copy_to_device(a.tokens, tokens.data(), tokens.size() * sizeof(std::int32_t));
   ops_->embed(a.tokens, n, weights_.embed, a.residual);
 
@@ -281,7 +279,7 @@ void Decoder::prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
     for (int c0 = 0; c0 < n; c0 += chunk) {
       const int m = std::min(chunk, n - c0);
       float* x = a.residual + static_cast<std::int64_t>(c0) * config_.hidden_size;
-      attention_block(layer, view, x, m, slot, start + c0, false);
+      prefill_attention(layer, view, x, m, slot, start + c0);
       mlp_block(layer, x, m);
       // On CUDA the chunk is only enqueued here; the bar then runs ahead of the device by at
       // most the queue, and the layer's release orders it again.
@@ -295,13 +293,12 @@ void Decoder::prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
 void Decoder::decode(const std::vector<std::int32_t>& tokens, float* logits) {
   const int n = decode_layers(tokens);
   if (n == 0) return;
-  const int slots = options_.slots;
   // Logits of the n rows, then spread to their slots' places.
   std::vector<float>& staging = decode_logits_;
   staging.resize(static_cast<std::size_t>(n) * config_.vocab_size);
   logits_of(act_->residual, n, staging.data());
   for (int i = 0; i < n; ++i) {
-    const int s = host_rows_[static_cast<std::size_t>(slots + i)];
+    const int s = batch_.slots()[i];
     std::memcpy(logits + static_cast<std::int64_t>(s) * config_.vocab_size,
                 staging.data() + static_cast<std::int64_t>(i) * config_.vocab_size,
                 sizeof(float) * static_cast<std::size_t>(config_.vocab_size));
@@ -311,10 +308,9 @@ void Decoder::decode(const std::vector<std::int32_t>& tokens, float* logits) {
 void Decoder::decode_sample(const std::vector<std::int32_t>& tokens, std::int32_t* next) {
   const int n = decode_layers(tokens);
   if (n == 0) return;
-  const int slots = options_.slots;
   std::vector<std::int32_t> drawn(static_cast<std::size_t>(n));
-  sample_of(act_->residual, n, host_rows_.data() + slots, drawn.data());
-  for (int i = 0; i < n; ++i) next[host_rows_[static_cast<std::size_t>(slots + i)]] = drawn[i];
+  sample_of(act_->residual, n, batch_.slots(), drawn.data());
+  for (int i = 0; i < n; ++i) next[batch_.slots()[i]] = drawn[i];
 }
 
 int Decoder::decode_layers(const std::vector<std::int32_t>& tokens) {
@@ -325,28 +321,27 @@ int Decoder::decode_layers(const std::vector<std::int32_t>& tokens) {
   }
   check_tokens(tokens);
   std::vector<std::int32_t> counts(static_cast<std::size_t>(slots), 0);
-  int n = 0;
+  // The previous step's kernels may still read the device copy of the batch.
+  ops_->synchronize();
+  batch_.clear();
   for (int s = 0; s < slots; ++s) {
     if (tokens[static_cast<std::size_t>(s)] < 0) continue;
     if (cache_->length(s) + 1 > options_.max_seq) {
       throw invalid("slot " + std::to_string(s) + " is full (max_seq " +
                     std::to_string(options_.max_seq) + ")");
     }
-    host_rows_[static_cast<std::size_t>(n)] = tokens[static_cast<std::size_t>(s)];
-    host_rows_[static_cast<std::size_t>(slots + n)] = s;
-    host_rows_[static_cast<std::size_t>(2 * slots + n)] = cache_->length(s);
+    batch_.add(tokens[static_cast<std::size_t>(s)], s, cache_->length(s));
     counts[static_cast<std::size_t>(s)] = 1;
-    ++n;
   }
+  const int n = batch_.size();
   if (n == 0) return 0;
   ActivationLayout& a = *act_;
-  if (stream_ != nullptr) cache_->synchronize_stream(stream_);
-  cache_->copy_to_device(a.rows, host_rows_.data(), host_rows_.size() * sizeof(std::int32_t));
+  cache_->copy_to_device(a.rows, batch_.data(), batch_.bytes());
   ops_->embed(a.rows, n, weights_.embed, a.residual);
   cache_->begin_step(counts);
   for (int layer = 0; layer < config_.layers; ++layer) {
     const LayerView view = cache_->acquire(layer, stream_);
-    attention_block(layer, view, a.residual, n, -1, 0, true);
+    decode_attention(layer, view);
     mlp_block(layer, a.residual, n);
     cache_->release(layer, stream_);
   }

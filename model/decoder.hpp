@@ -52,6 +52,34 @@ struct DecoderOptions {
   HostBackendOptions host;
 };
 
+// The rows of one decode step, one per slot that takes part: row i feeds token tokens()[i] to
+// slot slots()[i] at position positions()[i] (its length before the step). One host array,
+// tokens | slots | positions, each [capacity], so that the device gets it in one copy.
+class DecodeBatch {
+ public:
+  explicit DecodeBatch(int capacity = 0)
+      : capacity_(capacity), rows_(3 * static_cast<std::size_t>(capacity)) {}
+  void clear() { size_ = 0; }
+  void add(std::int32_t token, int slot, int position) {
+    rows_[static_cast<std::size_t>(size_)] = token;
+    rows_[static_cast<std::size_t>(capacity_ + size_)] = slot;
+    rows_[static_cast<std::size_t>(2 * capacity_ + size_)] = position;
+    ++size_;
+  }
+  int size() const { return size_; }
+  const std::int32_t* tokens() const { return rows_.data(); }
+  const std::int32_t* slots() const { return rows_.data() + capacity_; }
+  const std::int32_t* positions() const { return rows_.data() + 2 * capacity_; }
+  // The whole array and its bytes, as it goes to the device.
+  const std::int32_t* data() const { return rows_.data(); }
+  std::size_t bytes() const { return rows_.size() * sizeof(std::int32_t); }
+
+ private:
+  int capacity_ = 0;
+  int size_ = 0;
+  std::vector<std::int32_t> rows_;
+};
+
 class Decoder {
  public:
   // Checks the config, the options and the checkpoint's tensor table, plans, and only then
@@ -102,13 +130,22 @@ class Decoder {
 
  private:
   void check_tokens(const std::vector<std::int32_t>& tokens) const;
-  void attention_block(int layer, const LayerView& view, float* x, int n, int slot,
-                       int first_position, bool decode);
+  // The attention half of a layer over the rows x [n][hidden] (updated in place): normed, q/k/v
+  // projected, k and v appended to the cache, attention, output projection added.
+  // Prefill: the rows are one slot's, at first_position + i.
+  void prefill_attention(int layer, const LayerView& view, float* x, int n, int slot,
+                         int first_position);
+  // Decode: the rows of batch_ (on the device at act_->rows), in act_->residual.
+  void decode_attention(int layer, const LayerView& view);
+  // q, k and v [n][..] of the normed rows x.
+  void project_qkv(int layer, const float* x, int n);
   void mlp_block(int layer, float* x, int n);
   // The steps without their head: the residual stream of the last layer in act_->residual.
   void prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
                       const ProgressFn& progress);
   int decode_layers(const std::vector<std::int32_t>& tokens);  // returns the rows decoded
+  // The logits [n][vocab] of rows [n][hidden], in act_->logits.
+  void head(const float* rows, int n);
   void logits_of(const float* rows, int n, float* host_logits);
   // host tokens [n] drawn from the logits of `rows` [n][hidden], row i for slot row_slots[i].
   void sample_of(const float* rows, int n, const std::int32_t* row_slots, std::int32_t* tokens);
@@ -124,15 +161,13 @@ class Decoder {
   std::unique_ptr<Ops> ops_;
   ModelWeights weights_;
   OpsShape shape_;
-  void* workspace_ = nullptr;  // CUDA only
   SamplingParams sampling_;
   std::uint64_t sampling_seed_ = 0;
-  std::vector<std::uint32_t> draws_;       // [slots]: draws taken by each slot
-  std::vector<std::int32_t> sample_rows_;  // [2][slots]: slot, draw of each sampled row
-  std::vector<float> sample_scratch_;      // host backend
+  std::vector<std::uint32_t> draws_;     // [slots]: draws taken by each slot
+  std::vector<std::int32_t> draw_rows_;  // [slots]: the draw number of each sampled row
   std::uint64_t activation_bytes_ = 0;
-  std::vector<std::int32_t> host_rows_;  // [3][slots]: tokens, slots, positions of a decode step
-  std::vector<float> decode_logits_;     // [slots][vocab], host
+  DecodeBatch batch_;                 // the rows of the decode step in progress
+  std::vector<float> decode_logits_;  // [slots][vocab], host
 };
 
 }  // namespace kvo::model

@@ -174,4 +174,20 @@ void HostOps::swiglu(float* gate, const float* up, std::int64_t count) {
   }
 }
 
+void HostOps::fill_synthetic(const WeightLayout& layout, const WeightEntry& entry,
+                             std::uint64_t seed, void* dst) {
+  model::fill_synthetic(layout, entry, seed, dst);
+}
+
+void HostOps::sample(const float* logits, int n, const SampleRows& rows,
+                     const SamplingParams& params, std::uint64_t seed, std::int32_t* tokens) {
+  const int vocab = shape_.config.vocab_size;
+  for (int i = 0; i < n; ++i) {
+    const float u = sampling_uniform(seed, static_cast<std::uint64_t>(rows.slots[i]),
+                                     static_cast<std::uint32_t>(rows.draws[i]));
+    tokens[i] = sample_token(logits + static_cast<std::int64_t>(i) * vocab, vocab, params, u,
+                             sample_scratch_);
+  }
+}
+
 }  // namespace kvo::model

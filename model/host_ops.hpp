@@ -12,6 +12,12 @@ class HostOps final : public Ops {
  public:
   explicit HostOps(const OpsShape& shape);
 
+  void synchronize() override {}
+  void fill_synthetic(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
+                      void* dst) override;
+  void sample(const float* logits, int n, const SampleRows& rows, const SamplingParams& params,
+              std::uint64_t seed, std::int32_t* tokens) override;
+
   void embed(const std::int32_t* tokens, int n, const void* table, float* out) override;
   void rms_norm(const float* x, int n, const void* weight, float* out) override;
   void linear(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
@@ -33,6 +39,7 @@ class HostOps final : public Ops {
   // Host scratch, sized once: a weight row converted to f32, attention scores.
   std::vector<float> row_;
   std::vector<float> scores_;
+  std::vector<float> sample_scratch_;
 };
 
 }  // namespace kvo::model

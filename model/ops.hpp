@@ -8,6 +8,8 @@
 
 #include "kvoffload/cache.hpp"
 #include "model/model_config.hpp"
+#include "model/sampler.hpp"
+#include "model/weights.hpp"
 
 namespace kvo::model {
 
@@ -20,9 +22,27 @@ struct DecodeRows {
   const std::int32_t* host_positions = nullptr;
 };
 
+// Row i of a batch to sample: drawn for slot slots[i] as that slot's draw number draws[i]. Host.
+struct SampleRows {
+  const std::int32_t* slots = nullptr;  // [n]
+  const std::int32_t* draws = nullptr;  // [n]
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
+
+  // Waits until everything enqueued so far has run (CUDA: the stream; the host path runs each
+  // call to its end, so nothing). Before the host rewrites what a kernel may still read.
+  virtual void synchronize() = 0;
+  // Writes the synthetic values of weight `entry` (model/weights.hpp) to dst (device memory).
+  virtual void fill_synthetic(const WeightLayout& layout, const WeightEntry& entry,
+                              std::uint64_t seed, void* dst) = 0;
+  // tokens[i] (host) = the token row i of logits [n][vocab] (device) draws, by sample_token's
+  // rule with sampling_uniform(seed, rows.slots[i], rows.draws[i]). On CUDA the draw runs on the
+  // device and only the ids come back; returns once they are on the host.
+  virtual void sample(const float* logits, int n, const SampleRows& rows,
+                      const SamplingParams& params, std::uint64_t seed, std::int32_t* tokens) = 0;
 
   // out [n][hidden] = embed[tokens[i]] (tokens [n] int32, device).
   virtual void embed(const std::int32_t* tokens, int n, const void* table, float* out) = 0;

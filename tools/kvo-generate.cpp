@@ -17,7 +17,6 @@
 #include "model/cuda_ops.hpp"
 #include "model/decoder.hpp"
 #include "model/model_config.hpp"
-#include "model/sampler.hpp"
 #include "tools/cli.hpp"
 #include "tools/generate_options.hpp"
 #include "tools/progress_bar.hpp"
@@ -75,15 +74,11 @@ int run(const kvo::cli::GenerateRun& o) {
   std::printf("  attention       %s\n", decoder.attention_kernels().c_str());
   std::fflush(stdout);
 
-  // On CUDA the tokens are drawn on the device (only the ids come back); on the host, by a
-  // Sampler per slot over the logits. Both follow the same rule and draws, so pick the same.
-  const bool device_sampling = decoder.backend() == kvo::BackendKind::kCuda;
-  if (device_sampling) decoder.set_sampling(o.sampling, o.seed);
-  std::vector<kvo::model::Sampler> samplers;
-  for (int s = 0; s < slots; ++s) samplers.emplace_back(o.sampling, o.seed, s);
+  // The decoder draws the tokens on its backend (on CUDA only the ids come back), draw d of slot
+  // s as Sampler(sampling, seed, s) would.
+  decoder.set_sampling(o.sampling, o.seed);
   std::vector<std::int32_t> first(static_cast<std::size_t>(slots), -1);
   std::vector<std::vector<std::int32_t>> generated(static_cast<std::size_t>(slots));
-  std::vector<float> logits(static_cast<std::size_t>(slots) * c.vocab_size);
   const bool stream_tokens = !o.quiet;
 
   // A saved context instead of a prefill: only the question is prefilled after it.
@@ -97,12 +92,7 @@ int run(const kvo::cli::GenerateRun& o) {
     const std::vector<std::int32_t> prompt = text.loads() ? question : o.prompt(s);
     kvo::cli::ProgressBar bar("prefill", static_cast<double>(prompt.size()), "tok");
     auto progress = [&](std::int64_t done, std::int64_t total) { bar.update(done, total); };
-    if (device_sampling) {
-      first[static_cast<std::size_t>(s)] = decoder.prefill_sample(s, prompt, progress);
-    } else {
-      decoder.prefill(s, prompt, logits.data() + static_cast<std::int64_t>(s) * c.vocab_size,
-                      progress);
-    }
+    first[static_cast<std::size_t>(s)] = decoder.prefill_sample(s, prompt, progress);
     prompt_tokens += static_cast<std::int64_t>(prompt.size());
     sample_memory();
   }
@@ -121,25 +111,12 @@ int run(const kvo::cli::GenerateRun& o) {
     for (int s = 0; s < slots; ++s) {
       if (done[static_cast<std::size_t>(s)]) next[static_cast<std::size_t>(s)] = -1;
     }
-    if (device_sampling) {
-      if (step == 0) {
-        next = first;
-      } else {
-        decoder.decode_sample(next, next.data());
-        decode_tokens += active;
-        sample_memory();
-      }
+    if (step == 0) {
+      next = first;
     } else {
-      if (step > 0) {
-        decoder.decode(next, logits.data());
-        decode_tokens += active;
-        sample_memory();
-      }
-      for (int s = 0; s < slots; ++s) {
-        if (done[static_cast<std::size_t>(s)]) continue;
-        next[static_cast<std::size_t>(s)] = samplers[static_cast<std::size_t>(s)].sample(
-            logits.data() + static_cast<std::int64_t>(s) * c.vocab_size, c.vocab_size);
-      }
+      decoder.decode_sample(next, next.data());
+      decode_tokens += active;
+      sample_memory();
     }
     for (int s = 0; s < slots; ++s) {
       const auto index = static_cast<std::size_t>(s);
