@@ -8,6 +8,7 @@
 #include "model/host_ops.hpp"
 #include "model/memory_plan.hpp"
 #include "model/safetensors.hpp"
+#include "model/thread_pool.hpp"
 
 namespace kvo::model {
 namespace {
@@ -24,6 +25,9 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
       options_(options),
       layout_(config, options.override_dtype ? options.dtype : config.dtype) {
   validate(config_);
+  if (options_.threads < 0) {
+    throw invalid("threads must be 0 (the cores) or more, not " + std::to_string(options_.threads));
+  }
   const DecoderMemory memory =
       plan_decoder_memory(config_, options_, resolve_backend(options_.backend));
   options_.max_prompt = memory.max_prompt;
@@ -39,6 +43,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   shape.max_rows = R;
   shape.max_decode_rows = options_.slots;
   shape.max_seq = options_.max_seq;
+  shape.threads = options_.threads > 0 ? options_.threads : available_cores();
 
   require_weights_fit(memory, options_.device_budget);
   cache_ = std::make_unique<OffloadedStaticCache>(memory.cache);

@@ -46,6 +46,7 @@ Cache:
   --resident N|all|auto  layers kept on the device (auto: as many as the budget holds)
   --ring D             staging buffers (2)
   --backend B          auto, cuda or host (auto: cuda when there is a GPU)
+  --threads N          host backend: threads computing each step (default: the cores)
 Output:
   --json               print one JSON object as the last line
   --quiet              do not print tokens as they come
@@ -106,7 +107,7 @@ Options parse(int argc, char** argv) {
       argc, argv,
       {"model", "preset", "dtype", "weight-seed", "prompt-tokens", "prompt-len", "max-new",
        "max-seq", "slots", "chunk", "temperature", "top-k", "top-p", "seed", "vram-budget",
-       "resident", "ring", "backend", "max-delay-us"},
+       "resident", "ring", "backend", "max-delay-us", "threads"},
       {"json", "quiet", "help"});
   if (args.has("help")) {
     std::cout << kUsage;
@@ -181,6 +182,7 @@ Options parse(int argc, char** argv) {
                           : static_cast<int>(args.get_int("resident", 0, 0, o.config.layers));
   if (args.has("vram-budget")) d.device_budget = kvo::parse_size(args.get("vram-budget", ""));
   d.backend = kvo::parse_backend(args.get("backend", "auto"));
+  if (args.has("threads")) d.threads = static_cast<int>(args.get_int("threads", 0, 1, 4096));
   if (args.has("max-delay-us")) {
     d.host.max_delay_us = static_cast<std::uint32_t>(args.get_int("max-delay-us", 0, 0, 1000000));
     d.host.delay_seed = o.seed;

@@ -8,7 +8,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${KVO_BUILD_DIR:-$root/build}
 jobs=${KVO_JOBS:-$(nproc)}
 
-packages=(cmake g++ make pkg-config libboost-dev libgtest-dev libbenchmark-dev)
+packages=(cmake g++ make pkg-config libboost-dev libgtest-dev libbenchmark-dev libopenblas-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

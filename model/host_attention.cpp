@@ -1,0 +1,212 @@
+#include "model/host_attention.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/host_kernels.hpp"
+#include "model/ops.hpp"
+
+namespace kvo::model {
+namespace {
+
+std::size_t elem_bytes(Elem type) {
+  return type == Elem::kF32 ? 4 : 2;
+}
+
+// Rows [key0, key0 + keys) of one kv head of K or V as an f32 matrix: in place (leading
+// dimension = the token stride) when the cache is f32, else converted into `buffer` (leading
+// dimension head_dim).
+const float* key_block(const void* base, std::int64_t at, std::int64_t token_stride, int keys,
+                       int head_dim, Elem type, float* buffer, int* ld) {
+  const char* first =
+      static_cast<const char*>(base) + at * static_cast<std::int64_t>(elem_bytes(type));
+  if (type == Elem::kF32) {
+    *ld = static_cast<int>(token_stride);
+    return reinterpret_cast<const float*>(first);
+  }
+  for (int j = 0; j < keys; ++j) {
+    kernels::to_f32(first + j * token_stride * static_cast<std::int64_t>(elem_bytes(type)), type,
+                    head_dim, buffer + static_cast<std::int64_t>(j) * head_dim);
+  }
+  *ld = head_dim;
+  return buffer;
+}
+
+}  // namespace
+
+HostAttention::HostAttention(const ModelConfig& config, Elem type, int max_decode_rows,
+                             ThreadPool& pool)
+    : config_(config),
+      type_(type),
+      pool_(pool),
+      group_(config.heads / config.kv_heads),
+      scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)))) {
+  const std::size_t d = static_cast<std::size_t>(config.head_dim);
+  const std::size_t rows = static_cast<std::size_t>(kQueryBlock) * group_;
+  prefill_.resize(static_cast<std::size_t>(pool_.threads()));
+  for (auto& s : prefill_) {
+    s.q.resize(rows * d);
+    s.scores.resize(rows * kPrefillKeyBlock);
+    s.out.resize(rows * d);
+    s.k.resize(kPrefillKeyBlock * d);
+    s.v.resize(kPrefillKeyBlock * d);
+    s.state.resize(rows);
+    s.first.resize(rows);
+    s.last.resize(rows);
+  }
+  decode_.resize(static_cast<std::size_t>(pool_.threads()));
+  for (auto& s : decode_) {
+    s.q.resize(static_cast<std::size_t>(group_) * d);
+    s.kv.resize(kernels::kKeyBlock * d);
+    s.scores.resize(static_cast<std::size_t>(group_) * kernels::kKeyBlock);
+  }
+  const std::size_t parts =
+      static_cast<std::size_t>(max_decode_rows) * config.kv_heads * kMaxParts * group_;
+  part_state_.resize(parts);
+  part_values_.resize(parts * d);
+  first_task_.resize(static_cast<std::size_t>(max_decode_rows) + 1);
+}
+
+HostAttention::Split HostAttention::split(int keys) {
+  Split s;
+  s.parts = std::clamp((keys + kMinPartKeys - 1) / kMinPartKeys, 1, kMaxParts);
+  s.part_keys = (keys + s.parts - 1) / s.parts;
+  s.parts = std::max(1, (keys + s.part_keys - 1) / s.part_keys);
+  return s;
+}
+
+void HostAttention::prefill(const float* q, int n, int slot, int first_position,
+                            const LayerView& view, float* out) {
+  const int blocks = (n + kQueryBlock - 1) / kQueryBlock;
+  const int kv_heads = config_.kv_heads;
+  // The last query blocks see the most keys: hand them out first.
+  pool_.run(blocks * kv_heads, [&](int task, int thread) {
+    prefill_block(q, n, slot, first_position, view, task % kv_heads, blocks - 1 - task / kv_heads,
+                  prefill_[static_cast<std::size_t>(thread)], out);
+  });
+}
+
+void HostAttention::prefill_block(const float* q, int n, int slot, int first_position,
+                                  const LayerView& view, int kv_head, int block, PrefillScratch& s,
+                                  float* out) {
+  const int d = config_.head_dim;
+  const int heads = config_.heads;
+  const int t0 = block * kQueryBlock;
+  const int tokens = std::min(kQueryBlock, n - t0);
+  const int rows = tokens * group_;
+  // Queries of the group packed as row t * group + r, and the keys each row sees.
+  for (int t = 0; t < tokens; ++t) {
+    const int pos = first_position + t0 + t;
+    for (int r = 0; r < group_; ++r) {
+      const int i = t * group_ + r;
+      const float* src = q + (static_cast<std::int64_t>(t0 + t) * heads + kv_head * group_ + r) * d;
+      std::copy(src, src + d, s.q.data() + static_cast<std::int64_t>(i) * d);
+      s.first[static_cast<std::size_t>(i)] = first_key(config_, pos);
+      s.last[static_cast<std::size_t>(i)] = pos;
+      s.state[static_cast<std::size_t>(i)] = SoftmaxState{};
+    }
+  }
+  std::fill(s.out.begin(), s.out.begin() + static_cast<std::int64_t>(rows) * d, 0.0f);
+  const int key_begin = first_key(config_, first_position + t0);
+  const int key_end = first_position + t0 + tokens;  // exclusive
+  const std::int64_t head_at = slot * view.slot_stride + kv_head * view.head_stride;
+  for (int key0 = key_begin; key0 < key_end; key0 += kPrefillKeyBlock) {
+    const int keys = std::min(kPrefillKeyBlock, key_end - key0);
+    const std::int64_t at = head_at + static_cast<std::int64_t>(key0) * view.token_stride;
+    int ldk = 0;
+    const float* k = key_block(view.k, at, view.token_stride, keys, d, type_, s.k.data(), &ldk);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, scale_, s.q.data(), d, k,
+                ldk, 0.0f, s.scores.data(), kPrefillKeyBlock);
+    kernels::softmax_block(s.scores.data(), rows, keys, kPrefillKeyBlock, key0, s.first.data(),
+                           s.last.data(), s.state.data(), s.out.data(), d);
+    int ldv = 0;
+    const float* v = key_block(view.v, at, view.token_stride, keys, d, type_, s.v.data(), &ldv);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, keys, 1.0f, s.scores.data(),
+                kPrefillKeyBlock, v, ldv, 1.0f, s.out.data(), d);
+  }
+  for (int t = 0; t < tokens; ++t) {
+    for (int r = 0; r < group_; ++r) {
+      const int i = t * group_ + r;
+      const float inv = 1.0f / s.state[static_cast<std::size_t>(i)].sum;
+      const float* src = s.out.data() + static_cast<std::int64_t>(i) * d;
+      float* dst = out + (static_cast<std::int64_t>(t0 + t) * heads + kv_head * group_ + r) * d;
+      for (int e = 0; e < d; ++e) dst[e] = src[e] * inv;
+    }
+  }
+}
+
+void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
+                           const std::int32_t* positions, const LayerView& view, float* out) {
+  const int d = config_.head_dim;
+  const int heads = config_.heads;
+  const int kv_heads = config_.kv_heads;
+  const std::size_t values_per_part = static_cast<std::size_t>(group_) * d;
+  first_task_[0] = 0;
+  for (int i = 0; i < n; ++i) {
+    const int keys = positions[i] - first_key(config_, positions[i]) + 1;
+    first_task_[static_cast<std::size_t>(i) + 1] =
+        first_task_[static_cast<std::size_t>(i)] + kv_heads * split(keys).parts;
+  }
+  auto part_index = [&](int i, int g, int p) {
+    return (static_cast<std::size_t>(i) * kv_heads + g) * kMaxParts + p;
+  };
+  // 1. Each (row, kv head, part): a partial softmax over its keys.
+  pool_.run(first_task_[static_cast<std::size_t>(n)], [&](int task, int thread) {
+    const int i =
+        static_cast<int>(std::upper_bound(first_task_.begin(), first_task_.begin() + n + 1, task) -
+                         first_task_.begin() - 1);
+    const int first = first_key(config_, positions[i]);
+    const int keys = positions[i] - first + 1;
+    const Split sp = split(keys);
+    const int local = task - first_task_[static_cast<std::size_t>(i)];
+    const int g = local / sp.parts;
+    const int p = local % sp.parts;
+    const int key0 = first + p * sp.part_keys;
+    const int count = std::min(sp.part_keys, keys - p * sp.part_keys);
+    DecodeScratch& s = decode_[static_cast<std::size_t>(thread)];
+    const float* qg = q + (static_cast<std::int64_t>(i) * heads + g * group_) * d;
+    for (std::size_t e = 0; e < values_per_part; ++e) s.q[e] = qg[e] * scale_;
+    const std::size_t at_part = part_index(i, g, p);
+    SoftmaxState* state = part_state_.data() + at_part * group_;
+    float* values = part_values_.data() + at_part * values_per_part;
+    std::fill(state, state + group_, SoftmaxState{});
+    std::fill(values, values + values_per_part, 0.0f);
+    const std::int64_t at = slots[i] * view.slot_stride +
+                            static_cast<std::int64_t>(key0) * view.token_stride +
+                            g * view.head_stride;
+    const std::size_t bytes = elem_bytes(type_);
+    kernels::KeyRows k{static_cast<const char*>(view.k) + at * static_cast<std::int64_t>(bytes),
+                       view.token_stride, type_};
+    kernels::KeyRows v{static_cast<const char*>(view.v) + at * static_cast<std::int64_t>(bytes),
+                       view.token_stride, type_};
+    kernels::attend_keys(s.q.data(), group_, d, k, v, count, state, values, s.kv.data(),
+                         s.scores.data());
+  });
+  // 2. Each (row, kv head): merge its parts in order, normalize.
+  pool_.run(n * kv_heads, [&](int task, int) {
+    const int i = task / kv_heads;
+    const int g = task % kv_heads;
+    const int keys = positions[i] - first_key(config_, positions[i]) + 1;
+    const int parts = split(keys).parts;
+    for (int r = 0; r < group_; ++r) {
+      SoftmaxState state = part_state_[part_index(i, g, 0) * group_ + r];
+      float* dst = out + (static_cast<std::int64_t>(i) * heads + g * group_ + r) * d;
+      const float* first_values = part_values_.data() + part_index(i, g, 0) * values_per_part +
+                                  static_cast<std::size_t>(r) * d;
+      std::copy(first_values, first_values + d, dst);
+      for (int p = 1; p < parts; ++p) {
+        const std::size_t at = part_index(i, g, p);
+        const MergeScales m = softmax_merge(state, part_state_[at * group_ + r]);
+        const float* values =
+            part_values_.data() + at * values_per_part + static_cast<std::size_t>(r) * d;
+        for (int e = 0; e < d; ++e) dst[e] = dst[e] * m.a + values[e] * m.b;
+      }
+      const float inv = 1.0f / state.sum;
+      for (int e = 0; e < d; ++e) dst[e] *= inv;
+    }
+  });
+}
+
+}  // namespace kvo::model
