@@ -7,10 +7,10 @@
 namespace kvo::model {
 namespace {
 
-// A worker that finished a loop polls for the next one this many times before it sleeps: a
-// decode step runs hundreds of short loops back to back, and a wake-up through the kernel costs
-// more than most of them.
-constexpr int kSpins = 20000;
+// A worker that finished a loop polls for the next one this many times before it sleeps, and the
+// caller polls as long for the last task: a decode step runs hundreds of short loops back to
+// back, and a wake-up through the kernel costs more than most of them.
+constexpr int kSpins = 4000;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -48,14 +48,18 @@ ThreadPool::~ThreadPool() {
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::claim_tasks(int thread) {
-  for (int i = next_.fetch_add(1, std::memory_order_relaxed); i < count_;
-       i = next_.fetch_add(1, std::memory_order_relaxed)) {
+void ThreadPool::claim_tasks(Loop& loop, int thread) {
+  for (int i = loop.next.fetch_add(1, std::memory_order_relaxed); i < loop.count;
+       i = loop.next.fetch_add(1, std::memory_order_relaxed)) {
     try {
-      (*task_)(i, thread);
+      (*loop.task)(i, thread);
     } catch (...) {
+      std::lock_guard<std::mutex> lock(loop.error_mutex);
+      if (!loop.error) loop.error = std::current_exception();
+    }
+    if (loop.done.fetch_add(1, std::memory_order_acq_rel) + 1 == loop.count && thread != 0) {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!error_) error_ = std::current_exception();
+      finished_.notify_all();
     }
   }
 }
@@ -63,29 +67,35 @@ void ThreadPool::claim_tasks(int thread) {
 void ThreadPool::run(int count, const std::function<void(int, int)>& task) {
   if (count <= 0) return;
   if (workers_.empty() || count == 1) {
-    for (int i = 0; i < count; ++i) task(i, 0);
+    std::exception_ptr error;
+    for (int i = 0; i < count; ++i) {
+      try {
+        task(i, 0);
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
     return;
   }
-  task_ = &task;
-  count_ = count;
-  error_ = nullptr;
-  next_.store(0, std::memory_order_relaxed);
-  busy_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+  auto loop = std::make_shared<Loop>();
+  loop->task = &task;
+  loop->count = count;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    loop_ = loop;
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
-  claim_tasks(0);
-  for (int spin = 0; spin < kSpins && busy_.load(std::memory_order_acquire) != 0; ++spin) {
+  claim_tasks(*loop, 0);
+  for (int spin = 0; spin < kSpins && loop->done.load(std::memory_order_acquire) != count; ++spin) {
     cpu_relax();
   }
-  if (busy_.load(std::memory_order_acquire) != 0) {
+  if (loop->done.load(std::memory_order_acquire) != count) {
     std::unique_lock<std::mutex> lock(mutex_);
-    idle_.wait(lock, [&] { return busy_.load(std::memory_order_acquire) == 0; });
+    finished_.wait(lock, [&] { return loop->done.load(std::memory_order_acquire) == count; });
   }
-  task_ = nullptr;
-  if (error_) std::rethrow_exception(error_);
+  if (loop->error) std::rethrow_exception(loop->error);
 }
 
 void ThreadPool::work(int thread) {
@@ -95,20 +105,15 @@ void ThreadPool::work(int thread) {
          ++spin) {
       cpu_relax();
     }
-    if (generation_.load(std::memory_order_acquire) == seen) {
+    std::shared_ptr<Loop> loop;
+    {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
-    }
-    seen = generation_.load(std::memory_order_acquire);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
       if (stop_) return;
+      seen = generation_.load(std::memory_order_acquire);
+      loop = loop_;
     }
-    claim_tasks(thread);
-    if (busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      idle_.notify_one();
-    }
+    if (loop) claim_tasks(*loop, thread);
   }
 }
 
