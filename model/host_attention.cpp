@@ -42,7 +42,8 @@ HostAttention::HostAttention(const ModelConfig& config, Elem type, int max_decod
       type_(type),
       pool_(pool),
       group_(config.heads / config.kv_heads),
-      scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)))) {
+      scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)))),
+      avx512_(kernels::have_avx512() && config.head_dim % 16 == 0) {
   const std::size_t d = static_cast<std::size_t>(config.head_dim);
   const std::size_t rows = static_cast<std::size_t>(kQueryBlock) * group_;
   prefill_.resize(static_cast<std::size_t>(pool_.threads()));
@@ -58,12 +59,11 @@ HostAttention::HostAttention(const ModelConfig& config, Elem type, int max_decod
   }
   decode_.resize(static_cast<std::size_t>(pool_.threads()));
   for (auto& s : decode_) {
-    s.q.resize(static_cast<std::size_t>(group_) * d);
-    s.kv.resize(kernels::kKeyBlock * d);
-    s.scores.resize(static_cast<std::size_t>(group_) * kernels::kKeyBlock);
+    s.q.resize(static_cast<std::size_t>(config.heads) * d);
+    s.kv.resize(static_cast<std::size_t>(kernels::kKeyBlock) * config.kv_heads * d);
+    s.scores.resize(static_cast<std::size_t>(config.heads) * kernels::kKeyBlock);
   }
-  const std::size_t parts =
-      static_cast<std::size_t>(max_decode_rows) * config.kv_heads * kMaxParts * group_;
+  const std::size_t parts = static_cast<std::size_t>(max_decode_rows) * kMaxParts * config.heads;
   part_state_.resize(parts);
   part_values_.resize(parts * d);
   first_task_.resize(static_cast<std::size_t>(max_decode_rows) + 1);
@@ -142,17 +142,17 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
   const int d = config_.head_dim;
   const int heads = config_.heads;
   const int kv_heads = config_.kv_heads;
-  const std::size_t values_per_part = static_cast<std::size_t>(group_) * d;
   first_task_[0] = 0;
   for (int i = 0; i < n; ++i) {
     const int keys = positions[i] - first_key(config_, positions[i]) + 1;
     first_task_[static_cast<std::size_t>(i) + 1] =
-        first_task_[static_cast<std::size_t>(i)] + kv_heads * split(keys).parts;
+        first_task_[static_cast<std::size_t>(i)] + split(keys).parts;
   }
-  auto part_index = [&](int i, int g, int p) {
-    return (static_cast<std::size_t>(i) * kv_heads + g) * kMaxParts + p;
-  };
-  // 1. Each (row, kv head, part): a partial softmax over its keys.
+  // Partials of (row i, part p): states [heads], values [heads][d].
+  auto part_index = [&](int i, int p) { return static_cast<std::size_t>(i) * kMaxParts + p; };
+  const std::size_t values_per_part = static_cast<std::size_t>(heads) * d;
+  // 1. Each (row, part of the keys): a partial softmax over its keys for every kv head.
+  const std::size_t bytes = elem_bytes(type_);
   pool_.run(first_task_[static_cast<std::size_t>(n)], [&](int task, int thread) {
     const int i =
         static_cast<int>(std::upper_bound(first_task_.begin(), first_task_.begin() + n + 1, task) -
@@ -160,29 +160,26 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
     const int first = first_key(config_, positions[i]);
     const int keys = positions[i] - first + 1;
     const Split sp = split(keys);
-    const int local = task - first_task_[static_cast<std::size_t>(i)];
-    const int g = local / sp.parts;
-    const int p = local % sp.parts;
-    const int key0 = first + p * sp.part_keys;
-    const int count = std::min(sp.part_keys, keys - p * sp.part_keys);
+    const int p = task - first_task_[static_cast<std::size_t>(i)];
+    const int part0 = first + p * sp.part_keys;
     DecodeScratch& s = decode_[static_cast<std::size_t>(thread)];
-    const float* qg = q + (static_cast<std::int64_t>(i) * heads + g * group_) * d;
-    for (std::size_t e = 0; e < values_per_part; ++e) s.q[e] = qg[e] * scale_;
-    const std::size_t at_part = part_index(i, g, p);
-    SoftmaxState* state = part_state_.data() + at_part * group_;
-    float* values = part_values_.data() + at_part * values_per_part;
-    std::fill(state, state + group_, SoftmaxState{});
+    const float* qi = q + static_cast<std::int64_t>(i) * heads * d;
+    for (std::size_t e = 0; e < values_per_part; ++e) s.q[e] = qi[e] * scale_;
+    SoftmaxState* state = part_state_.data() + part_index(i, p) * heads;
+    float* values = part_values_.data() + part_index(i, p) * values_per_part;
+    std::fill(state, state + heads, SoftmaxState{});
     std::fill(values, values + values_per_part, 0.0f);
-    const std::int64_t at = slots[i] * view.slot_stride +
-                            static_cast<std::int64_t>(key0) * view.token_stride +
-                            g * view.head_stride;
-    const std::size_t bytes = elem_bytes(type_);
-    kernels::KeyRows k{static_cast<const char*>(view.k) + at * static_cast<std::int64_t>(bytes),
-                       view.token_stride, type_};
-    kernels::KeyRows v{static_cast<const char*>(view.v) + at * static_cast<std::int64_t>(bytes),
-                       view.token_stride, type_};
-    kernels::attend_keys(s.q.data(), group_, d, k, v, count, state, values, s.kv.data(),
-                         s.scores.data());
+    const std::int64_t at =
+        slots[i] * view.slot_stride + static_cast<std::int64_t>(part0) * view.token_stride;
+    const kernels::KeyRows k{
+        static_cast<const char*>(view.k) + at * static_cast<std::int64_t>(bytes), view.token_stride,
+        view.head_stride, type_};
+    const kernels::KeyRows v{
+        static_cast<const char*>(view.v) + at * static_cast<std::int64_t>(bytes), view.token_stride,
+        view.head_stride, type_};
+    (avx512_ ? kernels::attend_keys_avx512 : kernels::attend_keys)(
+        s.q.data(), kv_heads, group_, d, k, v, std::min(sp.part_keys, keys - p * sp.part_keys),
+        state, values, s.kv.data(), s.scores.data());
   });
   // 2. Each (row, kv head): merge its parts in order, normalize.
   pool_.run(n * kv_heads, [&](int task, int) {
@@ -190,17 +187,16 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
     const int g = task % kv_heads;
     const int keys = positions[i] - first_key(config_, positions[i]) + 1;
     const int parts = split(keys).parts;
-    for (int r = 0; r < group_; ++r) {
-      SoftmaxState state = part_state_[part_index(i, g, 0) * group_ + r];
-      float* dst = out + (static_cast<std::int64_t>(i) * heads + g * group_ + r) * d;
-      const float* first_values = part_values_.data() + part_index(i, g, 0) * values_per_part +
-                                  static_cast<std::size_t>(r) * d;
+    for (int h = g * group_; h < (g + 1) * group_; ++h) {
+      SoftmaxState state = part_state_[part_index(i, 0) * heads + h];
+      float* dst = out + (static_cast<std::int64_t>(i) * heads + h) * d;
+      const float* first_values = part_values_.data() + part_index(i, 0) * values_per_part +
+                                  static_cast<std::size_t>(h) * d;
       std::copy(first_values, first_values + d, dst);
       for (int p = 1; p < parts; ++p) {
-        const std::size_t at = part_index(i, g, p);
-        const MergeScales m = softmax_merge(state, part_state_[at * group_ + r]);
-        const float* values =
-            part_values_.data() + at * values_per_part + static_cast<std::size_t>(r) * d;
+        const MergeScales m = softmax_merge(state, part_state_[part_index(i, p) * heads + h]);
+        const float* values = part_values_.data() + part_index(i, p) * values_per_part +
+                              static_cast<std::size_t>(h) * d;
         for (int e = 0; e < d; ++e) dst[e] = dst[e] * m.a + values[e] * m.b;
       }
       const float inv = 1.0f / state.sum;

@@ -6,10 +6,13 @@
 // kPrefillKeyBlock keys computes the scores and the weighted values with OpenBLAS's sgemm
 // (single-threaded, inside the pool). f16/bf16 keys are converted block by block.
 //
-// Decode splits each (row, kv head) over parts of the keys, as a GPU split-K decode does: a task
-// is (row, kv head, part), each leaves a partial softmax state and weighted sum, and a second pass
-// merges the parts in order. How the keys are split depends on the key count only, so the result
-// is the same for any thread count, and a row's result does not depend on the other rows.
+// Decode splits each row over parts of the keys, as a GPU split-K decode does: a task is
+// (row, part), which walks its keys front to back, every kv head of a block of keys at once (the
+// rows are token-major, so a task reads one contiguous range; a task per kv head would read a
+// 1/kv_heads slice of every page, which measured 10x slower). Each leaves a partial softmax state
+// and weighted sum per kv head, and a second pass, (row, kv head) per task, merges the parts in
+// order. How the keys are split depends on the key count only, so the result is the same for any
+// thread count, and a row's result does not depend on the other rows.
 #pragma once
 
 #include <cstdint>
@@ -55,7 +58,7 @@ class HostAttention {
     std::vector<int> first, last;     // [rows]: keys each row sees
   };
   struct DecodeScratch {
-    std::vector<float> q, kv, scores;  // [group][d], [kKeyBlock][d], [group][kKeyBlock]
+    std::vector<float> q, kv, scores;  // [heads][d] (scaled), [kKeyBlock][d], [group][kKeyBlock]
   };
 
   void prefill_block(const float* q, int n, int slot, int first_position, const LayerView& view,
@@ -66,9 +69,10 @@ class HostAttention {
   ThreadPool& pool_;
   int group_;
   float scale_;
+  bool avx512_;                          // decode through kernels::attend_keys_avx512
   std::vector<PrefillScratch> prefill_;  // [threads]
   std::vector<DecodeScratch> decode_;    // [threads]
-  // Decode partials: [rows][kv_heads][kMaxParts] of a state [group] and values [group][d].
+  // Decode partials: [rows][kMaxParts] of states [heads] and values [heads][head_dim].
   std::vector<SoftmaxState> part_state_;
   std::vector<float> part_values_;
   std::vector<int> first_task_;  // [rows + 1]: tasks of the rows before

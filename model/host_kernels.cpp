@@ -211,42 +211,47 @@ void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void*
 }
 
 KVO_VECTOR_CLONES
-void attend_keys(const float* q, int group, int head_dim, KeyRows k, KeyRows v, int keys,
-                 SoftmaxState* state, float* acc, float* kv, float* scores) {
+void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
+                 int keys, SoftmaxState* state, float* acc, float* kv, float* scores) {
   const int d = head_dim;
-  const std::size_t elem = k.type == Elem::kF32 ? 4 : 2;
-  // Row j of K or V as f32: in place when it is f32, else converted into kv.
-  auto row_of = [&](const KeyRows& rows, int j, int slot) -> const float* {
-    const void* at =
-        static_cast<const char*>(rows.base) + static_cast<std::size_t>(j * rows.stride) * elem;
-    if (rows.type == Elem::kF32) return static_cast<const float*>(at);
-    float* dst = kv + static_cast<std::size_t>(slot) * d;
-    convert_row(at, rows.type, d, dst);
-    return dst;
+  const int rows = kv_heads * group;
+  const std::int64_t elem = k.type == Elem::kF32 ? 4 : 2;
+  // Keys [j0, j0 + nb) of every head as f32: kv [j][g][d].
+  auto convert_block = [&](const KeyRows& from, int j0, int nb) {
+    for (int j = 0; j < nb; ++j) {
+      for (int g = 0; g < kv_heads; ++g) {
+        const std::int64_t at = (j0 + j) * from.token_stride + g * from.head_stride;
+        convert_row(static_cast<const char*>(from.base) + at * elem, from.type, d,
+                    kv + (static_cast<std::int64_t>(j) * kv_heads + g) * d);
+      }
+    }
   };
   for (int j0 = 0; j0 < keys; j0 += kKeyBlock) {
     const int nb = std::min(kKeyBlock, keys - j0);
-    for (int j = 0; j < nb; ++j) {
-      const float* kj = row_of(k, j0 + j, j);
-      for (int r = 0; r < group; ++r) scores[r * kKeyBlock + j] = dot(q + r * d, kj, d);
-    }
-    for (int r = 0; r < group; ++r) {
-      float* s = scores + r * kKeyBlock;
-      const float factor = softmax_block_rescale(state[r], max_of(s, nb));
-      if (factor != 1.0f) {
-        float* a = acc + r * d;
-        for (int e = 0; e < d; ++e) a[e] *= factor;
-        state[r].sum *= factor;
+    convert_block(k, j0, nb);
+    for (int row = 0; row < rows; ++row) {
+      const int g = row / group;
+      float* s = scores + row * kKeyBlock;
+      for (int j = 0; j < nb; ++j) {
+        s[j] = dot(q + static_cast<std::int64_t>(row) * d,
+                   kv + (static_cast<std::int64_t>(j) * kv_heads + g) * d, d);
       }
-      for (int j = 0; j < nb; ++j) s[j] -= state[r].max;
+      const float factor = softmax_block_rescale(state[row], max_of(s, nb));
+      if (factor != 1.0f) {
+        float* a = acc + static_cast<std::int64_t>(row) * d;
+        for (int e = 0; e < d; ++e) a[e] *= factor;
+        state[row].sum *= factor;
+      }
+      for (int j = 0; j < nb; ++j) s[j] -= state[row].max;
       exp_row(s, nb);
-      state[r].sum += sum_of(s, nb);
+      state[row].sum += sum_of(s, nb);
     }
+    convert_block(v, j0, nb);
     for (int j = 0; j < nb; ++j) {
-      const float* vj = row_of(v, j0 + j, j);
-      for (int r = 0; r < group; ++r) {
-        const float p = scores[r * kKeyBlock + j];
-        float* a = acc + r * d;
+      for (int row = 0; row < rows; ++row) {
+        const float p = scores[row * kKeyBlock + j];
+        const float* vj = kv + (static_cast<std::int64_t>(j) * kv_heads + row / group) * d;
+        float* a = acc + static_cast<std::int64_t>(row) * d;
         for (int e = 0; e < d; ++e) a[e] += p * vj[e];
       }
     }

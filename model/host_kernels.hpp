@@ -34,22 +34,32 @@ void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void*
                  const void* bias, int o0, int o1, float* y, std::int64_t ldy, bool accumulate,
                  float* row);
 
-// Rows of K or V of one kv head: row j at `base` + j * stride elements of `type`.
+// Rows of K or V of one slot: token j, kv head g at `base` + j * token_stride + g * head_stride
+// elements of `type`.
 struct KeyRows {
   const void* base = nullptr;
-  std::int64_t stride = 0;
+  std::int64_t token_stride = 0;
+  std::int64_t head_stride = 0;
   Elem type = Elem::kF32;
 };
 
-constexpr int kKeyBlock = 32;  // keys per step of attend_keys
+constexpr int kKeyBlock = 16;  // keys per step of attend_keys
 
-// The online softmax of `group` query rows q [group][head_dim] (already scaled by
-// 1/sqrt(head_dim)) over keys [0, keys): on return state[r] holds the max score and the sum of
-// exp(score - max), and acc [group][head_dim] the values weighted by the same exponentials. Both
-// start from "nothing seen" (state default, acc zero) and may continue a previous call.
-// Scratch: kv [kKeyBlock][head_dim], scores [group][kKeyBlock].
-void attend_keys(const float* q, int group, int head_dim, KeyRows k, KeyRows v, int keys,
-                 SoftmaxState* state, float* acc, float* kv, float* scores);
+// The online softmax of the query rows of every kv head, q [kv_heads * group][head_dim] (already
+// scaled by 1/sqrt(head_dim); row g * group + r belongs to kv head g), over keys [0, keys): on
+// return state[row] holds the max score and the sum of exp(score - max), and acc [row][head_dim]
+// the values weighted by the same exponentials. Both start from "nothing seen" (state default,
+// acc zero) and may continue a previous call. A block of keys is converted for all heads at once,
+// so K and V are read front to back. Scratch: kv [kKeyBlock][kv_heads][head_dim],
+// scores [kv_heads * group][kKeyBlock].
+void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
+                 int keys, SoftmaxState* state, float* acc, float* kv, float* scores);
+
+// attend_keys with AVX-512 intrinsics (model/host_attention_avx512.cpp), the same results up to
+// rounding. REQUIRES: have_avx512(), head_dim a multiple of 16.
+void attend_keys_avx512(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
+                        int keys, SoftmaxState* state, float* acc, float* kv, float* scores);
+bool have_avx512();
 
 // One key block of the blocked prefill attention: s [rows][lds] holds the (scaled) scores of
 // `rows` query rows against keys [key0, key0 + keys); row i sees keys [first[i], last[i]]. The
