@@ -17,12 +17,16 @@ namespace {
 
 static_assert(kKeyBlock == 16, "one score per lane of a 512-bit vector");
 
-// 16 f32 from 16 elements of `type` at p.
-KVO_AVX512 inline __m512 load16(const void* p, Elem type) {
-  if (type == Elem::kF32) return _mm512_loadu_ps(p);
-  const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
-  if (type == Elem::kF16) return _mm512_cvtph_ps(h);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+// 16 f32 from 16 elements of type T at p.
+template <Elem T>
+KVO_AVX512 inline __m512 load16(const void* p) {
+  if constexpr (T == Elem::kF32) {
+    return _mm512_loadu_ps(p);
+  } else {
+    const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
+    if constexpr (T == Elem::kF16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
 }
 
 // out lane j = the sum of the lanes of a[j], j < 16.
@@ -89,6 +93,7 @@ KVO_AVX512 inline const char* row_at(const KeyRows& from, int j, int g) {
 
 // scores [kRows][kKeyBlock] of query rows q [kRows][d] (kv head g) against keys [j0, j0 + 16)
 // (those past nb are not read; their scores are garbage the caller masks).
+template <Elem T>
 KVO_AVX512 void block_scores(const float* const* q, const KeyRows& k, int g, int d, int j0, int nb,
                              float* scores) {
   const std::int64_t elem = k.type == Elem::kF32 ? 4 : 2;
@@ -101,7 +106,7 @@ KVO_AVX512 void block_scores(const float* const* q, const KeyRows& k, int g, int
     for (int e = 0; e < d; e += 16) {
       __m512 kj[4];
 #pragma GCC unroll 4
-      for (int jj = 0; jj < 4; ++jj) kj[jj] = load16(rows[jj] + e * elem, k.type);
+      for (int jj = 0; jj < 4; ++jj) kj[jj] = load16<T>(rows[jj] + e * elem);
 #pragma GCC unroll 4
       for (int r = 0; r < kRows; ++r) {
         const __m512 qr = _mm512_loadu_ps(q[r] + e);
@@ -119,7 +124,7 @@ KVO_AVX512 void block_scores(const float* const* q, const KeyRows& k, int g, int
 }
 
 // acc[r] [e0, e0 + 16 W) += sum over keys j < nb of p[r][j] * value j of kv head g, r < rows.
-template <int W>
+template <Elem T, int W>
 KVO_AVX512 inline void accumulate_values(const float* p, int rows, const KeyRows& v, int g, int j0,
                                          int nb, int e0, float* const* acc) {
   const std::int64_t elem = v.type == Elem::kF32 ? 4 : 2;
@@ -133,7 +138,7 @@ KVO_AVX512 inline void accumulate_values(const float* p, int rows, const KeyRows
     const char* row = row_at(v, j0 + j, g) + e0 * elem;
     __m512 vj[W];
 #pragma GCC unroll 4
-    for (int c = 0; c < W; ++c) vj[c] = load16(row + 16 * c * elem, v.type);
+    for (int c = 0; c < W; ++c) vj[c] = load16<T>(row + 16 * c * elem);
 #pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) {
       const __m512 pr = _mm512_set1_ps(p[r * kKeyBlock + j]);
@@ -147,13 +152,11 @@ KVO_AVX512 inline void accumulate_values(const float* p, int rows, const KeyRows
   }
 }
 
-}  // namespace
-
 // The query rows of each group are taken kRows at a time (a group of 3 pads with its last row);
 // K and V are read straight from the cache rows, each element converted once per pass.
-KVO_AVX512 void attend_keys_avx512(const float* q, int kv_heads, int group, int d, KeyRows k,
-                                   KeyRows v, int keys, SoftmaxState* state, float* acc, float*,
-                                   float*) {
+template <Elem T>
+KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const KeyRows& k,
+                       const KeyRows& v, int keys, SoftmaxState* state, float* acc) {
   for (int j0 = 0; j0 < keys; j0 += kKeyBlock) {
     const int nb = std::min(kKeyBlock, keys - j0);
     const __mmask16 valid = static_cast<__mmask16>((1u << nb) - 1);
@@ -173,7 +176,7 @@ KVO_AVX512 void attend_keys_avx512(const float* q, int kv_heads, int group, int 
           accs[r] = acc + static_cast<std::int64_t>(row) * d;
         }
         alignas(64) float s[kRows * kKeyBlock];
-        block_scores(qs, k, g, d, j0, nb, s);
+        block_scores<T>(qs, k, g, d, j0, nb, s);
         for (int r = 0; r < rows; ++r) {
           SoftmaxState& st = state[g * group + r0 + r];
           const __m512 sr = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid,
@@ -193,10 +196,25 @@ KVO_AVX512 void attend_keys_avx512(const float* q, int kv_heads, int group, int 
           _mm512_storeu_ps(s + r * kKeyBlock, _mm512_setzero_ps());
         }
         int e0 = 0;
-        for (; e0 + 64 <= d; e0 += 64) accumulate_values<4>(s, rows, v, g, j0, nb, e0, accs);
-        for (; e0 < d; e0 += 16) accumulate_values<1>(s, rows, v, g, j0, nb, e0, accs);
+        for (; e0 + 64 <= d; e0 += 64) accumulate_values<T, 4>(s, rows, v, g, j0, nb, e0, accs);
+        for (; e0 < d; e0 += 16) accumulate_values<T, 1>(s, rows, v, g, j0, nb, e0, accs);
       }
     }
+  }
+}
+
+}  // namespace
+
+KVO_AVX512 void attend_keys_avx512(const float* q, int kv_heads, int group, int d, KeyRows k,
+                                   KeyRows v, int keys, SoftmaxState* state, float* acc, float*,
+                                   float*) {
+  switch (k.type) {
+    case Elem::kF32:
+      return attend<Elem::kF32>(q, kv_heads, group, d, k, v, keys, state, acc);
+    case Elem::kF16:
+      return attend<Elem::kF16>(q, kv_heads, group, d, k, v, keys, state, acc);
+    default:
+      return attend<Elem::kBF16>(q, kv_heads, group, d, k, v, keys, state, acc);
   }
 }
 
@@ -213,6 +231,21 @@ bool have_avx512() {
 namespace kvo::model::kernels {
 void attend_keys_avx512(const float*, int, int, int, KeyRows, KeyRows, int, SoftmaxState*, float*,
                         float*, float*) {}
+}  // namespace
+
+KVO_AVX512 void attend_keys_avx512(const float* q, int kv_heads, int group, int d, KeyRows k,
+                                   KeyRows v, int keys, SoftmaxState* state, float* acc, float*,
+                                   float*) {
+  switch (k.type) {
+    case Elem::kF32:
+      return attend<Elem::kF32>(q, kv_heads, group, d, k, v, keys, state, acc);
+    case Elem::kF16:
+      return attend<Elem::kF16>(q, kv_heads, group, d, k, v, keys, state, acc);
+    default:
+      return attend<Elem::kBF16>(q, kv_heads, group, d, k, v, keys, state, acc);
+  }
+}
+
 bool have_avx512() {
   return false;
 }
