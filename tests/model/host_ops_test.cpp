@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/host_attention.hpp"
+#include "model/host_kernels.hpp"
 #include "model/host_ops.hpp"
 
 namespace kvo::model {
@@ -218,8 +219,9 @@ TEST(HostAttention, PrefillMatchesFloat64) {
 TEST(HostAttention, DecodeMatchesFloat64) {
   std::mt19937 rng(4);
   for (Elem type : kTypes) {
-    for (int window : {0, 700}) {
-      const ModelConfig c = attention_config(8, 2, 64, window);
+    // head_dim 64 takes the AVX-512 kernel where the CPU has one, 40 the portable one.
+    for (auto [window, head_dim] : {std::pair{0, 64}, {700, 64}, {0, 40}}) {
+      const ModelConfig c = attention_config(8, 2, head_dim, window);
       const int slots = 3, max_seq = 3000;
       Layer l = random_layer(c, type, slots, max_seq, rng);
       HostOps ops(shape_of(c, type, 4, 4, max_seq, 3));
@@ -237,9 +239,61 @@ TEST(HostAttention, DecodeMatchesFloat64) {
             reference_attention(c, l, q.data() + i * c.q_dim(), row_slots[i], positions[i]);
         expect_near(out.data() + i * c.q_dim(), want,
                     "dtype " + std::to_string(static_cast<int>(type)) + " window " +
-                        std::to_string(window) + " row " + std::to_string(i));
+                        std::to_string(window) + " head_dim " + std::to_string(head_dim) + " row " +
+                        std::to_string(i));
       }
     }
+  }
+}
+
+// The portable kernel and the AVX-512 one (where the CPU has it) on the same keys, continuing a
+// state across calls, with a group of 3 (the AVX-512 kernel pads it to 4) and a short last block.
+TEST(HostAttention, DecodeKernelsAgree) {
+  std::mt19937 rng(6);
+  const int kv_heads = 2, group = 3, d = 32, keys = 45;
+  for (Elem type : kTypes) {
+    const Values k = random_values(static_cast<std::size_t>(keys) * kv_heads * d, type, 1.5f, rng);
+    const Values v = random_values(k.exact.size(), type, 1.0f, rng);
+    const std::vector<float> q = random_floats(static_cast<std::size_t>(kv_heads) * group * d, rng);
+    const kernels::KeyRows kr{k.bytes.data(), kv_heads * d, d, type};
+    const kernels::KeyRows vr{v.bytes.data(), kv_heads * d, d, type};
+    std::vector<float> kv(kernels::kKeyBlock * kv_heads * d), scores(kv_heads * group * 16);
+    auto run = [&](auto kernel) {
+      std::vector<SoftmaxState> state(kv_heads * group);
+      std::vector<float> acc(q.size(), 0.0f);
+      kernel(q.data(), kv_heads, group, d, kr, vr, 20, state.data(), acc.data(), kv.data(),
+             scores.data());
+      const std::size_t rest = static_cast<std::size_t>(20) * kv_heads * d;
+      const kernels::KeyRows k2{k.bytes.data() + rest * elem_size(type), kv_heads * d, d, type};
+      const kernels::KeyRows v2{v.bytes.data() + rest * elem_size(type), kv_heads * d, d, type};
+      kernel(q.data(), kv_heads, group, d, k2, v2, keys - 20, state.data(), acc.data(), kv.data(),
+             scores.data());
+      for (std::size_t row = 0; row < state.size(); ++row) {
+        for (int e = 0; e < d; ++e) acc[row * d + e] /= state[row].sum;
+      }
+      return acc;
+    };
+    // float64: softmax(q k^T) v per row.
+    std::vector<double> want(q.size(), 0.0);
+    for (int row = 0; row < kv_heads * group; ++row) {
+      const int g = row / group;
+      std::vector<double> s(keys);
+      double m = -INFINITY, sum = 0;
+      for (int j = 0; j < keys; ++j) {
+        s[j] = 0;
+        for (int e = 0; e < d; ++e)
+          s[j] += static_cast<double>(q[row * d + e]) * k.exact[(j * kv_heads + g) * d + e];
+        m = std::max(m, s[j]);
+      }
+      for (int j = 0; j < keys; ++j) sum += (s[j] = std::exp(s[j] - m));
+      for (int j = 0; j < keys; ++j) {
+        for (int e = 0; e < d; ++e)
+          want[row * d + e] += s[j] / sum * v.exact[(j * kv_heads + g) * d + e];
+      }
+    }
+    expect_near(run(kernels::attend_keys).data(), want, "portable");
+    if (kernels::have_avx512())
+      expect_near(run(kernels::attend_keys_avx512).data(), want, "avx512");
   }
 }
 
