@@ -4,7 +4,7 @@
 // [kGemmRowBlock rows][kGemmColBlock outputs], the tiles spread over the thread pool with BLAS
 // itself single-threaded. f16/bf16 weights are not kept as f32 copies: each tile converts its
 // kGemmColBlock rows of W into a per-thread f32 panel first (kGemmColBlock x in floats per thread,
-// 3.5 MiB at in = 14336), work that is 1/n of the tile's multiply-adds.
+// 7 MiB at in = 14336), work that is 1/n of the tile's multiply-adds.
 //
 // Decode-sized calls (a few rows) read W in place, one output row at a time
 // (kernels::linear_rows), spread over blocks of outputs: they are bound by reading W, and every
@@ -23,7 +23,7 @@ class HostLinear {
  public:
   static constexpr int kGemmMinRows = 16;
   static constexpr int kGemmRowBlock = 256;
-  static constexpr int kGemmColBlock = 64;
+  static constexpr int kGemmColBlock = 128;
   static constexpr int kDotColBlock = 32;
 
   // max_in: the widest input of any call. Makes the process's OpenBLAS single-threaded.
