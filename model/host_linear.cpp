@@ -10,10 +10,10 @@ namespace kvo::model {
 
 // BLAS: OpenBLAS (Debian's libopenblas-dev, its pthread build), chosen over BLIS by measurement
 // on this project's GEMM shapes (bench/results/blas-choice.md): on the 2-core AMD EPYC (Zen 5)
-// development machine OpenBLAS 0.3.21 ran the prefill shapes at 180-220 GFLOP/s, while BLIS 0.9.0
-// does not know that CPU and falls back to its generic kernels (5-75 GFLOP/s). Splitting the
-// tiles over our own pool with BLAS single-threaded ran as fast as or faster than OpenBLAS's own
-// threads, and leaves one pool on the cores.
+// development machine OpenBLAS 0.3.21 ran the prefill shapes at 140-220 GFLOP/s, while BLIS 0.9.0
+// does not know that CPU and falls back to its generic kernels (1-75 GFLOP/s). Single-threaded
+// calls on our own pool ran on par with OpenBLAS's own threads (ahead on some shapes, behind on
+// others), and leave one pool on the cores with results independent of the thread count.
 HostLinear::HostLinear(ThreadPool& pool, Elem type, int max_in) : pool_(pool), type_(type) {
   openblas_set_num_threads(1);
   // A GEMM tile's converted panel, or the one row linear_rows converts at a time.
