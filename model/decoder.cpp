@@ -10,6 +10,7 @@
 #include "model/host_ops.hpp"
 #include "model/memory_plan.hpp"
 #include "model/safetensors.hpp"
+#include "model/thread_pool.hpp"
 
 namespace kvo::model {
 namespace {
@@ -25,6 +26,9 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
     : config_((validate(config), config)),  // checked before layout_ sizes anything by it
       options_(options),
       layout_(config, options.override_dtype ? options.dtype : config.dtype) {
+  if (options_.threads < 0) {
+    throw invalid("threads must be 0 (the cores) or more, not " + std::to_string(options_.threads));
+  }
   // The checkpoint's tensor table is read (mapped, no data touched) and checked against the
   // config before a byte is allocated: a config that does not match its weights is refused here.
   std::unique_ptr<Checkpoint> checkpoint;
@@ -48,6 +52,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   shape.max_decode_rows = options_.slots;
   shape.max_seq = options_.max_seq;
   shape.builtin_attention = options_.builtin_attention;
+  shape.threads = options_.threads > 0 ? options_.threads : available_cores();
 
   require_weights_fit(memory, options_.device_budget);
   cache_ = std::make_unique<OffloadedStaticCache>(memory.cache);

@@ -50,6 +50,7 @@ struct DecoderOptions {
   bool override_dtype = false;  // else the checkpoint's (config) dtype
   DType dtype = DType::kBF16;   // weights and K/V
   HostBackendOptions host;
+  int threads = 0;  // host path: threads computing a step; 0: the cores this process may use
 };
 
 // The rows of one decode step, one per slot that takes part: row i feeds token tokens()[i] to

@@ -2,176 +2,118 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
+
+#include "model/host_kernels.hpp"
 
 namespace kvo::model {
 namespace {
 
-// Eight independent partial sums: vectorizes, and the order depends only on `n`, so a row's
-// result never depends on which other rows share the call.
-inline float dot(const float* a, const float* b, int n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  float sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+constexpr int kRowBlock = 16;                 // rows per task of the row-wise operations
+constexpr std::int64_t kElemBlock = 1 << 14;  // elements per task of the elementwise ones
+
+int blocks_of(std::int64_t count, std::int64_t block) {
+  return static_cast<int>((count + block - 1) / block);
 }
 
-// Elements [index, index + count) of `base` as f32; returns `base` itself when it is f32.
-inline const float* as_f32(const void* base, std::int64_t index, int count, Elem type,
-                           float* scratch) {
-  if (type == Elem::kF32) return static_cast<const float*>(base) + index;
-  for (int i = 0; i < count; ++i) scratch[i] = load_elem(base, index + i, type);
-  return scratch;
+int widest_input(const ModelConfig& c) {
+  return std::max({c.hidden_size, c.intermediate_size, static_cast<int>(c.q_dim())});
 }
-
-constexpr int kTokenBlock = 32;
 
 }  // namespace
 
 HostOps::HostOps(const OpsShape& shape)
-    : shape_(shape), elem_(static_cast<Elem>(static_cast<int>(shape.weight_dtype))) {
-  const ModelConfig& c = shape_.config;
-  const int widest =
-      std::max({c.hidden_size, c.intermediate_size, static_cast<int>(c.q_dim()), c.vocab_size});
-  row_.resize(static_cast<std::size_t>(widest) + 2 * static_cast<std::size_t>(c.head_dim));
-  scores_.resize(static_cast<std::size_t>(c.heads / c.kv_heads) *
-                 static_cast<std::size_t>(shape_.max_seq));
+    : shape_(shape),
+      elem_(static_cast<Elem>(static_cast<int>(shape.weight_dtype))),
+      pool_(std::max(1, shape.threads)),
+      linear_(pool_, elem_, widest_input(shape.config)),
+      attention_(shape.config, elem_, shape.max_decode_rows, pool_) {
+  norm_weight_.resize(static_cast<std::size_t>(shape_.config.hidden_size));
+  rope_angles_.assign(static_cast<std::size_t>(pool_.threads()),
+                      std::vector<float>(static_cast<std::size_t>(shape_.config.head_dim)));
 }
 
 void HostOps::embed(const std::int32_t* tokens, int n, const void* table, float* out) {
   const int h = shape_.config.hidden_size;
-  for (int i = 0; i < n; ++i) {
-    const std::int64_t base = static_cast<std::int64_t>(tokens[i]) * h;
-    for (int j = 0; j < h; ++j) {
-      out[static_cast<std::int64_t>(i) * h + j] = load_elem(table, base + j, elem_);
+  const std::size_t row_bytes = static_cast<std::size_t>(h) * (elem_ == Elem::kF32 ? 4 : 2);
+  pool_.run(blocks_of(n, kRowBlock), [&](int b, int) {
+    for (int i = b * kRowBlock; i < std::min(n, (b + 1) * kRowBlock); ++i) {
+      kernels::to_f32(static_cast<const char*>(table) + tokens[i] * row_bytes, elem_, h,
+                      out + static_cast<std::int64_t>(i) * h);
     }
-  }
+  });
 }
 
 void HostOps::rms_norm(const float* x, int n, const void* weight, float* out) {
   const int h = shape_.config.hidden_size;
-  const float* w = as_f32(weight, 0, h, elem_, row_.data());
-  for (int i = 0; i < n; ++i) {
-    const float* xi = x + static_cast<std::int64_t>(i) * h;
-    double sum = 0;
-    for (int j = 0; j < h; ++j) sum += static_cast<double>(xi[j]) * xi[j];
-    const float scale = static_cast<float>(
-        1.0 / std::sqrt(sum / h + static_cast<double>(shape_.config.rms_norm_eps)));
-    float* oi = out + static_cast<std::int64_t>(i) * h;
-    for (int j = 0; j < h; ++j) oi[j] = w[j] * (xi[j] * scale);
-  }
+  kernels::to_f32(weight, elem_, h, norm_weight_.data());
+  pool_.run(blocks_of(n, kRowBlock), [&](int b, int) {
+    const int t0 = b * kRowBlock;
+    const std::int64_t at = static_cast<std::int64_t>(t0) * h;
+    kernels::rms_norm_rows(x + at, std::min(kRowBlock, n - t0), h, norm_weight_.data(),
+                           shape_.config.rms_norm_eps, out + at);
+  });
 }
 
 void HostOps::linear(const float* x, int n, int in, const void* w, const void* bias, int out,
                      float* y, bool accumulate) {
-  for (int t0 = 0; t0 < n; t0 += kTokenBlock) {
-    const int t1 = std::min(n, t0 + kTokenBlock);
-    for (int o = 0; o < out; ++o) {
-      const float* wo = as_f32(w, static_cast<std::int64_t>(o) * in, in, elem_, row_.data());
-      const float b = bias != nullptr ? load_elem(bias, o, elem_) : 0.0f;
-      for (int t = t0; t < t1; ++t) {
-        const float value = dot(x + static_cast<std::int64_t>(t) * in, wo, in) + b;
-        float& dst = y[static_cast<std::int64_t>(t) * out + o];
-        dst = accumulate ? dst + value : value;
-      }
-    }
-  }
+  linear_(x, n, in, w, bias, out, y, accumulate);
 }
 
+// The rotation of rope_rotate, with each position's angles computed once for all its heads.
 void HostOps::rope(float* q, float* k, int n, const std::int32_t* positions, int first_position) {
   const ModelConfig& c = shape_.config;
   const int d = c.head_dim;
-  for (int i = 0; i < n; ++i) {
-    const int pos = positions != nullptr ? positions[i] : first_position + i;
-    for (int h = 0; h < c.heads; ++h) {
-      rope_rotate(q + (static_cast<std::int64_t>(i) * c.heads + h) * d, d, shape_.inv_freq, pos);
+  const int half = d / 2;
+  pool_.run(blocks_of(n, kRowBlock), [&](int b, int thread) {
+    float* cos_sin = rope_angles_[static_cast<std::size_t>(thread)].data();
+    for (int i = b * kRowBlock; i < std::min(n, (b + 1) * kRowBlock); ++i) {
+      const int pos = positions != nullptr ? positions[i] : first_position + i;
+      for (int e = 0; e < half; ++e) {
+        const float angle = static_cast<float>(pos) * shape_.inv_freq[e];
+        cos_sin[e] = cosf(angle);
+        cos_sin[half + e] = sinf(angle);
+      }
+      auto rotate = [&](float* x) {
+        for (int e = 0; e < half; ++e) {
+          const float a = x[e];
+          const float bb = x[e + half];
+          x[e] = a * cos_sin[e] - bb * cos_sin[half + e];
+          x[e + half] = bb * cos_sin[e] + a * cos_sin[half + e];
+        }
+      };
+      for (int h = 0; h < c.heads; ++h)
+        rotate(q + (static_cast<std::int64_t>(i) * c.heads + h) * d);
+      for (int h = 0; h < c.kv_heads; ++h) {
+        rotate(k + (static_cast<std::int64_t>(i) * c.kv_heads + h) * d);
+      }
     }
-    for (int h = 0; h < c.kv_heads; ++h) {
-      rope_rotate(k + (static_cast<std::int64_t>(i) * c.kv_heads + h) * d, d, shape_.inv_freq, pos);
-    }
-  }
+  });
 }
 
 void HostOps::to_cache_rows(const float* x, std::int64_t count, void* out) {
-  for (std::int64_t i = 0; i < count; ++i) store_elem(out, i, elem_, x[i]);
-}
-
-void HostOps::attend(const float* q, int slot, int first, int last, const LayerView& view,
-                     float* out) {
-  const ModelConfig& c = shape_.config;
-  const int d = c.head_dim;
-  const int group = c.heads / c.kv_heads;
-  const int keys = last - first + 1;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  float* tmp = row_.data();
-  for (int g = 0; g < c.kv_heads; ++g) {
-    // scores [group][keys]
-    for (int j = 0; j < keys; ++j) {
-      const std::int64_t at = slot * view.slot_stride +
-                              static_cast<std::int64_t>(first + j) * view.token_stride +
-                              g * view.head_stride;
-      const float* kj = as_f32(view.k, at, d, elem_, tmp);
-      for (int r = 0; r < group; ++r) {
-        const float* qh = q + static_cast<std::int64_t>(g * group + r) * d;
-        scores_[static_cast<std::size_t>(r) * shape_.max_seq + j] = dot(qh, kj, d) * scale;
-      }
-    }
-    for (int r = 0; r < group; ++r) {
-      float* s = scores_.data() + static_cast<std::size_t>(r) * shape_.max_seq;
-      float m = -INFINITY;
-      for (int j = 0; j < keys; ++j) m = std::max(m, s[j]);
-      float sum = 0;
-      for (int j = 0; j < keys; ++j) {
-        s[j] = std::exp(s[j] - m);
-        sum += s[j];
-      }
-      const float inv = 1.0f / sum;
-      for (int j = 0; j < keys; ++j) s[j] *= inv;
-      std::fill(out + static_cast<std::int64_t>(g * group + r) * d,
-                out + static_cast<std::int64_t>(g * group + r + 1) * d, 0.0f);
-    }
-    for (int j = 0; j < keys; ++j) {
-      const std::int64_t at = slot * view.slot_stride +
-                              static_cast<std::int64_t>(first + j) * view.token_stride +
-                              g * view.head_stride;
-      const float* vj = as_f32(view.v, at, d, elem_, tmp);
-      for (int r = 0; r < group; ++r) {
-        const float p = scores_[static_cast<std::size_t>(r) * shape_.max_seq + j];
-        float* oh = out + static_cast<std::int64_t>(g * group + r) * d;
-        for (int e = 0; e < d; ++e) oh[e] += p * vj[e];
-      }
-    }
-  }
+  const std::size_t bytes = elem_ == Elem::kF32 ? 4 : 2;
+  pool_.run(blocks_of(count, kElemBlock), [&](int b, int) {
+    const std::int64_t at = b * kElemBlock;
+    kernels::from_f32(x + at, std::min(kElemBlock, count - at), elem_,
+                      static_cast<char*>(out) + at * static_cast<std::int64_t>(bytes));
+  });
 }
 
 void HostOps::attention_prefill(const float* q, int n, int slot, int first_position,
                                 const LayerView& view, float* out) {
-  const std::int64_t row = shape_.config.q_dim();
-  for (int i = 0; i < n; ++i) {
-    const int pos = first_position + i;
-    attend(q + i * row, slot, first_key(shape_.config, pos), pos, view, out + i * row);
-  }
+  attention_.prefill(q, n, slot, first_position, view, out);
 }
 
 void HostOps::attention_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
                                float* out) {
-  const std::int64_t row = shape_.config.q_dim();
-  for (int i = 0; i < n; ++i) {
-    const int pos = rows.host_positions[i];
-    attend(q + i * row, rows.host_slots[i], first_key(shape_.config, pos), pos, view,
-           out + i * row);
-  }
+  attention_.decode(q, n, rows.host_slots, rows.host_positions, view, out);
 }
 
 void HostOps::swiglu(float* gate, const float* up, std::int64_t count) {
-  for (std::int64_t i = 0; i < count; ++i) {
-    const float g = gate[i];
-    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
+  pool_.run(blocks_of(count, kElemBlock), [&](int b, int) {
+    const std::int64_t at = b * kElemBlock;
+    kernels::swiglu(gate + at, up + at, std::min(kElemBlock, count - at));
+  });
 }
 
 void HostOps::fill_synthetic(const WeightLayout& layout, const WeightEntry& entry,

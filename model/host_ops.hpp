@@ -1,10 +1,18 @@
-// The host path: every operation in plain C++ on the CPU with f32 accumulation, computing
+// The host path: every operation on the CPU with f32 activations and f32 accumulation, computing
 // directly on the host backend's "device" memory. The reference the CUDA path is tested against.
+//
+// One thread pool runs it all (OpsShape::threads threads): GEMMs through OpenBLAS in tiles
+// (model/host_linear.hpp), attention from the cache's rows in place (model/host_attention.hpp),
+// and the elementwise work in blocks of rows. Work is split by shape, not by thread count, so a
+// given input gives the same bits on every run; see each part for what else holds.
 #pragma once
 
 #include <vector>
 
+#include "model/host_attention.hpp"
+#include "model/host_linear.hpp"
 #include "model/ops.hpp"
+#include "model/thread_pool.hpp"
 
 namespace kvo::model {
 
@@ -30,15 +38,16 @@ class HostOps final : public Ops {
                         float* out) override;
   void swiglu(float* gate, const float* up, std::int64_t count) override;
 
- private:
-  // One query row over the keys [first, last] of `slot`: out [heads][head_dim] for q [heads][..].
-  void attend(const float* q, int slot, int first, int last, const LayerView& view, float* out);
+  int threads() const { return pool_.threads(); }
 
+ private:
   OpsShape shape_;
   Elem elem_;
-  // Host scratch, sized once: a weight row converted to f32, attention scores.
-  std::vector<float> row_;
-  std::vector<float> scores_;
+  ThreadPool pool_;
+  HostLinear linear_;
+  HostAttention attention_;
+  std::vector<float> norm_weight_;               // [hidden] as f32
+  std::vector<std::vector<float>> rope_angles_;  // [threads][head_dim]: cos, sin of a position
   std::vector<float> sample_scratch_;
 };
 

@@ -94,6 +94,7 @@ struct OpsShape {
   int max_rows = 1;                  // rows of the largest chunk or decode batch
   int max_decode_rows = 1;           // slots
   int max_seq = 1;
+  int threads = 1;                  // host path: threads of its pool
   const float* inv_freq = nullptr;  // [head_dim / 2], device
   bool builtin_attention = false;   // CUDA: the built-in kernels even where FlashInfer serves
 };

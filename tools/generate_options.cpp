@@ -62,6 +62,9 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
   add_integer(app, "--ring", a.ring, 1, 64, "staging buffers");
   add_choice(app, "--backend", a.backend, {"auto", "cuda", "host"},
              "where the cache and the model run (auto: cuda when there is a GPU)");
+  add_integer(app, "--threads", a.threads, 0, 4096,
+              "host backend: threads computing each step (0, the default: the cores this "
+              "process may use)");
   add_choice(app, "--attention", a.attention, {"auto", "builtin"},
              "CUDA attention kernels: auto (FlashInfer's where they serve the shape) or builtin "
              "(the built-in ones, to compare)");
@@ -194,6 +197,7 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
   d.device_budget = a.vram_budget;
   d.backend = parse_backend(a.backend);
   d.builtin_attention = a.attention == "builtin";
+  d.threads = a.threads;
   if (a.max_delay_us > 0) {
     d.host.max_delay_us = static_cast<std::uint32_t>(a.max_delay_us);
     d.host.delay_seed = a.seed;

@@ -84,6 +84,39 @@ TEST(Decoder, StreamedLayersGiveBitIdenticalLogits) {
   }
 }
 
+// The host path splits its work by shape, never by thread count: 1, 2 or 3 threads (more than
+// CI's cores), resident or streamed, give the same bits, run after run. The chunk is longer than
+// a GEMM's row threshold, so both GEMM paths and both attention paths run.
+TEST(Decoder, SameLogitsForAnyThreadCountResidentOrStreamed) {
+  const ModelConfig c = small_config();
+  const auto prompt = random_prompt(45, c.vocab_size, 12);
+  std::vector<testing::GreedyRun> runs;
+  for (auto [threads, resident] : {std::pair{1, 3}, {2, 3}, {3, 0}, {2, 0}, {2, 3}}) {
+    DecoderOptions o = host_options(64);
+    o.chunk = 40;
+    o.threads = threads;
+    o.resident_layers = resident;
+    o.host.max_delay_us = resident == 0 ? 20 : 0;
+    Decoder d(c, WeightSource{"", 13}, o);
+    runs.push_back(greedy(d, prompt, 10));
+  }
+  for (std::size_t r = 1; r < runs.size(); ++r) {
+    EXPECT_EQ(runs[r].tokens, runs[0].tokens) << "run " << r;
+    for (std::size_t i = 0; i < runs[0].logits.size(); ++i) {
+      ASSERT_EQ(std::memcmp(runs[r].logits[i].data(), runs[0].logits[i].data(),
+                            runs[0].logits[i].size() * sizeof(float)),
+                0)
+          << "run " << r << " step " << i;
+    }
+  }
+}
+
+TEST(Decoder, RefusesANegativeThreadCount) {
+  DecoderOptions o = host_options(16);
+  o.threads = -1;
+  EXPECT_THROW(Decoder(small_config(), WeightSource{"", 1}, o), Error);
+}
+
 TEST(Decoder, PrefillChunkSizesAgree) {
   const ModelConfig c = small_config();
   const auto prompt = random_prompt(50, c.vocab_size, 2);

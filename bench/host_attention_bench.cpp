@@ -1,0 +1,131 @@
+// Host decode attention alone, against this machine's memory read bandwidth measured in the same
+// run: one query row of a Llama-3-8B-shaped layer (8 KV heads, head_dim 128, GQA 4, bf16 K/V)
+// over 4K, 32K and 128K keys, on the host path's thread pool. Each iteration times one attention
+// (the iteration time) and, just after, a plain streaming read of the same K and V bytes by the
+// same pool (64-bit adds, no compute): both see the same caches and the same machine load.
+//
+//   kvo_bench_host_attention [--threads=N] [--contexts=4096,32768,131072] [Google Benchmark flags]
+//
+// Counters: bytes_per_second (K/V bytes read by attention per second), read_bytes_per_second
+// (the streaming read), fraction_of_read (their ratio; the target is >= 0.6 from 32K up).
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <random>
+#include <sstream>
+#include <vector>
+
+#include "bench/bench_common.hpp"
+#include "model/host_attention.hpp"
+#include "model/model_config.hpp"
+#include "model/numerics.hpp"
+#include "model/thread_pool.hpp"
+
+namespace kvo::bench {
+namespace {
+
+int g_threads = 0;
+
+// Sums `region_bytes` of each region as 64-bit words over the pool, one 1 MiB block per task.
+std::uint64_t streaming_read(model::ThreadPool& pool, const std::vector<const void*>& regions,
+                             std::size_t region_bytes) {
+  constexpr std::size_t kBlock = 1 << 20;
+  const std::size_t blocks_per_region = (region_bytes + kBlock - 1) / kBlock;
+  std::vector<std::uint64_t> sums(static_cast<std::size_t>(pool.threads()) * 8, 0);
+  pool.run(static_cast<int>(blocks_per_region * regions.size()), [&](int task, int thread) {
+    const auto* base = static_cast<const std::uint64_t*>(
+        regions[static_cast<std::size_t>(task) / blocks_per_region]);
+    const std::size_t first = (static_cast<std::size_t>(task) % blocks_per_region) * kBlock / 8;
+    const std::size_t last = std::min(first + kBlock / 8, region_bytes / 8);
+    std::uint64_t acc[8] = {};
+    for (std::size_t i = first; i + 8 <= last; i += 8) {
+      for (int j = 0; j < 8; ++j) acc[j] += base[i + j];
+    }
+    for (int j = 0; j < 8; ++j) sums[static_cast<std::size_t>(thread) * 8] += acc[j];
+  });
+  std::uint64_t total = 0;
+  for (auto s : sums) total += s;
+  return total;
+}
+
+void BM_HostDecodeAttention(benchmark::State& state) {
+  const int context = static_cast<int>(state.range(0));
+  const model::ModelConfig c = model::preset("llama3-8b");  // 32/8 heads, head_dim 128
+  model::ThreadPool pool(g_threads > 0 ? g_threads : model::available_cores());
+  model::HostAttention attention(c, model::Elem::kBF16, 1, pool);
+  // K and V of one slot: [context][kv_heads][head_dim] bf16, random.
+  const std::size_t elements = static_cast<std::size_t>(context) * c.kv_heads * c.head_dim;
+  std::vector<std::uint16_t> k(elements), v(elements);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (std::size_t i = 0; i < elements; ++i) {
+    k[i] = model::float_to_bf16(dist(rng));
+    v[i] = model::float_to_bf16(dist(rng));
+  }
+  std::vector<float> q(static_cast<std::size_t>(c.q_dim())), out(q.size());
+  for (auto& x : q) x = dist(rng);
+  LayerView view;
+  view.k = k.data();
+  view.v = v.data();
+  view.head_stride = c.head_dim;
+  view.token_stride = static_cast<std::int64_t>(c.kv_heads) * c.head_dim;
+  view.slot_stride = view.token_stride * context;
+  view.slots = 1;
+  view.max_seq = context;
+  view.kv_heads = c.kv_heads;
+  view.head_dim = c.head_dim;
+  view.dtype = DType::kBF16;
+  const std::int32_t slot = 0, position = context - 1;
+  const std::size_t bytes = 2 * elements * sizeof(std::uint16_t);
+  const std::vector<const void*> regions = {k.data(), v.data()};
+
+  attention.decode(q.data(), 1, &slot, &position, view, out.data());  // warm-up
+  double attention_seconds = 0, read_seconds = 0;
+  std::uint64_t sink = 0;
+  for (auto _ : state) {
+    const auto start = Clock::now();
+    attention.decode(q.data(), 1, &slot, &position, view, out.data());
+    const double seconds = seconds_since(start);
+    state.SetIterationTime(seconds);
+    attention_seconds += seconds;
+    benchmark::DoNotOptimize(out.data());
+    const auto read_start = Clock::now();
+    sink += streaming_read(pool, regions, bytes / 2);
+    read_seconds += seconds_since(read_start);
+  }
+  benchmark::DoNotOptimize(sink);
+  const double total = static_cast<double>(bytes) * static_cast<double>(state.iterations());
+  state.SetBytesProcessed(static_cast<std::int64_t>(total));
+  state.counters["read_bytes_per_second"] = total / read_seconds;
+  state.counters["fraction_of_read"] = read_seconds / attention_seconds;
+  state.counters["kv_bytes"] = static_cast<double>(bytes);
+  state.counters["threads"] = pool.threads();
+}
+
+}  // namespace
+}  // namespace kvo::bench
+
+int main(int argc, char** argv) {
+  using namespace kvo::bench;
+  std::vector<std::int64_t> contexts;
+  try {
+    g_threads = std::stoi(take_flag(&argc, argv, "threads", "0"));
+    std::stringstream list(take_flag(&argc, argv, "contexts", "4096,32768,131072"));
+    for (std::string item; std::getline(list, item, ',');) contexts.push_back(std::stoll(item));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvo_bench_host_attention: %s\n", e.what());
+    return 2;
+  }
+  for (std::int64_t context : contexts) {
+    benchmark::RegisterBenchmark("BM_HostDecodeAttention", BM_HostDecodeAttention)
+        ->Arg(context)
+        ->ArgName("context")
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

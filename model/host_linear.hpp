@@ -1,0 +1,45 @@
+// The host path's GEMMs: y [n][out] = x [n][in] W^T + bias, W [out][in] in the model dtype.
+//
+// Prefill-sized calls (n >= kGemmMinRows) go to OpenBLAS's sgemm, one call per tile of
+// [kGemmRowBlock rows][kGemmColBlock outputs], the tiles spread over the thread pool with BLAS
+// itself single-threaded. f16/bf16 weights are not kept as f32 copies: each tile converts its
+// kGemmColBlock rows of W into a per-thread f32 panel first (kGemmColBlock x in floats per thread,
+// 7 MiB at in = 14336), work that is 1/n of the tile's multiply-adds.
+//
+// Decode-sized calls (a few rows) read W in place, one output row at a time
+// (kernels::linear_rows), spread over blocks of outputs: they are bound by reading W, and every
+// row of y comes out the same whatever the batch, so slots decoded together get exactly the bits
+// each gets alone. Tiles and blocks depend on the shapes only, never on the thread count.
+#pragma once
+
+#include <vector>
+
+#include "model/numerics.hpp"
+#include "model/thread_pool.hpp"
+
+namespace kvo::model {
+
+class HostLinear {
+ public:
+  static constexpr int kGemmMinRows = 16;
+  static constexpr int kGemmRowBlock = 256;
+  static constexpr int kGemmColBlock = 128;
+  static constexpr int kDotColBlock = 32;
+
+  // max_in: the widest input of any call. Makes the process's OpenBLAS single-threaded.
+  HostLinear(ThreadPool& pool, Elem type, int max_in);
+
+  // y [n][out] = x [n][in] W^T + bias (bias [out] or null); y += instead with `accumulate`.
+  void operator()(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
+                  bool accumulate);
+
+ private:
+  void gemm(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
+            bool accumulate);
+
+  ThreadPool& pool_;
+  Elem type_;
+  std::vector<std::vector<float>> panels_;  // [threads][kGemmColBlock * max_in]
+};
+
+}  // namespace kvo::model

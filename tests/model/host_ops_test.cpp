@@ -1,0 +1,377 @@
+// The host path's GEMMs and attention against float64 references on random inputs, in every
+// cache dtype, through strided views; and the properties the decoder relies on: the same bits
+// for any thread count, and a decode row's bits independent of the rows beside it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "model/host_attention.hpp"
+#include "model/host_kernels.hpp"
+#include "model/host_ops.hpp"
+
+namespace kvo::model {
+namespace {
+
+std::size_t elem_size(Elem type) {
+  return type == Elem::kF32 ? 4 : 2;
+}
+
+// n random values of `type` (uniform in [-range, range]) and their exact f32 values.
+struct Values {
+  std::vector<unsigned char> bytes;
+  std::vector<float> exact;
+};
+Values random_values(std::size_t n, Elem type, float range, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-range, range);
+  Values v;
+  v.bytes.resize(n * elem_size(type));
+  v.exact.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    store_elem(v.bytes.data(), static_cast<std::int64_t>(i), type, dist(rng));
+    v.exact[i] = load_elem(v.bytes.data(), static_cast<std::int64_t>(i), type);
+  }
+  return v;
+}
+
+std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto& e : x) e = dist(rng);
+  return x;
+}
+
+ModelConfig attention_config(int heads, int kv_heads, int head_dim, int window) {
+  ModelConfig c;
+  c.heads = heads;
+  c.kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.hidden_size = heads * head_dim;
+  c.intermediate_size = 2 * c.hidden_size;
+  c.vocab_size = 100;
+  c.sliding_window = window;
+  return c;
+}
+
+OpsShape shape_of(const ModelConfig& c, Elem type, int max_rows, int slots, int max_seq,
+                  int threads) {
+  OpsShape s;
+  s.config = c;
+  s.weight_dtype = static_cast<DType>(static_cast<int>(type));
+  s.max_rows = max_rows;
+  s.max_decode_rows = slots;
+  s.max_seq = max_seq;
+  s.threads = threads;
+  return s;
+}
+
+const Elem kTypes[] = {Elem::kF32, Elem::kF16, Elem::kBF16};
+
+// ---- GEMMs -----------------------------------------------------------------------------------
+
+// Both paths (a few rows: in place; many: OpenBLAS tiles), every weight dtype, bias and
+// accumulate, widths that are not multiples of the vector or tile sizes.
+TEST(HostLinear, MatchesFloat64) {
+  std::mt19937 rng(1);
+  const int in = 200, out = 150;
+  for (Elem type : kTypes) {
+    const Values w = random_values(static_cast<std::size_t>(out) * in, type, 0.5f, rng);
+    const Values bias = random_values(out, type, 0.5f, rng);
+    const ModelConfig c = attention_config(2, 1, 100, 0);
+    HostOps ops(shape_of(c, type, 300, 1, 16, 2));
+    for (int n : {1, 3, 15, 16, 300}) {
+      for (bool with_bias : {false, true}) {
+        for (bool accumulate : {false, true}) {
+          const std::vector<float> x = random_floats(static_cast<std::size_t>(n) * in, rng);
+          const std::vector<float> y0 = random_floats(static_cast<std::size_t>(n) * out, rng);
+          std::vector<float> y = y0;
+          ops.linear(x.data(), n, in, w.bytes.data(), with_bias ? bias.bytes.data() : nullptr, out,
+                     y.data(), accumulate);
+          for (int t = 0; t < n; ++t) {
+            for (int o = 0; o < out; ++o) {
+              double sum = 0, magnitude = 0;
+              for (int i = 0; i < in; ++i) {
+                const double term = static_cast<double>(x[t * in + i]) * w.exact[o * in + i];
+                sum += term;
+                magnitude += std::fabs(term);
+              }
+              if (with_bias) sum += bias.exact[o];
+              if (accumulate) sum += y0[t * out + o];
+              ASSERT_NEAR(y[t * out + o], sum, 1e-6 * (magnitude + 2))
+                  << "dtype " << static_cast<int>(type) << " n " << n << " t " << t << " o " << o;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(HostLinear, DecodeRowsGetTheBitsTheyGetAlone) {
+  std::mt19937 rng(2);
+  const int in = 96, out = 70, n = HostLinear::kGemmMinRows - 1;
+  for (Elem type : kTypes) {
+    const Values w = random_values(static_cast<std::size_t>(out) * in, type, 0.5f, rng);
+    HostOps ops(shape_of(attention_config(2, 1, 48, 0), type, n, n, 16, 2));
+    const std::vector<float> x = random_floats(static_cast<std::size_t>(n) * in, rng);
+    std::vector<float> together(static_cast<std::size_t>(n) * out);
+    ops.linear(x.data(), n, in, w.bytes.data(), nullptr, out, together.data(), false);
+    for (int t = 0; t < n; ++t) {
+      std::vector<float> alone(out);
+      ops.linear(x.data() + t * in, 1, in, w.bytes.data(), nullptr, out, alone.data(), false);
+      ASSERT_EQ(std::memcmp(alone.data(), together.data() + t * out, out * sizeof(float)), 0)
+          << "row " << t;
+    }
+  }
+}
+
+// ---- attention -------------------------------------------------------------------------------
+
+// A cache layer of `slots` x `max_seq` tokens with a padded head stride, so that the view's
+// strides are not the packed ones: [slot][token][kv_head][head_stride >= head_dim].
+struct Layer {
+  Values k, v;
+  LayerView view;
+};
+Layer random_layer(const ModelConfig& c, Elem type, int slots, int max_seq, std::mt19937& rng) {
+  const int head_stride = c.head_dim + 8;
+  const std::size_t n = static_cast<std::size_t>(slots) * max_seq * c.kv_heads * head_stride;
+  Layer l;
+  l.k = random_values(n, type, 1.5f, rng);
+  l.v = random_values(n, type, 1.0f, rng);
+  l.view.k = l.k.bytes.data();
+  l.view.v = l.v.bytes.data();
+  l.view.head_stride = head_stride;
+  l.view.token_stride = static_cast<std::int64_t>(c.kv_heads) * head_stride;
+  l.view.slot_stride = l.view.token_stride * max_seq;
+  l.view.slots = slots;
+  l.view.max_seq = max_seq;
+  l.view.kv_heads = c.kv_heads;
+  l.view.head_dim = c.head_dim;
+  l.view.dtype = static_cast<DType>(static_cast<int>(type));
+  return l;
+}
+
+// out [heads][head_dim] of one query row at `pos` of `slot`, in double.
+std::vector<double> reference_attention(const ModelConfig& c, const Layer& l, const float* q,
+                                        int slot, int pos) {
+  const int d = c.head_dim, group = c.heads / c.kv_heads;
+  std::vector<double> out(static_cast<std::size_t>(c.heads) * d, 0.0);
+  const int first = first_key(c, pos);
+  for (int h = 0; h < c.heads; ++h) {
+    const int g = h / group;
+    std::vector<double> scores;
+    double m = -INFINITY;
+    for (int j = first; j <= pos; ++j) {
+      const std::int64_t at =
+          slot * l.view.slot_stride + j * l.view.token_stride + g * l.view.head_stride;
+      double s = 0;
+      for (int e = 0; e < d; ++e) s += static_cast<double>(q[h * d + e]) * l.k.exact[at + e];
+      s /= std::sqrt(static_cast<double>(d));
+      scores.push_back(s);
+      m = std::max(m, s);
+    }
+    double sum = 0;
+    for (double& s : scores) sum += (s = std::exp(s - m));
+    for (int j = first; j <= pos; ++j) {
+      const std::int64_t at =
+          slot * l.view.slot_stride + j * l.view.token_stride + g * l.view.head_stride;
+      const double p = scores[static_cast<std::size_t>(j - first)] / sum;
+      for (int e = 0; e < d; ++e) out[h * d + e] += p * l.v.exact[at + e];
+    }
+  }
+  return out;
+}
+
+void expect_near(const float* got, const std::vector<double>& want, const std::string& what) {
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 2e-5) << what << " element " << i;
+  }
+}
+
+// Several query and key blocks, a chunk that starts after rows already held, GQA groups of 3,
+// a head_dim that is not a multiple of the vector width, with and without a sliding window.
+TEST(HostAttention, PrefillMatchesFloat64) {
+  std::mt19937 rng(3);
+  for (Elem type : kTypes) {
+    for (int window : {0, 100}) {
+      const ModelConfig c = attention_config(6, 2, 40, window);
+      const int slots = 2, max_seq = 400, slot = 1, first_position = 130, n = 150;
+      Layer l = random_layer(c, type, slots, max_seq, rng);
+      HostOps ops(shape_of(c, type, n, slots, max_seq, 2));
+      const std::vector<float> q = random_floats(static_cast<std::size_t>(n) * c.q_dim(), rng);
+      std::vector<float> out(q.size());
+      ops.attention_prefill(q.data(), n, slot, first_position, l.view, out.data());
+      for (int i = 0; i < n; i += 7) {
+        const auto want =
+            reference_attention(c, l, q.data() + i * c.q_dim(), slot, first_position + i);
+        expect_near(out.data() + i * c.q_dim(), want,
+                    "dtype " + std::to_string(static_cast<int>(type)) + " window " +
+                        std::to_string(window) + " row " + std::to_string(i));
+      }
+    }
+  }
+}
+
+// Rows of different slots and lengths, some split into many parts of keys.
+TEST(HostAttention, DecodeMatchesFloat64) {
+  std::mt19937 rng(4);
+  for (Elem type : kTypes) {
+    // head_dim 64 takes the AVX-512 kernel where the CPU has one, 40 the portable one.
+    for (auto [window, head_dim] : {std::pair{0, 64}, {700, 64}, {0, 40}}) {
+      const ModelConfig c = attention_config(8, 2, head_dim, window);
+      const int slots = 3, max_seq = 3000;
+      Layer l = random_layer(c, type, slots, max_seq, rng);
+      HostOps ops(shape_of(c, type, 4, 4, max_seq, 3));
+      const std::vector<std::int32_t> row_slots = {2, 0, 1, 0};
+      const std::vector<std::int32_t> positions = {2999, 0, 1234, 300};
+      ASSERT_GT(HostAttention::split(3000).parts, 4);
+      const std::vector<float> q = random_floats(4 * static_cast<std::size_t>(c.q_dim()), rng);
+      std::vector<float> out(q.size());
+      DecodeRows rows;
+      rows.host_slots = row_slots.data();
+      rows.host_positions = positions.data();
+      ops.attention_decode(q.data(), 4, rows, l.view, out.data());
+      for (int i = 0; i < 4; ++i) {
+        const auto want =
+            reference_attention(c, l, q.data() + i * c.q_dim(), row_slots[i], positions[i]);
+        expect_near(out.data() + i * c.q_dim(), want,
+                    "dtype " + std::to_string(static_cast<int>(type)) + " window " +
+                        std::to_string(window) + " head_dim " + std::to_string(head_dim) + " row " +
+                        std::to_string(i));
+      }
+    }
+  }
+}
+
+// The portable kernel and the AVX-512 one (where the CPU has it) on the same keys, continuing a
+// state across calls, with a group of 3 (the AVX-512 kernel pads it to 4) and a short last block.
+TEST(HostAttention, DecodeKernelsAgree) {
+  std::mt19937 rng(6);
+  const int kv_heads = 2, group = 3, d = 32, keys = 45;
+  for (Elem type : kTypes) {
+    const Values k = random_values(static_cast<std::size_t>(keys) * kv_heads * d, type, 1.5f, rng);
+    const Values v = random_values(k.exact.size(), type, 1.0f, rng);
+    const std::vector<float> q = random_floats(static_cast<std::size_t>(kv_heads) * group * d, rng);
+    const kernels::KeyRows kr{k.bytes.data(), kv_heads * d, d, type};
+    const kernels::KeyRows vr{v.bytes.data(), kv_heads * d, d, type};
+    std::vector<float> kv(kernels::kKeyBlock * kv_heads * d), scores(kv_heads * group * 16);
+    auto run = [&](auto kernel) {
+      std::vector<SoftmaxState> state(kv_heads * group);
+      std::vector<float> acc(q.size(), 0.0f);
+      kernel(q.data(), kv_heads, group, d, kr, vr, 20, state.data(), acc.data(), kv.data(),
+             scores.data());
+      const std::size_t rest = static_cast<std::size_t>(20) * kv_heads * d;
+      const kernels::KeyRows k2{k.bytes.data() + rest * elem_size(type), kv_heads * d, d, type};
+      const kernels::KeyRows v2{v.bytes.data() + rest * elem_size(type), kv_heads * d, d, type};
+      kernel(q.data(), kv_heads, group, d, k2, v2, keys - 20, state.data(), acc.data(), kv.data(),
+             scores.data());
+      for (std::size_t row = 0; row < state.size(); ++row) {
+        for (int e = 0; e < d; ++e) acc[row * d + e] /= state[row].sum;
+      }
+      return acc;
+    };
+    // float64: softmax(q k^T) v per row.
+    std::vector<double> want(q.size(), 0.0);
+    for (int row = 0; row < kv_heads * group; ++row) {
+      const int g = row / group;
+      std::vector<double> s(keys);
+      double m = -INFINITY, sum = 0;
+      for (int j = 0; j < keys; ++j) {
+        s[j] = 0;
+        for (int e = 0; e < d; ++e)
+          s[j] += static_cast<double>(q[row * d + e]) * k.exact[(j * kv_heads + g) * d + e];
+        m = std::max(m, s[j]);
+      }
+      for (int j = 0; j < keys; ++j) sum += (s[j] = std::exp(s[j] - m));
+      for (int j = 0; j < keys; ++j) {
+        for (int e = 0; e < d; ++e)
+          want[row * d + e] += s[j] / sum * v.exact[(j * kv_heads + g) * d + e];
+      }
+    }
+    expect_near(run(kernels::attend_keys).data(), want, "portable");
+    if (kernels::have_avx512())
+      expect_near(run(kernels::attend_keys_avx512).data(), want, "avx512");
+  }
+}
+
+TEST(HostAttention, SplitsKeysByCountAlone) {
+  EXPECT_EQ(HostAttention::split(1).parts, 1);
+  EXPECT_EQ(HostAttention::split(HostAttention::kMinPartKeys).parts, 1);
+  EXPECT_EQ(HostAttention::split(HostAttention::kMinPartKeys + 1).parts, 2);
+  for (int keys : {1, 100, 257, 4096, 32768, 131072, 1 << 20}) {
+    const auto s = HostAttention::split(keys);
+    EXPECT_LE(s.parts, HostAttention::kMaxParts) << keys;
+    EXPECT_GE(s.parts * s.part_keys, keys) << keys;
+    EXPECT_LT((s.parts - 1) * s.part_keys, keys) << keys;
+  }
+}
+
+// The same inputs through pools of 1, 2 and 5 threads (more than this machine's cores), twice
+// each: identical bits.
+TEST(HostOps, SameBitsForAnyThreadCount) {
+  std::mt19937 rng(5);
+  const ModelConfig c = attention_config(4, 2, 32, 0);
+  const int slots = 2, max_seq = 1500, n = 200, in = c.hidden_size, out = 300;
+  for (Elem type : kTypes) {
+    Layer l = random_layer(c, type, slots, max_seq, rng);
+    const Values w = random_values(static_cast<std::size_t>(out) * in, type, 0.5f, rng);
+    const std::vector<float> x = random_floats(static_cast<std::size_t>(n) * in, rng);
+    const std::vector<float> q = random_floats(static_cast<std::size_t>(n) * c.q_dim(), rng);
+    const std::vector<std::int32_t> row_slots = {0, 1}, positions = {1499, 40};
+    std::vector<float> first;
+    for (int threads : {1, 2, 5, 2}) {
+      HostOps ops(shape_of(c, type, n, slots, max_seq, threads));
+      std::vector<float> y(static_cast<std::size_t>(n) * out);
+      std::vector<float> prefill(q.size()), decode(2 * static_cast<std::size_t>(c.q_dim()));
+      ops.linear(x.data(), n, in, w.bytes.data(), nullptr, out, y.data(), false);
+      ops.attention_prefill(q.data(), n, 1, 1000, l.view, prefill.data());
+      DecodeRows rows;
+      rows.host_slots = row_slots.data();
+      rows.host_positions = positions.data();
+      ops.attention_decode(q.data(), 2, rows, l.view, decode.data());
+      std::vector<float> all = y;
+      all.insert(all.end(), prefill.begin(), prefill.end());
+      all.insert(all.end(), decode.begin(), decode.end());
+      if (first.empty()) {
+        first = all;
+      } else {
+        ASSERT_EQ(std::memcmp(all.data(), first.data(), all.size() * sizeof(float)), 0)
+            << "threads " << threads << " dtype " << static_cast<int>(type);
+      }
+    }
+  }
+}
+
+// ---- the pool --------------------------------------------------------------------------------
+
+TEST(ThreadPool, RunsEveryTaskOnceAndRethrows) {
+  for (int threads : {1, 2, 7}) {
+    ThreadPool pool(threads);
+    for (int loop = 0; loop < 2000; ++loop) {
+      const int count = loop % 37;
+      std::vector<std::atomic<int>> hits(static_cast<std::size_t>(count));
+      pool.run(count, [&](int i, int thread) {
+        ASSERT_GE(thread, 0);
+        ASSERT_LT(thread, threads);
+        hits[static_cast<std::size_t>(i)].fetch_add(1);
+      });
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1) << "threads " << threads << " loop " << loop;
+    }
+    std::atomic<int> ran{0};
+    EXPECT_THROW(pool.run(50,
+                          [&](int i, int) {
+                            ran.fetch_add(1);
+                            if (i == 17) throw std::runtime_error("task 17");
+                          }),
+                 std::runtime_error);
+    EXPECT_EQ(ran.load(), 50);
+  }
+  EXPECT_THROW(ThreadPool(0), std::invalid_argument);
+  EXPECT_GE(available_cores(), 1);
+}
+
+}  // namespace
+}  // namespace kvo::model
