@@ -7,7 +7,8 @@
 #                  and the libFuzzer targets, in build-asan/: the library, tools and tests, no
 #                  benchmarks and no Python
 #     --tsan       a host-only clang build with ThreadSanitizer in build-tsan/: the library, the
-#                  host backend's and the cache's tests and kvo-replay only
+#                  host backend's and the cache's tests, the host path's thread pool and kernels, and
+#                  kvo-replay only
 #     --deps-only  installs the packages and stops
 # Environment: KVO_BUILD_DIR (default build, or build-asan / build-tsan), KVO_JOBS (default: number
 # of cores).
@@ -56,7 +57,7 @@ case "$mode" in
     build=${KVO_BUILD_DIR:-$root/build-tsan}
     cmake_args=("${sanitized[@]}" -DKVO_SANITIZE=thread)
     targets=(host_store_test host_backend_test cache_equivalence_test cache_bytes_test
-             cache_misuse_test cache_context_test kvo-replay)
+             cache_misuse_test cache_context_test model_host_ops_test kvo-replay)
     ;;
   *)
     build=${KVO_BUILD_DIR:-$root/build}

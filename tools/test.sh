@@ -6,7 +6,8 @@
 #                                          Sanitizer): the unit and tool tests, and each fuzz
 #                                          target for KVO_FUZZ_SECONDS (5) on its corpus
 #   tools/test.sh --tsan [ctest options]   build-tsan/ (ThreadSanitizer): the tests of the host
-#                                          backend's threads and the cache's schedule
+#                                          backend's threads, the cache's schedule and the host
+#                                          path's thread pool
 # A sanitizer's report fails the test it happens in.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
