@@ -206,6 +206,7 @@ TEST(KeysAndValuesOfDifferentHeadSizes, EveryRowAndByteIsTheirOwn) {
       // Every row before this step, read through the view's strides.
       for (int s = 0; s < 3; ++s) {
         const int len = lengths[static_cast<std::size_t>(s)];
+        if (len == 0) continue;  // nothing to compare (and memcmp takes no null pointer)
         const auto k = fill(layer, 0, s, 0, len);
         const auto v = fill(layer, 1, s, 0, len);
         EXPECT_EQ(std::memcmp(view.k_row(s, 0), k.data(), k.size() * 2), 0)
