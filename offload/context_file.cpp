@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "kvoffload/error.hpp"
+#include "kvoffload/plan.hpp"
 #include "offload/checked_math.hpp"
 
 // xxHash from its header alone (Debian libxxhash-dev): nothing to link, here or for consumers of
@@ -83,6 +84,10 @@ int dtype_code(DType dtype) {
       return 1;
     case DType::kBF16:
       return 2;
+    case DType::kFP8E4M3:
+      return 3;
+    case DType::kInt8:
+      return 4;
   }
   return -1;
 }
@@ -239,15 +244,19 @@ ContextHeader read_context_header(ByteSource& source, const std::string& what) {
   s.kv_heads = static_cast<int>(fields[1]);
   s.head_dim = static_cast<int>(fields[2]);
   s.max_seq = static_cast<int>(fields[3]);
-  if (fields[4] > 2) throw bad_file(what, corrupted + " (an unknown K/V dtype)");
-  s.dtype = fields[4] == 0 ? DType::kF32 : fields[4] == 1 ? DType::kF16 : DType::kBF16;
+  static const DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3,
+                                  DType::kInt8};
+  if (fields[4] >= sizeof(kDTypes) / sizeof(kDTypes[0])) {
+    throw bad_file(what, corrupted + " (an unknown K/V dtype)");
+  }
+  s.dtype = kDTypes[fields[4]];
   header.length = static_cast<int>(fields[5]);
   if (header.length > s.max_seq) {
     throw bad_file(what, corrupted + " (" + std::to_string(header.length) + " rows for max_seq " +
                              std::to_string(s.max_seq) + ")");
   }
-  if (s.row_bytes != static_cast<std::uint64_t>(s.kv_heads) *
-                         static_cast<std::uint64_t>(s.head_dim) * dtype_size(s.dtype)) {
+  if (s.kv_heads == 0 || s.head_dim == 0 ||
+      s.row_bytes != kv_row_bytes(s.dtype, s.kv_heads, s.head_dim)) {
     throw bad_file(what, corrupted + " (row size does not match the shape)");
   }
   return header;

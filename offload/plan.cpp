@@ -1,5 +1,6 @@
 // Config validation and the device-memory plan.
 #include "kvoffload/plan.hpp"
+#include "kvoffload/quant.hpp"
 
 #include <algorithm>
 #include <set>
@@ -51,6 +52,17 @@ std::uint64_t default_device_budget(std::uint64_t free_bytes, std::uint64_t tota
   return free_bytes > headroom ? free_bytes - headroom : 0;
 }
 
+std::uint64_t kv_row_bytes(DType dtype, int kv_heads, int dim) {
+  using offload::checked_mul;
+  const std::uint64_t elements = checked_mul(static_cast<std::uint64_t>(kv_heads),
+                                             static_cast<std::uint64_t>(dim), "row bytes");
+  if (!is_quantized(dtype)) return checked_mul(elements, dtype_size(dtype), "row bytes");
+  // quant_row_bytes: elements rounded up to 4, then a 4-byte scale per head
+  return offload::checked_add(offload::align_up(elements, 4),
+                              checked_mul(4, static_cast<std::uint64_t>(kv_heads), "row bytes"),
+                              "row bytes");
+}
+
 KvLayout kv_layout(const CacheConfig& config) {
   using offload::checked_mul;
   const auto u64 = [](int x) { return static_cast<std::uint64_t>(x); };
@@ -60,13 +72,14 @@ KvLayout kv_layout(const CacheConfig& config) {
   layout.kv_heads = config.kv_heads;
   layout.head_dim = config.head_dim;
   layout.v_head_dim = config.v_head_dim == 0 ? config.head_dim : config.v_head_dim;
+  layout.dtype = config.dtype;
   layout.element_size = dtype_size(config.dtype);
-  layout.k_row_bytes =
-      checked_mul(checked_mul(u64(config.kv_heads), u64(layout.head_dim), "row bytes"),
-                  layout.element_size, "row bytes");
-  layout.v_row_bytes =
-      checked_mul(checked_mul(u64(config.kv_heads), u64(layout.v_head_dim), "row bytes"),
-                  layout.element_size, "row bytes");
+  layout.k_row_bytes = kv_row_bytes(config.dtype, config.kv_heads, layout.head_dim);
+  layout.v_row_bytes = kv_row_bytes(config.dtype, config.kv_heads, layout.v_head_dim);
+  if (is_quantized(config.dtype)) {
+    layout.k_scale_offset = quant_scale_offset(config.kv_heads, layout.head_dim);
+    layout.v_scale_offset = quant_scale_offset(config.kv_heads, layout.v_head_dim);
+  }
   const std::uint64_t rows = checked_mul(u64(config.slots), u64(config.max_seq), "rows");
   layout.k_tensor_bytes = offload::align_up(checked_mul(rows, layout.k_row_bytes, "tensor bytes"),
                                             offload::kDeviceAlignment);

@@ -39,6 +39,9 @@ std::size_t dtype_size(DType dtype) {
     case DType::kF16:
     case DType::kBF16:
       return 2;
+    case DType::kFP8E4M3:
+    case DType::kInt8:
+      return 1;
   }
   return 0;
 }
@@ -51,6 +54,10 @@ const char* dtype_name(DType dtype) {
       return "f16";
     case DType::kBF16:
       return "bf16";
+    case DType::kFP8E4M3:
+      return "fp8";
+    case DType::kInt8:
+      return "int8";
   }
   return "?";
 }
@@ -59,8 +66,10 @@ DType parse_dtype(const std::string& name) {
   if (name == "f32" || name == "float32" || name == "fp32") return DType::kF32;
   if (name == "f16" || name == "float16" || name == "fp16") return DType::kF16;
   if (name == "bf16" || name == "bfloat16") return DType::kBF16;
+  if (name == "fp8" || name == "fp8_e4m3" || name == "e4m3") return DType::kFP8E4M3;
+  if (name == "int8") return DType::kInt8;
   throw Error(ErrorCode::kInvalidArgument,
-              "unknown dtype '" + name + "' (expected f32, f16 or bf16)");
+              "unknown dtype '" + printable(name) + "' (expected f32, f16, bf16, fp8 or int8)");
 }
 
 const char* backend_name(BackendKind kind) {

@@ -3,6 +3,7 @@
 // else to internal; the message goes to the cache (or, without one, to a thread-local buffer).
 // Messages live in fixed buffers, so reporting an error never allocates and never throws.
 #include "kvoffload/kvoffload.h"
+#include "kvoffload/quant.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -118,9 +119,14 @@ kvo::DType to_dtype(int dtype) {
       return kvo::DType::kF16;
     case KVO_DTYPE_BF16:
       return kvo::DType::kBF16;
+    case KVO_DTYPE_FP8_E4M3:
+      return kvo::DType::kFP8E4M3;
+    case KVO_DTYPE_INT8:
+      return kvo::DType::kInt8;
   }
-  throw CallError{KVO_ERROR_INVALID_ARGUMENT,
-                  "options->dtype is not a kvo_dtype (KVO_DTYPE_F32, _F16 or _BF16)"};
+  throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                   "dtype " + std::to_string(dtype) +
+                       " is not a kvo_dtype (KVO_DTYPE_F32, _F16, _BF16, _FP8_E4M3 or _INT8)");
 }
 
 kvo_dtype from_dtype(kvo::DType dtype) {
@@ -131,6 +137,10 @@ kvo_dtype from_dtype(kvo::DType dtype) {
       return KVO_DTYPE_F16;
     case kvo::DType::kBF16:
       return KVO_DTYPE_BF16;
+    case kvo::DType::kFP8E4M3:
+      return KVO_DTYPE_FP8_E4M3;
+    case kvo::DType::kInt8:
+      return KVO_DTYPE_INT8;
   }
   return KVO_DTYPE_BF16;
 }
@@ -277,6 +287,72 @@ kvo_status kvo_cuda_device_count(int32_t* out_count) {
   });
 }
 
+namespace {
+
+// The shape of a row conversion, checked: a quantized dtype and positive sizes.
+kvo::DType quantized_dtype(int dtype, std::int32_t kv_heads, std::int32_t dim, std::int64_t rows) {
+  const kvo::DType d = to_dtype(dtype);
+  if (!kvo::is_quantized(d)) {
+    throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                     std::string("dtype ") + kvo::dtype_name(d) +
+                         " is not quantized (KVO_DTYPE_FP8_E4M3 or KVO_DTYPE_INT8)");
+  }
+  if (kv_heads <= 0 || dim <= 0 || rows < 0) {
+    throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                     "kv_heads and dim must be positive and rows not negative; got " +
+                         std::to_string(kv_heads) + ", " + std::to_string(dim) + ", " +
+                         std::to_string(rows));
+  }
+  return d;
+}
+
+}  // namespace
+
+kvo_status kvo_row_bytes(kvo_dtype dtype, int32_t kv_heads, int32_t dim, uint64_t* out_bytes) {
+  return guarded(thread_message, "kvo_row_bytes", [&] {
+    require(out_bytes, "out_bytes is NULL");
+    if (kv_heads <= 0 || dim <= 0) {
+      throw kvo::Error(kvo::ErrorCode::kInvalidArgument, "kv_heads and dim must be positive; got " +
+                                                             std::to_string(kv_heads) + ", " +
+                                                             std::to_string(dim));
+    }
+    *out_bytes = kvo::kv_row_bytes(to_dtype(stored_int(dtype)), kv_heads, dim);
+  });
+}
+
+kvo_status kvo_quantize_rows(kvo_dtype dtype, int32_t kv_heads, int32_t dim, const float* src,
+                             int64_t rows, void* dst) {
+  return guarded(thread_message, "kvo_quantize_rows", [&] {
+    const kvo::DType d = quantized_dtype(stored_int(dtype), kv_heads, dim, rows);
+    if (rows == 0) return;
+    require(src, "src is NULL");
+    require(dst, "dst is NULL");
+    const std::uint64_t row = kvo::quant_row_bytes(kv_heads, dim);
+    const std::int64_t elements = static_cast<std::int64_t>(kv_heads) * dim;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      kvo::quantize_row(src + r * elements, kv_heads, dim, d,
+                        static_cast<std::uint8_t*>(dst) + static_cast<std::uint64_t>(r) * row);
+    }
+  });
+}
+
+kvo_status kvo_dequantize_rows(kvo_dtype dtype, int32_t kv_heads, int32_t dim, const void* src,
+                               int64_t rows, float* dst) {
+  return guarded(thread_message, "kvo_dequantize_rows", [&] {
+    const kvo::DType d = quantized_dtype(stored_int(dtype), kv_heads, dim, rows);
+    if (rows == 0) return;
+    require(src, "src is NULL");
+    require(dst, "dst is NULL");
+    const std::uint64_t row = kvo::quant_row_bytes(kv_heads, dim);
+    const std::int64_t elements = static_cast<std::int64_t>(kv_heads) * dim;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      kvo::dequantize_row(
+          static_cast<const std::uint8_t*>(src) + static_cast<std::uint64_t>(r) * row, kv_heads,
+          dim, d, dst + r * elements);
+    }
+  });
+}
+
 const char* kvo_last_error(const kvo_cache_t* cache) {
   return cache == nullptr ? thread_message.text : cache->message.text;
 }
@@ -345,6 +421,8 @@ kvo_status kvo_acquire(kvo_cache_t* cache, int32_t layer, kvo_layer_view* out_vi
     full.v_token_stride = view.v_token_stride;
     full.v_head_stride = view.v_head_stride;
     full.v_head_dim = view.v_head_dim;
+    full.k_scale_offset = view.k_scale_offset;
+    full.v_scale_offset = view.v_scale_offset;
     write_out(full, out_view);
   });
 }

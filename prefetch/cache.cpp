@@ -349,12 +349,15 @@ LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
   view.resident = m.is_resident(layer);
   view.k = m.layer_base(layer);
   view.v = m.layer_base(layer) + l.v_begin();
+  // Strides in elements; a quantized row's scales sit inside its token stride.
   view.head_stride = l.head_dim;
-  view.token_stride = static_cast<std::int64_t>(l.kv_heads) * l.head_dim;
+  view.token_stride = static_cast<std::int64_t>(l.k_row_bytes / l.element_size);
   view.slot_stride = view.token_stride * l.max_seq;
   view.v_head_stride = l.v_head_dim;
-  view.v_token_stride = static_cast<std::int64_t>(l.kv_heads) * l.v_head_dim;
+  view.v_token_stride = static_cast<std::int64_t>(l.v_row_bytes / l.element_size);
   view.v_slot_stride = view.v_token_stride * l.max_seq;
+  view.k_scale_offset = static_cast<std::int64_t>(l.k_scale_offset);
+  view.v_scale_offset = static_cast<std::int64_t>(l.v_scale_offset);
   view.slots = l.slots;
   view.max_seq = l.max_seq;
   view.kv_heads = l.kv_heads;

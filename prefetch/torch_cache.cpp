@@ -30,8 +30,12 @@ at::ScalarType scalar_type_of(DType dtype) {
       return at::kHalf;
     case DType::kBF16:
       return at::kBFloat16;
+    case DType::kFP8E4M3:
+    case DType::kInt8:
+      break;
   }
-  throw Error(ErrorCode::kInternal, "unknown kvo::DType");
+  throw invalid(std::string("the LibTorch adapter holds f32, f16 or bf16 K/V, not ") +
+                dtype_name(dtype));
 }
 
 std::string shape_of(const at::Tensor& tensor) {

@@ -59,6 +59,11 @@ struct LayerView {
   int head_dim = 0;
   int v_head_dim = 0;
   DType dtype = DType::kBF16;
+  // Quantized dtypes (kvoffload/quant.hpp): where the kv_heads f32 scales of a K row, and of a V
+  // row, start, in bytes from the row's first byte (row (s, t) of K starts at element
+  // s * slot_stride + t * token_stride; elements are bytes). 0 for the other dtypes.
+  std::int64_t k_scale_offset = 0;
+  std::int64_t v_scale_offset = 0;
   // Host arrays of `slots` entries, owned by the cache, valid until end_step:
   const std::int32_t* lengths = nullptr;     // rows valid before this step
   const std::int32_t* new_tokens = nullptr;  // rows this step appends

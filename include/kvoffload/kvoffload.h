@@ -68,8 +68,20 @@ typedef enum kvo_status {
   KVO_ERROR_INTERNAL = 5
 } kvo_status;
 
-/* Storage type of K and V. The cache moves bytes and never converts. */
-typedef enum kvo_dtype { KVO_DTYPE_F32 = 0, KVO_DTYPE_F16 = 1, KVO_DTYPE_BF16 = 2 } kvo_dtype;
+/* Storage type of K and V. The cache moves bytes and never converts.
+ * Since 0.2, two quantized dtypes: a row (one token of every kv head) holds kv_heads x head_dim
+ * one-byte elements in the usual order, then, from byte kvo_view.k_scale_offset (the element
+ * bytes rounded up to 4), kv_heads float scales; element e of head h reads as
+ * decode(byte) * scale[h]. FP8_E4M3: OCP E4M3 ("e4m3fn", largest finite 448), scale = max|x| /
+ * 448; INT8: a signed byte in [-127, 127], scale = max|x| / 127. kvo_quantize_rows writes them,
+ * kvo_dequantize_rows reads them; kvoffload/quant.hpp is the same arithmetic for C++ and CUDA. */
+typedef enum kvo_dtype {
+  KVO_DTYPE_F32 = 0,
+  KVO_DTYPE_F16 = 1,
+  KVO_DTYPE_BF16 = 2,
+  KVO_DTYPE_FP8_E4M3 = 3,
+  KVO_DTYPE_INT8 = 4
+} kvo_dtype;
 
 /* Where "device" memory lives. AUTO: CUDA when a GPU is usable and the library was built with
  * CUDA, else HOST. HOST runs the whole runtime on worker threads over host memory, no GPU. */
@@ -139,6 +151,10 @@ typedef struct kvo_layer_view {
   int64_t v_token_stride;
   int64_t v_head_stride;
   int32_t v_head_dim;
+  /* Quantized dtypes: where a K row's, and a V row's, kv_heads float scales start, in bytes from
+   * the row's first byte (elements are bytes, so rows start at the strides above); else 0. */
+  int64_t k_scale_offset;
+  int64_t v_scale_offset;
 } kvo_layer_view;
 
 /* The figures of kvo::CacheStats: traffic counters and the device plan. Bytes are exact. */
@@ -156,7 +172,7 @@ typedef struct kvo_cache_stats {
   int32_t resident_layers; /* effective: equals layers when nothing is streamed */
   int32_t streamed_layers;
   int32_t ring_depth;      /* staging buffers allocated (0 when nothing is streamed) */
-  uint64_t row_bytes;      /* one token of one tensor: kv_heads * head_dim * element size */
+  uint64_t row_bytes;      /* one token of K: kv_heads * head_dim * element size (+ scales) */
   uint64_t layer_bytes;    /* K and V of one layer, all slots, max_seq rows */
   uint64_t resident_bytes; /* device bytes of the resident layers */
   uint64_t staging_bytes;  /* device bytes of the staging ring */
@@ -171,6 +187,18 @@ typedef struct kvo_cache_stats {
 
 /* "MAJOR.MINOR.PATCH" of the linked library. Static storage; never NULL. */
 KVO_API const char* kvo_version(void);
+
+/* New in 0.2: bytes of one row of kv_heads heads of `dim` elements of `dtype` (with the scales of a
+ * quantized dtype). */
+KVO_API kvo_status kvo_row_bytes(kvo_dtype dtype, int32_t kv_heads, int32_t dim,
+                                 uint64_t* out_bytes);
+
+/* New in 0.2: `rows` rows of src [rows][kv_heads][dim] (float, host memory) written to dst as
+ * quantized rows of kvo_row_bytes each, for kvo_append to a FP8_E4M3 or INT8 cache; and back. */
+KVO_API kvo_status kvo_quantize_rows(kvo_dtype dtype, int32_t kv_heads, int32_t dim,
+                                     const float* src, int64_t rows, void* dst);
+KVO_API kvo_status kvo_dequantize_rows(kvo_dtype dtype, int32_t kv_heads, int32_t dim,
+                                       const void* src, int64_t rows, float* dst);
 
 /* A short constant name for a status ("ok", "invalid argument", ...). Static storage. */
 KVO_API const char* kvo_status_name(kvo_status status);

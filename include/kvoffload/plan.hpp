@@ -19,9 +19,14 @@ struct KvLayout {
   int kv_heads = 0;
   int head_dim = 0;
   int v_head_dim = 0;
+  DType dtype = DType::kBF16;
   std::uint64_t element_size = 0;
+  // One token of every kv head: elements, and for quantized dtypes the per-head scales after them
+  // (kvoffload/quant.hpp).
   std::uint64_t k_row_bytes = 0;
   std::uint64_t v_row_bytes = 0;
+  std::uint64_t k_scale_offset = 0;  // quantized dtypes: where a K row's scales start; else 0
+  std::uint64_t v_scale_offset = 0;
   std::uint64_t k_tensor_bytes = 0;  // slots x max_seq K rows, padded to 256 bytes
   std::uint64_t v_tensor_bytes = 0;
 
@@ -45,6 +50,10 @@ struct KvLayout {
   }
 };
 
+// Bytes of one row of `kv_heads` heads of `dim` elements of `dtype`: kv_heads * dim * element size,
+// or quant_row_bytes for the quantized dtypes. Throws kvo::Error(kInvalidArgument) on overflow.
+KVO_API std::uint64_t kv_row_bytes(DType dtype, int kv_heads, int dim);
+
 // The layout of a config's K/V. Throws kvo::Error(kInvalidArgument) when a size overflows 64 bits.
 // REQUIRES: validate(config) passes.
 KVO_API KvLayout kv_layout(const CacheConfig& config);
@@ -56,7 +65,7 @@ struct CachePlan {
   int ring_depth = 0;       // staging buffers actually allocated (0 when nothing is streamed)
 
   KvLayout layout;                 // where each row lives in a layer-sized buffer
-  std::uint64_t row_bytes = 0;     // one token of K: kv_heads * head_dim * element size
+  std::uint64_t row_bytes = 0;     // one token of K: layout.k_row_bytes
   std::uint64_t tensor_bytes = 0;  // K of one layer: slots * max_seq rows, 256-aligned
   std::uint64_t layer_bytes = 0;   // K and V of one layer
   std::uint64_t resident_bytes = 0;

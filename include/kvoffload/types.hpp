@@ -8,13 +8,17 @@
 
 namespace kvo {
 
-// Storage type of K and V. The cache moves bytes and never converts, so only the size matters
-// to it; the name is for views, tools and errors.
-enum class DType { kF32, kF16, kBF16 };
+// Storage type of K and V. The cache moves bytes and never converts, so only the row size
+// matters to it; the name is for views, tools and errors. kFP8E4M3 and kInt8 are quantized rows:
+// one byte per element and an f32 scale per (token, kv head), laid out as kvoffload/quant.hpp
+// says. Weights are f32, f16 or bf16.
+enum class DType { kF32, kF16, kBF16, kFP8E4M3, kInt8 };
 
+// Bytes of one element (1 for the quantized dtypes, whose rows also hold their scales).
 KVO_API std::size_t dtype_size(DType dtype);
 KVO_API const char* dtype_name(DType dtype);
-// Accepts "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16". Throws kvo::Error otherwise.
+// Accepts "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16", "fp8"/"fp8_e4m3"/"e4m3" and
+// "int8". Throws kvo::Error otherwise.
 KVO_API DType parse_dtype(const std::string& name);
 
 // Where "device" memory lives and who moves the bytes.

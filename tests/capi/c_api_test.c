@@ -3,6 +3,7 @@
  * step, and checks every acquired view against its own copy of what every layer and slot must
  * hold. It then provokes each error code and checks that the cache is still usable and its data
  * intact. Runs once with the synchronous NULL stream and once with an asynchronous stream. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -456,8 +457,90 @@ static void run(uint64_t seed, int async_stream) {
   engine_free(&e);
 }
 
+/* ---- quantized rows ---------------------------------------------------------------------- */
+
+/* Rows quantized through the C ABI read back within the format's error, a quantized cache moves
+ * them as opaque rows with their scales, and its views say where the scales are. */
+static void quantized_rows(void) {
+  enum { HEADS = 3, DIM = 6, ROWS = 5 };
+  const kvo_dtype dtypes[2] = {KVO_DTYPE_FP8_E4M3, KVO_DTYPE_INT8};
+  float x[ROWS * HEADS * DIM], back[ROWS * HEADS * DIM];
+  unsigned char rows[ROWS * 64];
+  uint64_t row_bytes = 0;
+  int d, i;
+  kvo_cache_options options;
+  kvo_cache_t* cache = NULL;
+  kvo_layer_view view;
+  for (i = 0; i < ROWS * HEADS * DIM; ++i) x[i] = (float)((i * 37) % 23 - 11) / (float)(1 + i % 5);
+
+  MUST(NULL, kvo_row_bytes(KVO_DTYPE_BF16, 8, 128, &row_bytes));
+  CHECK(row_bytes == 2048);
+  MUST(NULL, kvo_row_bytes(KVO_DTYPE_FP8_E4M3, 8, 128, &row_bytes));
+  CHECK(row_bytes == 8 * 128 + 8 * 4);
+  MUST(NULL, kvo_row_bytes(KVO_DTYPE_INT8, HEADS, DIM, &row_bytes));
+  CHECK(row_bytes == 20 + HEADS * 4); /* 18 bytes padded to 20, then the scales */
+  for (d = 0; d < 2; ++d) {
+    double worst = 0;
+    memset(back, 0, sizeof back);
+    MUST(NULL, kvo_quantize_rows(dtypes[d], HEADS, DIM, x, ROWS, rows));
+    MUST(NULL, kvo_dequantize_rows(dtypes[d], HEADS, DIM, rows, ROWS, back));
+    for (i = 0; i < ROWS * HEADS * DIM; ++i) {
+      const double err = fabs((double)back[i] - x[i]) / (fabs((double)x[i]) + 0.1);
+      if (err > worst) worst = err;
+    }
+    CHECK(worst < (dtypes[d] == KVO_DTYPE_INT8 ? 0.1 : 0.2));
+  }
+  EXPECT_STATUS(NULL, kvo_quantize_rows(KVO_DTYPE_BF16, HEADS, DIM, x, 1, rows),
+                KVO_ERROR_INVALID_ARGUMENT, "not quantized");
+  EXPECT_STATUS(NULL, kvo_quantize_rows((kvo_dtype)9, HEADS, DIM, x, 1, rows),
+                KVO_ERROR_INVALID_ARGUMENT, "not a kvo_dtype");
+  EXPECT_STATUS(NULL, kvo_quantize_rows(KVO_DTYPE_INT8, 0, DIM, x, 1, rows),
+                KVO_ERROR_INVALID_ARGUMENT, "positive");
+  EXPECT_STATUS(NULL, kvo_dequantize_rows(KVO_DTYPE_INT8, HEADS, DIM, NULL, 1, back),
+                KVO_ERROR_INVALID_ARGUMENT, "src is NULL");
+  EXPECT_STATUS(NULL, kvo_row_bytes(KVO_DTYPE_INT8, HEADS, DIM, NULL), KVO_ERROR_INVALID_ARGUMENT,
+                "NULL");
+
+  /* A host-backend int8 cache: append quantized rows, read them back through the view. */
+  MUST(NULL, kvo_cache_options_init(&options, sizeof options));
+  options.layers = 3; /* more than the ring holds: the layers stream */
+  options.kv_heads = HEADS;
+  options.head_dim = DIM;
+  options.max_seq = 16;
+  options.slots = 1;
+  options.dtype = KVO_DTYPE_INT8;
+  options.resident_layers = 0;
+  options.backend = KVO_BACKEND_HOST;
+  options.host_max_delay_us = 30;
+  MUST(NULL, kvo_cache_create(&options, &cache));
+  MUST(NULL, kvo_quantize_rows(KVO_DTYPE_INT8, HEADS, DIM, x, ROWS, rows));
+  for (i = 0; i < 2; ++i) {
+    const int32_t n[1] = {i == 0 ? ROWS : 0};
+    int layer;
+    MUST(cache, kvo_begin_step(cache, n, 1));
+    for (layer = 0; layer < 3; ++layer) {
+      memset(&view, 0, sizeof view);
+      view.struct_size = sizeof view;
+      MUST(cache, kvo_acquire(cache, layer, &view, NULL));
+      CHECK(view.dtype == KVO_DTYPE_INT8);
+      CHECK(view.token_stride == 32 && view.head_stride == DIM);
+      CHECK(view.k_scale_offset == 20 && view.v_scale_offset == 20);
+      if (i == 1) { /* the rows came back from the host store */
+        CHECK(memcmp(view.k, rows, ROWS * 32) == 0);
+        CHECK(memcmp(view.v, rows, ROWS * 32) == 0);
+      } else {
+        MUST(cache, kvo_append(cache, layer, 0, rows, rows, ROWS, NULL));
+      }
+      MUST(cache, kvo_release(cache, layer, NULL));
+    }
+    MUST(cache, kvo_end_step(cache));
+  }
+  kvo_cache_destroy(cache);
+}
+
 int main(void) {
   check_defaults();
+  quantized_rows();
   run(1, 0);
   run(2, 1);
   run(3, 1);

@@ -149,7 +149,7 @@ TEST(Sizes, NamesAndParsers) {
   EXPECT_EQ(format_bytes(16ull << 30), "16.00 GiB (17179869184 bytes)");
   EXPECT_EQ(parse_dtype("bfloat16"), DType::kBF16);
   EXPECT_EQ(dtype_size(parse_dtype("f32")), 4u);
-  EXPECT_THROW(parse_dtype("int8"), Error);
+  EXPECT_THROW(parse_dtype("int4"), Error);
   EXPECT_EQ(parse_backend("host"), BackendKind::kHost);
   EXPECT_THROW(parse_backend("tpu"), Error);
 }
