@@ -127,7 +127,7 @@ class AttentionLayer {
  public:
   AttentionLayer(int max_seq, int max_rows)
       : config_(model::preset("llama3-8b")),
-        layout_(config_, DType::kBF16, max_rows, 1, max_seq, g_setup.builtin),
+        layout_(config_, DType::kBF16, DType::kBF16, max_rows, 1, max_seq, g_setup.builtin),
         kv_(2 * static_cast<std::size_t>(max_seq) * config_.kv_dim() * 2),
         workspace_(layout_.bytes),
         rows_(2 * sizeof(std::int32_t)),
@@ -141,6 +141,7 @@ class AttentionLayer {
     model::OpsShape shape;
     shape.config = config_;
     shape.weight_dtype = DType::kBF16;
+    shape.kv_dtype = DType::kBF16;
     shape.max_rows = max_rows;
     shape.max_decode_rows = 1;
     shape.max_seq = max_seq;

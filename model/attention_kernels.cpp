@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "kvoffload/quant.hpp"
+
 namespace kvo::model {
 
 bool flashinfer_built() {
@@ -36,6 +38,10 @@ AttentionKernels choose_attention_kernels(const ModelConfig& c, DType kv_dtype, 
     k.prefill_reason = "asked for";
   } else if (!flashinfer_built()) {
     k.prefill_reason = "this build has no FlashInfer (KVO_WITH_FLASHINFER=OFF)";
+  } else if (is_quantized(kv_dtype)) {
+    k.prefill_reason = std::string(dtype_name(kv_dtype)) +
+                       " rows carry a scale per token and kv head; FlashInfer's quantized K/V "
+                       "kernels take one scale per tensor";
   } else if (kv_dtype != DType::kBF16 && kv_dtype != DType::kF16) {
     k.prefill_reason = std::string("FlashInfer's kernels are built for bf16 and f16 K/V, not ") +
                        dtype_name(kv_dtype);

@@ -30,9 +30,10 @@ class CudaOps final : public Ops {
   CudaOps(const OpsShape& shape, void* stream, void* workspace)
       : shape_(shape),
         elem_(elem(shape.weight_dtype)),
+        kv_elem_(elem(shape.kv_dtype)),
         stream_(static_cast<cudaStream_t>(stream)),
-        layout_(shape.config, shape.weight_dtype, shape.max_rows, shape.max_decode_rows,
-                shape.max_seq, shape.builtin_attention) {
+        layout_(shape.config, shape.weight_dtype, shape.kv_dtype, shape.max_rows,
+                shape.max_decode_rows, shape.max_seq, shape.builtin_attention) {
     base_ = static_cast<std::byte*>(workspace);
     gemm_input_ = base_ + layout_.gemm_input;
     partials_ = reinterpret_cast<float*>(base_ + layout_.partials);
@@ -97,8 +98,15 @@ class CudaOps final : public Ops {
     cuda::rope(q, k, n, c.heads, c.kv_heads, c.head_dim, shape_.inv_freq, positions, first_position,
                stream_);
   }
-  void to_cache_rows(const float* x, std::int64_t count, void* out) override {
-    cuda::convert(x, count, out, elem_, stream_);
+  void to_cache_rows(const float* x, int n, void* out) override {
+    const ModelConfig& c = shape_.config;
+    if (is_quantized(kv_elem_)) {
+      cuda::quantize_rows(x, n, c.kv_heads, c.head_dim, kv_elem_,
+                          static_cast<std::int64_t>(quant_row_bytes(c.kv_heads, c.head_dim)), out,
+                          stream_);
+      return;
+    }
+    cuda::convert(x, static_cast<std::int64_t>(n) * c.kv_dim(), out, kv_elem_, stream_);
   }
   // Attention goes through FlashInfer where it serves the shape: the f32 queries are converted to
   // the cache's type, FlashInfer reads the staged K/V in place, and its output is widened back.
@@ -111,7 +119,7 @@ class CudaOps final : public Ops {
     }
     const ModelConfig& c = shape_.config;
     const std::int64_t count = static_cast<std::int64_t>(n) * c.q_dim();
-    cuda::convert(q, count, attn_q_, elem_, stream_);
+    cuda::convert(q, count, attn_q_, kv_elem_, stream_);
     flashinfer_ops::PrefillCall call;
     call.q = attn_q_;
     call.out = attn_out_;
@@ -124,7 +132,7 @@ class CudaOps final : public Ops {
     call.tmp = prefill_tmp_;
     call.tmp_bytes = layout_.prefill_tmp_bytes;
     flashinfer_ops::prefill(kv_layer(view), call, stream_);
-    cuda::widen(attn_out_, count, elem_, out, stream_);
+    cuda::widen(attn_out_, count, kv_elem_, out, stream_);
   }
   void attention_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
                         float* out) override {
@@ -138,7 +146,7 @@ class CudaOps final : public Ops {
     }
     const ModelConfig& c = shape_.config;
     const std::int64_t count = static_cast<std::int64_t>(n) * c.q_dim();
-    cuda::convert(q, count, attn_q_, elem_, stream_);
+    cuda::convert(q, count, attn_q_, kv_elem_, stream_);
     for (int i = 0; i < n; ++i) kv_lens_[static_cast<std::size_t>(i)] = rows.host_positions[i] + 1;
     flashinfer_ops::DecodeCall call;
     call.q = attn_q_;
@@ -150,7 +158,7 @@ class CudaOps final : public Ops {
     call.window_left = window_left();
     call.sm_scale = sm_scale();
     flashinfer_ops::decode(kv_layer(view), call, decode_ws_, stream_);
-    cuda::widen(attn_out_, count, elem_, out, stream_);
+    cuda::widen(attn_out_, count, kv_elem_, out, stream_);
   }
   void swiglu(float* gate, const float* up, std::int64_t count) override {
     cuda::swiglu(gate, up, count, stream_);
@@ -227,7 +235,8 @@ class CudaOps final : public Ops {
         head_offset = view.head_stride;
       } else {
         cuda::gather_kv_block(view.k, view.v, elem(view.dtype), offset, view.token_stride,
-                              view.head_stride, keys, c.kv_heads, d, k_block, v_block, stream_);
+                              view.head_stride, view.k_scale_offset, keys, c.kv_heads, d, k_block,
+                              v_block, stream_);
         k_rows = k_block;
         v_rows = v_block;
         ld = c.kv_dim();
@@ -350,11 +359,14 @@ class CudaOps final : public Ops {
     a.slot_stride = view.slot_stride;
     a.token_stride = view.token_stride;
     a.head_stride = view.head_stride;
+    a.k_scale_offset = view.k_scale_offset;
+    a.v_scale_offset = view.v_scale_offset;
     return a;
   }
 
   OpsShape shape_;
-  Elem elem_;
+  Elem elem_;     // the weights'
+  Elem kv_elem_;  // the cache's rows
   cudaStream_t stream_;
   WorkspaceLayout layout_;
   cublasHandle_t handle_ = nullptr;

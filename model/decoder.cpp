@@ -48,6 +48,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   OpsShape shape;
   shape.config = config_;
   shape.weight_dtype = dtype;
+  shape.kv_dtype = memory.kv_dtype;
   shape.max_rows = R;
   shape.max_decode_rows = options_.slots;
   shape.max_seq = options_.max_seq;
@@ -57,8 +58,10 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   require_weights_fit(memory, options_.device_budget);
   cache_ = std::make_unique<OffloadedStaticCache>(memory.cache);
 
-  act_->carve(static_cast<std::byte*>(cache_->reserved("activations")), config_, dtype, R, P,
-              options_.slots);
+  kv_row_bytes_ = cache_->stats().plan.row_bytes;
+  act_->carve(static_cast<std::byte*>(cache_->reserved("activations")), config_, memory.kv_dtype, R,
+              P, options_.slots, memory.logit_rows);
+  logit_rows_ = memory.logit_rows;
   std::vector<float> inv_freq(static_cast<std::size_t>(config_.head_dim / 2));
   for (int i = 0; i < config_.head_dim / 2; ++i) {
     inv_freq[static_cast<std::size_t>(i)] =
@@ -110,9 +113,9 @@ Decoder::~Decoder() {
 
 std::string Decoder::attention_kernels() const {
   if (cache_->backend() != BackendKind::kCuda) return "host";
-  return choose_attention_kernels(config_, layout_.dtype(), options_.slots, options_.max_seq,
+  return choose_attention_kernels(config_, shape_.kv_dtype, options_.slots, options_.max_seq,
                                   shape_.max_rows, options_.builtin_attention)
-      .describe(config_, layout_.dtype());
+      .describe(config_, shape_.kv_dtype);
 }
 
 void Decoder::check_tokens(const std::vector<std::int32_t>& tokens) const {
@@ -142,9 +145,8 @@ void Decoder::prefill_attention(int layer, const LayerView& view, float* x, int 
   ActivationLayout& a = *act_;
   project_qkv(layer, x, n);
   ops_->rope(a.q, a.k, n, nullptr, first_position);
-  const std::int64_t kv_count = static_cast<std::int64_t>(n) * config_.kv_dim();
-  ops_->to_cache_rows(a.k, kv_count, a.k_rows);
-  ops_->to_cache_rows(a.v, kv_count, a.v_rows);
+  ops_->to_cache_rows(a.k, n, a.k_rows);
+  ops_->to_cache_rows(a.v, n, a.v_rows);
   cache_->append(layer, slot, a.k_rows, a.v_rows, n, stream_);
   ops_->attention_prefill(a.q, n, slot, first_position, view, a.attn);
   ops_->linear(a.attn, n, static_cast<int>(config_.q_dim()), w.wo, w.bo, config_.hidden_size, x,
@@ -163,11 +165,10 @@ void Decoder::decode_attention(int layer, const LayerView& view) {
   rows.host_slots = batch_.slots();
   rows.host_positions = batch_.positions();
   ops_->rope(a.q, a.k, n, rows.positions, 0);
-  const std::int64_t kv_count = static_cast<std::int64_t>(n) * config_.kv_dim();
-  ops_->to_cache_rows(a.k, kv_count, a.k_rows);
-  ops_->to_cache_rows(a.v, kv_count, a.v_rows);
+  ops_->to_cache_rows(a.k, n, a.k_rows);
+  ops_->to_cache_rows(a.v, n, a.v_rows);
   // Each row goes to its own slot: one append per row.
-  const std::size_t row_bytes = config_.kv_dim() * dtype_size(layout_.dtype());
+  const std::size_t row_bytes = kv_row_bytes_;
   for (int i = 0; i < n; ++i) {
     cache_->append(layer, batch_.slots()[i], static_cast<std::byte*>(a.k_rows) + i * row_bytes,
                    static_cast<std::byte*>(a.v_rows) + i * row_bytes, 1, stream_);
@@ -233,6 +234,20 @@ void Decoder::prefill(int slot, const std::vector<std::int32_t>& tokens, float* 
   prefill_layers(slot, tokens, progress);
   const int n = static_cast<int>(tokens.size());
   logits_of(act_->residual + static_cast<std::int64_t>(n - 1) * config_.hidden_size, 1, logits);
+}
+
+void Decoder::prefill_scored(int slot, const std::vector<std::int32_t>& tokens,
+                             const RowLogitsFn& row, const ProgressFn& progress) {
+  prefill_layers(slot, tokens, progress);
+  const int n = static_cast<int>(tokens.size());
+  const int vocab = config_.vocab_size;
+  std::vector<float> logits(static_cast<std::size_t>(std::min(n, logit_rows_)) * vocab);
+  for (int r0 = 0; r0 < n; r0 += logit_rows_) {
+    const int m = std::min(logit_rows_, n - r0);
+    logits_of(act_->residual + static_cast<std::int64_t>(r0) * config_.hidden_size, m,
+              logits.data());
+    for (int i = 0; i < m; ++i) row(r0 + i, logits.data() + static_cast<std::int64_t>(i) * vocab);
+  }
 }
 
 std::int32_t Decoder::prefill_sample(int slot, const std::vector<std::int32_t>& tokens,

@@ -37,18 +37,21 @@ struct WeightSource {
 };
 
 struct DecoderOptions {
-  int max_seq = 4096;                         // tokens per slot
-  int slots = 1;                              // sequences decoded together
-  int chunk = 512;                            // prefill tokens per attention/MLP chunk
-  int max_prompt = 0;                         // longest prompt prefilled at once; 0: max_seq
+  int max_seq = 4096;  // tokens per slot
+  int slots = 1;       // sequences decoded together
+  int chunk = 512;     // prefill tokens per attention/MLP chunk
+  int max_prompt = 0;  // longest prompt prefilled at once; 0: max_seq
+  int logit_rows = 0;  // prefill_scored: rows of logits computed at once (at least slots)
   int resident_layers = kAutoResidentLayers;  // or 0..layers
   int ring_depth = 2;
   std::uint64_t device_budget = 0;  // 0: the device's free memory (CUDA), unlimited (host)
   BackendKind backend = BackendKind::kAuto;
   // CUDA: attend with the built-in kernels even where FlashInfer serves the shape (to compare).
   bool builtin_attention = false;
-  bool override_dtype = false;  // else the checkpoint's (config) dtype
-  DType dtype = DType::kBF16;   // weights and K/V
+  bool override_dtype = false;     // else the checkpoint's (config) dtype
+  DType dtype = DType::kBF16;      // weights (and K/V unless override_kv_dtype): f32, f16, bf16
+  bool override_kv_dtype = false;  // else the weights' dtype
+  DType kv_dtype = DType::kBF16;   // K/V storage: f32, f16, bf16, fp8 or int8 (quantized rows)
   HostBackendOptions host;
   int threads = 0;  // host path: threads computing a step; 0: the cores this process may use
 };
@@ -101,6 +104,12 @@ class Decoder {
   // chunks) after each chunk of each layer: layers x ceil(tokens / chunk) in all.
   void prefill(int slot, const std::vector<std::int32_t>& tokens, float* logits,
                const ProgressFn& progress = {});
+  // prefill(), scoring every token: row(i, logits) hears the logits [vocab] (host, valid during
+  // the call) after tokens[i], for i = 0 .. tokens.size() - 1 in order, computed
+  // max(slots, options.logit_rows) rows at a time. For perplexity and agreement measures.
+  using RowLogitsFn = std::function<void(int row, const float* logits)>;
+  void prefill_scored(int slot, const std::vector<std::int32_t>& tokens, const RowLogitsFn& row,
+                      const ProgressFn& progress = {});
   // One step: tokens[s] >= 0 is the next token of slot s, -1 leaves the slot out. Writes
   // logits[s][vocab] (host) for each slot that took part.
   void decode(const std::vector<std::int32_t>& tokens, float* logits);
@@ -124,6 +133,8 @@ class Decoder {
   OffloadedStaticCache& cache() { return *cache_; }
   BackendKind backend() const { return cache_->backend(); }
   std::uint64_t weight_bytes() const { return layout_.bytes(); }
+  DType weight_dtype() const { return layout_.dtype(); }
+  DType kv_dtype() const { return cache_->config().dtype; }
   std::uint64_t activation_bytes() const { return activation_bytes_; }
   // Which kernels attend: "host" on the host backend; on CUDA, FlashInfer's or the built-in
   // ones with the reason (AttentionKernels::describe).
@@ -167,6 +178,8 @@ class Decoder {
   std::vector<std::uint32_t> draws_;     // [slots]: draws taken by each slot
   std::vector<std::int32_t> draw_rows_;  // [slots]: the draw number of each sampled row
   std::uint64_t activation_bytes_ = 0;
+  std::size_t kv_row_bytes_ = 0;      // one token of K (or V) in the cache
+  int logit_rows_ = 1;                // rows act_->logits holds
   DecodeBatch batch_;                 // the rows of the decode step in progress
   std::vector<float> decode_logits_;  // [slots][vocab], host
 };

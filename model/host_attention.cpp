@@ -11,24 +11,40 @@
 namespace kvo::model {
 namespace {
 
-std::size_t elem_bytes(Elem type) {
-  return type == Elem::kF32 ? 4 : 2;
+std::int64_t elem_bytes(Elem type) {
+  return type == Elem::kF32 ? 4 : is_quantized(type) ? 1 : 2;
 }
 
-// Rows [key0, key0 + keys) of one kv head of K or V as an f32 matrix: in place (leading
-// dimension = the token stride) when the cache is f32, else converted into `buffer` (leading
-// dimension head_dim).
-const float* key_block(const void* base, std::int64_t at, std::int64_t token_stride, int keys,
-                       int head_dim, Elem type, float* buffer, int* ld) {
-  const char* first =
-      static_cast<const char*>(base) + at * static_cast<std::int64_t>(elem_bytes(type));
+// Where one kv head's rows of K or V are: rows start every token_stride elements from `rows` (the
+// first key's row), the head head_offset elements into each; quantized rows keep their scales
+// scale_offset bytes in.
+struct HeadRows {
+  const char* rows = nullptr;
+  std::int64_t token_stride = 0;
+  std::int64_t head_offset = 0;
+  std::int64_t scale_offset = 0;
+  int kv_head = 0;
+};
+
+// Keys [0, keys) of one kv head as an f32 matrix: in place (leading dimension = the token
+// stride) when the cache is f32, else converted, or dequantized, into `buffer` (leading dimension
+// head_dim).
+const float* key_block(const HeadRows& h, int keys, int head_dim, Elem type, float* buffer,
+                       int* ld) {
+  const std::int64_t bytes = elem_bytes(type);
   if (type == Elem::kF32) {
-    *ld = static_cast<int>(token_stride);
-    return reinterpret_cast<const float*>(first);
+    *ld = static_cast<int>(h.token_stride);
+    return reinterpret_cast<const float*>(h.rows) + h.head_offset;
   }
   for (int j = 0; j < keys; ++j) {
-    kernels::to_f32(first + j * token_stride * static_cast<std::int64_t>(elem_bytes(type)), type,
-                    head_dim, buffer + static_cast<std::int64_t>(j) * head_dim);
+    const char* row = h.rows + j * h.token_stride * bytes;
+    float* out = buffer + static_cast<std::int64_t>(j) * head_dim;
+    if (is_quantized(type)) {
+      const float scale = kv_scale(row, 0, h.scale_offset, h.kv_head);
+      for (int e = 0; e < head_dim; ++e) out[e] = load_elem(row, h.head_offset + e, type) * scale;
+    } else {
+      kernels::to_f32(row + h.head_offset * bytes, type, head_dim, out);
+    }
   }
   *ld = head_dim;
   return buffer;
@@ -62,6 +78,10 @@ HostAttention::HostAttention(const ModelConfig& config, Elem type, int max_decod
     s.q.resize(static_cast<std::size_t>(config.heads) * d);
     s.kv.resize(static_cast<std::size_t>(kernels::kKeyBlock) * config.kv_heads * d);
     s.scores.resize(static_cast<std::size_t>(config.heads) * kernels::kKeyBlock);
+    if (is_quantized(type)) {
+      s.k.resize(static_cast<std::size_t>(kDequantKeys) * config.kv_heads * d);
+      s.v.resize(s.k.size());
+    }
   }
   const std::size_t parts = static_cast<std::size_t>(max_decode_rows) * kMaxParts * config.heads;
   part_state_.resize(parts);
@@ -111,18 +131,23 @@ void HostAttention::prefill_block(const float* q, int n, int slot, int first_pos
   std::fill(s.out.begin(), s.out.begin() + static_cast<std::int64_t>(rows) * d, 0.0f);
   const int key_begin = first_key(config_, first_position + t0);
   const int key_end = first_position + t0 + tokens;  // exclusive
-  const std::int64_t head_at = slot * view.slot_stride + kv_head * view.head_stride;
+  const std::int64_t bytes = elem_bytes(type_);
   for (int key0 = key_begin; key0 < key_end; key0 += kPrefillKeyBlock) {
     const int keys = std::min(kPrefillKeyBlock, key_end - key0);
-    const std::int64_t at = head_at + static_cast<std::int64_t>(key0) * view.token_stride;
+    const std::int64_t at =
+        slot * view.slot_stride + static_cast<std::int64_t>(key0) * view.token_stride;
+    const HeadRows k_rows{static_cast<const char*>(view.k) + at * bytes, view.token_stride,
+                          kv_head * view.head_stride, view.k_scale_offset, kv_head};
+    const HeadRows v_rows{static_cast<const char*>(view.v) + at * bytes, view.token_stride,
+                          kv_head * view.head_stride, view.v_scale_offset, kv_head};
     int ldk = 0;
-    const float* k = key_block(view.k, at, view.token_stride, keys, d, type_, s.k.data(), &ldk);
+    const float* k = key_block(k_rows, keys, d, type_, s.k.data(), &ldk);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, scale_, s.q.data(), d, k,
                 ldk, 0.0f, s.scores.data(), kPrefillKeyBlock);
     kernels::softmax_block(s.scores.data(), rows, keys, kPrefillKeyBlock, key0, s.first.data(),
                            s.last.data(), s.state.data(), s.out.data(), d);
     int ldv = 0;
-    const float* v = key_block(view.v, at, view.token_stride, keys, d, type_, s.v.data(), &ldv);
+    const float* v = key_block(v_rows, keys, d, type_, s.v.data(), &ldv);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, keys, 1.0f, s.scores.data(),
                 kPrefillKeyBlock, v, ldv, 1.0f, s.out.data(), d);
   }
@@ -152,7 +177,7 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
   auto part_index = [&](int i, int p) { return static_cast<std::size_t>(i) * kMaxParts + p; };
   const std::size_t values_per_part = static_cast<std::size_t>(heads) * d;
   // 1. Each (row, part of the keys): a partial softmax over its keys for every kv head.
-  const std::size_t bytes = elem_bytes(type_);
+  const std::int64_t bytes = elem_bytes(type_);
   pool_.run(first_task_[static_cast<std::size_t>(n)], [&](int task, int thread) {
     const int i =
         static_cast<int>(std::upper_bound(first_task_.begin(), first_task_.begin() + n + 1, task) -
@@ -171,15 +196,32 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
     std::fill(values, values + values_per_part, 0.0f);
     const std::int64_t at =
         slots[i] * view.slot_stride + static_cast<std::int64_t>(part0) * view.token_stride;
-    const kernels::KeyRows k{
-        static_cast<const char*>(view.k) + at * static_cast<std::int64_t>(bytes), view.token_stride,
-        view.head_stride, type_};
-    const kernels::KeyRows v{
-        static_cast<const char*>(view.v) + at * static_cast<std::int64_t>(bytes), view.token_stride,
-        view.head_stride, type_};
-    (avx512_ ? kernels::attend_keys_avx512 : kernels::attend_keys)(
-        s.q.data(), kv_heads, group_, d, k, v, std::min(sp.part_keys, keys - p * sp.part_keys),
-        state, values, s.kv.data(), s.scores.data());
+    const char* k_first = static_cast<const char*>(view.k) + at * bytes;
+    const char* v_first = static_cast<const char*>(view.v) + at * bytes;
+    const int part_keys = std::min(sp.part_keys, keys - p * sp.part_keys);
+    const auto attend = avx512_ ? kernels::attend_keys_avx512 : kernels::attend_keys;
+    if (!is_quantized(type_)) {
+      const kernels::KeyRows k{k_first, view.token_stride, view.head_stride, type_};
+      const kernels::KeyRows v{v_first, view.token_stride, view.head_stride, type_};
+      attend(s.q.data(), kv_heads, group_, d, k, v, part_keys, state, values, s.kv.data(),
+             s.scores.data());
+      return;
+    }
+    // Quantized rows: blocks of keys dequantized, every head at once, then attended as f32.
+    const DType dtype = static_cast<DType>(static_cast<int>(type_));
+    const std::int64_t row = static_cast<std::int64_t>(kv_heads) * d;
+    const kernels::KeyRows k{s.k.data(), row, d, Elem::kF32};
+    const kernels::KeyRows v{s.v.data(), row, d, Elem::kF32};
+    for (int j0 = 0; j0 < part_keys; j0 += kDequantKeys) {
+      const int block = std::min(kDequantKeys, part_keys - j0);
+      for (int j = 0; j < block; ++j) {
+        const std::int64_t from = (j0 + j) * view.token_stride;
+        dequantize_row(k_first + from, kv_heads, d, dtype, s.k.data() + j * row);
+        dequantize_row(v_first + from, kv_heads, d, dtype, s.v.data() + j * row);
+      }
+      attend(s.q.data(), kv_heads, group_, d, k, v, block, state, values, s.kv.data(),
+             s.scores.data());
+    }
   });
   // 2. Each (row, kv head): merge its parts in order, normalize.
   pool_.run(n * kv_heads, [&](int task, int) {

@@ -1,5 +1,6 @@
 // Attention on the host path, reading the cache's K/V rows in place (f32, f16 or bf16, through
 // the view's strides) with an online softmax, all query heads of a GQA group per K/V pass.
+// Quantized rows (fp8, int8) are dequantized block by block into f32 scratch first.
 //
 // Prefill is blocked over queries and keys: a task is (kv head, block of kQueryBlock tokens);
 // it packs the block's queries of the group as [tokens x group][head_dim], and for each block of
@@ -57,8 +58,11 @@ class HostAttention {
     std::vector<SoftmaxState> state;  // [rows]
     std::vector<int> first, last;     // [rows]: keys each row sees
   };
+  // Decode over quantized rows: keys dequantized (every head) per block of this many.
+  static constexpr int kDequantKeys = 64;
   struct DecodeScratch {
     std::vector<float> q, kv, scores;  // [heads][d] (scaled), [kKeyBlock][d], [group][kKeyBlock]
+    std::vector<float> k, v;           // quantized rows: [kDequantKeys][kv_heads][d] each
   };
 
   void prefill_block(const float* q, int n, int slot, int first_position, const LayerView& view,

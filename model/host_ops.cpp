@@ -26,7 +26,8 @@ HostOps::HostOps(const OpsShape& shape)
       elem_(static_cast<Elem>(static_cast<int>(shape.weight_dtype))),
       pool_(std::max(1, shape.threads)),
       linear_(pool_, elem_, widest_input(shape.config)),
-      attention_(shape.config, elem_, shape.max_decode_rows, pool_) {
+      kv_elem_(static_cast<Elem>(static_cast<int>(shape.kv_dtype))),
+      attention_(shape.config, kv_elem_, shape.max_decode_rows, pool_) {
   norm_weight_.resize(static_cast<std::size_t>(shape_.config.hidden_size));
   rope_angles_.assign(static_cast<std::size_t>(pool_.threads()),
                       std::vector<float>(static_cast<std::size_t>(shape_.config.head_dim)));
@@ -90,12 +91,24 @@ void HostOps::rope(float* q, float* k, int n, const std::int32_t* positions, int
   });
 }
 
-void HostOps::to_cache_rows(const float* x, std::int64_t count, void* out) {
-  const std::size_t bytes = elem_ == Elem::kF32 ? 4 : 2;
+void HostOps::to_cache_rows(const float* x, int n, void* out) {
+  const ModelConfig& c = shape_.config;
+  const std::int64_t row = static_cast<std::int64_t>(c.kv_heads) * c.head_dim;
+  if (is_quantized(shape_.kv_dtype)) {
+    // The arithmetic of the CUDA path's quantize_rows kernel, row by row.
+    const auto row_bytes = static_cast<std::int64_t>(quant_row_bytes(c.kv_heads, c.head_dim));
+    pool_.run(n, [&](int i, int) {
+      quantize_row(x + i * row, c.kv_heads, c.head_dim, shape_.kv_dtype,
+                   static_cast<char*>(out) + i * row_bytes);
+    });
+    return;
+  }
+  const std::int64_t count = n * row;
+  const auto bytes = static_cast<std::int64_t>(dtype_size(shape_.kv_dtype));
   pool_.run(blocks_of(count, kElemBlock), [&](int b, int) {
     const std::int64_t at = b * kElemBlock;
-    kernels::from_f32(x + at, std::min(kElemBlock, count - at), elem_,
-                      static_cast<char*>(out) + at * static_cast<std::int64_t>(bytes));
+    kernels::from_f32(x + at, std::min(kElemBlock, count - at), kv_elem_,
+                      static_cast<char*>(out) + at * bytes);
   });
 }
 

@@ -31,7 +31,7 @@ class HostOps final : public Ops {
   void linear(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
               bool accumulate) override;
   void rope(float* q, float* k, int n, const std::int32_t* positions, int first_position) override;
-  void to_cache_rows(const float* x, std::int64_t count, void* out) override;
+  void to_cache_rows(const float* x, int n, void* out) override;
   void attention_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
                          float* out) override;
   void attention_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
@@ -45,6 +45,7 @@ class HostOps final : public Ops {
   Elem elem_;
   ThreadPool pool_;
   HostLinear linear_;
+  Elem kv_elem_;  // the cache's rows
   HostAttention attention_;
   std::vector<float> norm_weight_;               // [hidden] as f32
   std::vector<std::vector<float>> rope_angles_;  // [threads][head_dim]: cos, sin of a position

@@ -23,6 +23,10 @@ void rope(float* q, float* k, int n, int heads, int kv_heads, int head_dim, cons
           const std::int32_t* positions, int first_position, cudaStream_t stream);
 // out [count] (type) = x [count] f32.
 void convert(const float* x, std::int64_t count, void* out, Elem type, cudaStream_t stream);
+// out: n quantized rows (kvoffload/quant.hpp) of `row_bytes` bytes each, row i = x [i][kv_heads]
+// [dim] f32, bit for bit what kvo::quantize_row writes on the host. type: kFP8E4M3 or kInt8.
+void quantize_rows(const float* x, int n, int kv_heads, int dim, Elem type, std::int64_t row_bytes,
+                   void* out, cudaStream_t stream);
 // out [count] f32 = x [count] (type).
 void widen(const void* x, std::int64_t count, Elem type, float* out, cudaStream_t stream);
 // y [n][out] += bias [out].
@@ -46,6 +50,9 @@ struct AttentionArgs {
   std::int64_t slot_stride = 0;
   std::int64_t token_stride = 0;
   std::int64_t head_stride = 0;
+  // Quantized types: where a K row's and a V row's scales start, in bytes (= elements) into it.
+  std::int64_t k_scale_offset = 0;
+  std::int64_t v_scale_offset = 0;
   // Row i: slot slots[i] at position positions[i].
   const std::int32_t* slots = nullptr;
   const std::int32_t* positions = nullptr;
@@ -71,10 +78,12 @@ struct PrefillBlock {
 };
 
 // k_out, v_out [keys][kv_heads][head_dim] f32 = keys [0, keys) of k and v (type), which start at
-// element `offset` (a slot's first key of the block) with the cache's token and head strides.
+// element `offset` (a slot's first key of the block) with the cache's token and head strides;
+// quantized rows are scaled by their heads' scales, `scale_offset` bytes into each row.
 void gather_kv_block(const void* k, const void* v, Elem type, std::int64_t offset,
-                     std::int64_t token_stride, std::int64_t head_stride, int keys, int kv_heads,
-                     int head_dim, float* k_out, float* v_out, cudaStream_t stream);
+                     std::int64_t token_stride, std::int64_t head_stride, std::int64_t scale_offset,
+                     int keys, int kv_heads, int head_dim, float* k_out, float* v_out,
+                     cudaStream_t stream);
 // scores [heads][n][key_stride]: the block's scaled scores, replaced by exp(score - running max)
 // (0 where masked: causal, and sliding_window); stats [2][heads][n] (running max, running sum)
 // updated, out [n][heads][head_dim] rescaled to the new max (zeroed on the first keys seen).

@@ -52,23 +52,28 @@ __global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
   __syncthreads();
 
   const std::int64_t base = slot * a.slot_stride + kv_head * a.head_stride;
+  // Quantized rows: a key's score and a value's weight take the row's scale for this kv head.
+  const bool quantized = is_quantized(a.type);
   float acc[kMaxDimsPerThread];
   for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] = 0;
   SoftmaxState state;
   for (int tile = begin; tile < end; tile += kThreads) {
     const int j = tile + threadIdx.x;
+    const std::int64_t row = slot * a.slot_stride + static_cast<std::int64_t>(j) * a.token_stride;
     float score = -INFINITY;
     if (j < end) {
       const std::int64_t at = base + static_cast<std::int64_t>(j) * a.token_stride;
       float dot = 0;
       for (int e = 0; e < a.head_dim; ++e) dot += q[e] * load_elem(a.k, at + e, a.type);
+      if (quantized) dot *= kv_scale(a.k, row, a.k_scale_offset, kv_head);
       score = dot * scale;
     }
     SoftmaxState tile_state;
     tile_state.max = block_reduce(score, reduce, true);
     const float prob = j < end ? expf(score - tile_state.max) : 0.0f;
     tile_state.sum = block_reduce(prob, reduce, false);
-    p[threadIdx.x] = prob;
+    p[threadIdx.x] =
+        quantized && j < end ? prob * kv_scale(a.v, row, a.v_scale_offset, kv_head) : prob;
     __syncthreads();
     const MergeScales k = softmax_merge(state, tile_state);
     const int count = min(kThreads, end - tile);
@@ -127,15 +132,23 @@ __global__ void merge_kernel(const float* partials, int heads, int head_dim, int
 
 // grid (keys, kv_heads); threads over head_dim.
 __global__ void gather_kv_kernel(const void* k, const void* v, Elem type, std::int64_t offset,
-                                 std::int64_t token_stride, std::int64_t head_stride, int head_dim,
-                                 float* k_out, float* v_out) {
+                                 std::int64_t token_stride, std::int64_t head_stride,
+                                 std::int64_t scale_offset, int head_dim, float* k_out,
+                                 float* v_out) {
   const int key = blockIdx.x;
   const int kv_head = blockIdx.y;
-  const std::int64_t from = offset + key * token_stride + kv_head * head_stride;
+  const std::int64_t row = offset + key * token_stride;
+  const std::int64_t from = row + kv_head * head_stride;
   const std::int64_t to = (static_cast<std::int64_t>(key) * gridDim.y + kv_head) * head_dim;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
+  if (is_quantized(type)) {
+    k_scale = kv_scale(k, row, scale_offset, kv_head);
+    v_scale = kv_scale(v, row, scale_offset, kv_head);
+  }
   for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
-    k_out[to + e] = load_elem(k, from + e, type);
-    v_out[to + e] = load_elem(v, from + e, type);
+    k_out[to + e] = load_elem(k, from + e, type) * k_scale;
+    v_out[to + e] = load_elem(v, from + e, type) * v_scale;
   }
 }
 
@@ -211,12 +224,13 @@ void attention(const AttentionArgs& args, int splits, float* partials, cudaStrea
 }
 
 void gather_kv_block(const void* k, const void* v, Elem type, std::int64_t offset,
-                     std::int64_t token_stride, std::int64_t head_stride, int keys, int kv_heads,
-                     int head_dim, float* k_out, float* v_out, cudaStream_t stream) {
+                     std::int64_t token_stride, std::int64_t head_stride, std::int64_t scale_offset,
+                     int keys, int kv_heads, int head_dim, float* k_out, float* v_out,
+                     cudaStream_t stream) {
   if (keys == 0) return;
   gather_kv_kernel<<<dim3(static_cast<unsigned>(keys), static_cast<unsigned>(kv_heads)), kThreads,
-                     0, stream>>>(k, v, type, offset, token_stride, head_stride, head_dim, k_out,
-                                  v_out);
+                     0, stream>>>(k, v, type, offset, token_stride, head_stride, scale_offset,
+                                  head_dim, k_out, v_out);
   KVO_MODEL_LAUNCH_CHECK();
 }
 

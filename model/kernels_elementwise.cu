@@ -105,6 +105,40 @@ __global__ void swiglu_kernel(float* gate, const float* up, std::int64_t count) 
   }
 }
 
+// grid (n, kv_heads): one head of one row. The largest magnitude first (a max, exact in any
+// order, starting from +0 as quantize_row does), then each element by the host's arithmetic.
+// The first head's block also zeroes the padding before the scales.
+__global__ void quantize_rows_kernel(const float* x, int kv_heads, int dim, DType dtype,
+                                     std::int64_t row_bytes, std::uint8_t* out) {
+  __shared__ float shared[32];
+  const int head = blockIdx.y;
+  const float* xh = x + (static_cast<std::int64_t>(blockIdx.x) * kv_heads + head) * dim;
+  std::uint8_t* row = out + static_cast<std::int64_t>(blockIdx.x) * row_bytes;
+  float amax = 0.0f;
+  for (int e = threadIdx.x; e < dim; e += blockDim.x) {
+    const float a = xh[e] < 0.0f ? -xh[e] : xh[e];
+    amax = a > amax ? a : amax;
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, amax, offset);
+    amax = other > amax ? other : amax;
+  }
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = shared[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x) / 32; ++w)
+    amax = shared[w] > amax ? shared[w] : amax;
+  const float scale = quant::scale_for(amax, dtype);
+  const std::uint64_t scales_at = quant_scale_offset(kv_heads, dim);
+  if (threadIdx.x == 0) reinterpret_cast<float*>(row + scales_at)[head] = scale;
+  std::uint8_t* q = row + static_cast<std::int64_t>(head) * dim;
+  for (int e = threadIdx.x; e < dim; e += blockDim.x) q[e] = quant::quantize(xh[e], scale, dtype);
+  if (head == 0) {
+    const std::uint64_t elements = static_cast<std::uint64_t>(kv_heads) * dim;
+    for (std::uint64_t i = elements + threadIdx.x; i < scales_at; i += blockDim.x) row[i] = 0;
+  }
+}
+
 unsigned grid_for(std::int64_t count) {
   const std::int64_t blocks = (count + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < 65535 ? (blocks > 0 ? blocks : 1) : 65535);
@@ -137,6 +171,19 @@ void rope(float* q, float* k, int n, int heads, int kv_heads, int head_dim, cons
 void convert(const float* x, std::int64_t count, void* out, Elem type, cudaStream_t stream) {
   if (count == 0) return;
   convert_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, out, type);
+  KVO_MODEL_LAUNCH_CHECK();
+}
+
+void quantize_rows(const float* x, int n, int kv_heads, int dim, Elem type, std::int64_t row_bytes,
+                   void* out, cudaStream_t stream) {
+  if (n == 0) return;
+  if (!is_quantized(type)) {
+    throw Error(ErrorCode::kInternal, "quantize_rows: the cache dtype is not quantized");
+  }
+  const DType dtype = type == Elem::kInt8 ? DType::kInt8 : DType::kFP8E4M3;
+  quantize_rows_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(kv_heads)), 128, 0,
+                         stream>>>(x, kv_heads, dim, dtype, row_bytes,
+                                   static_cast<std::uint8_t*>(out));
   KVO_MODEL_LAUNCH_CHECK();
 }
 

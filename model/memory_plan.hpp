@@ -25,13 +25,13 @@ inline constexpr int kPrefillKeyBlock = 1024;
 inline constexpr std::uint64_t kCublasWorkspaceBytes = 32ull << 20;
 
 // The CUDA path's workspace. R = rows of the largest chunk or decode batch, S = decode rows
-// (slots), B = kPrefillKeyBlock, d = head_dim, type = the weights' and K/V's dtype:
+// (slots), B = kPrefillKeyBlock, d = head_dim, type = the weights' dtype, kv = the K/V's:
 //   cuBLAS workspace
 //   GEMM input       [R][widest] (type; none in f32)
 //   sampling         [3][S] int32: slot and draw of each row, then the sampled ids
 // With FlashInfer's kernels (attention_kernels.hpp), for either phase:
-//   attn_q           [R][heads][d] (type): the queries, as FlashInfer reads them
-//   attn_out         [R][heads][d] (type): its output
+//   attn_q           [R][heads][d] (kv): the queries, as FlashInfer reads them
+//   attn_out         [R][heads][d] (kv): its output
 // and for its decode:
 //   decode_float     split-KV partial outputs and log-sum-exps: [heads][P][d] + [heads][P] f32,
 //                    P = max(S, kPlannedSms * kDecodeBlocksPerSm / kv_heads) partial rows
@@ -46,7 +46,8 @@ inline constexpr std::uint64_t kCublasWorkspaceBytes = 32ull << 20;
 // and for prefill:
 //   prefill_scores   [heads][R][B] f32: scores, then probabilities, of one key block
 //   prefill_stats    [2][heads][R] f32: running max, running sum of each (head, row)
-//   prefill_kv       [2][B][kv_heads][d] f32: a K and a V block converted (none in f32)
+//   prefill_kv       [2][B][kv_heads][d] f32: a K and a V block converted, or dequantized (none
+//                    when the K/V are f32)
 struct WorkspaceLayout {
   AttentionKernels kernels;
   std::uint64_t gemm_input = 0;  // offsets in bytes
@@ -64,8 +65,8 @@ struct WorkspaceLayout {
   std::uint64_t bytes = 0;
   int decode_grid = 0;  // the most decode blocks FlashInfer's schedule may use
 
-  WorkspaceLayout(const ModelConfig& config, DType weight_dtype, int max_rows, int max_decode_rows,
-                  int max_seq, bool builtin_attention = false);
+  WorkspaceLayout(const ModelConfig& config, DType weight_dtype, DType kv_dtype, int max_rows,
+                  int max_decode_rows, int max_seq, bool builtin_attention = false);
 };
 
 // The activations region, carved into buffers. R = rows of the largest chunk or decode batch,
@@ -79,23 +80,26 @@ struct ActivationLayout {
   float* attn = nullptr;           // [R][heads][head_dim]
   float* gate = nullptr;           // [R][intermediate]
   float* up = nullptr;             // [R][intermediate]
-  void* k_rows = nullptr;          // [R][kv_heads][head_dim], cache dtype
+  void* k_rows = nullptr;          // [R] rows in the cache's format (kv_row_bytes)
   void* v_rows = nullptr;          // same
-  float* logits = nullptr;         // [slots][vocab]
+  float* logits = nullptr;         // [max(slots, logit rows)][vocab]
   std::int32_t* tokens = nullptr;  // [P]
   std::int32_t* rows = nullptr;    // [3][slots]: tokens, slots, positions of a decode step
   float* inv_freq = nullptr;       // [head_dim / 2]
 
   // Lays the buffers out from `base` (nullptr: only counts). Returns the bytes used.
-  std::uint64_t carve(std::byte* base, const ModelConfig& c, DType dtype, int R, int P, int slots);
+  std::uint64_t carve(std::byte* base, const ModelConfig& c, DType kv_dtype, int R, int P,
+                      int slots, int logit_rows);
 };
 
 // Everything the decoder puts on the device besides its K/V, and the cache config that holds it.
 struct DecoderMemory {
-  DType dtype = DType::kBF16;  // weights and K/V
-  int max_rows = 1;            // R
-  int max_prompt = 1;          // longest prompt prefilled at once
-  int prompt_rows = 1;         // P: max(max_prompt, slots), rows of the residual stream
+  DType dtype = DType::kBF16;     // weights
+  DType kv_dtype = DType::kBF16;  // K/V
+  int max_rows = 1;               // R
+  int max_prompt = 1;             // longest prompt prefilled at once
+  int prompt_rows = 1;            // P: max(max_prompt, slots), rows of the residual stream
+  int logit_rows = 1;             // rows of logits computed at once: max(slots, options.logit_rows)
   std::uint64_t weights = 0;
   std::uint64_t activations = 0;
   std::uint64_t workspace = 0;  // CUDA only

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "kvoffload/error.hpp"
+#include "kvoffload/quant.hpp"
 #include "model/strict_json.hpp"
 #include "offload/printable.hpp"
 
@@ -199,6 +200,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   std::string dtype = f.text("torch_dtype", f.text("dtype", "bfloat16"));
   try {
     c.dtype = parse_dtype(dtype);
+    if (is_quantized(c.dtype)) throw invalid("quantized");
   } catch (const Error&) {
     throw invalid(source + ": dtype \"" + printable(dtype) +
                   "\" is not supported (float32, float16, bfloat16)");
@@ -245,6 +247,10 @@ void validate(const ModelConfig& c) {
   if (!(c.rms_norm_eps > 0) || !(c.rope_theta > 0) || !std::isfinite(c.rms_norm_eps) ||
       !std::isfinite(c.rope_theta)) {
     throw invalid("rms_norm_eps and rope_theta must be positive and finite");
+  }
+  if (is_quantized(c.dtype)) {
+    throw invalid(std::string("the weights' dtype must be f32, f16 or bf16, not ") +
+                  dtype_name(c.dtype));
   }
 }
 

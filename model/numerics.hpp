@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kvoffload/quant.hpp"
+
 #if defined(__CUDACC__)
 #define KVO_HD __host__ __device__ __forceinline__
 #else
@@ -81,8 +83,14 @@ KVO_HD std::uint16_t float_to_f16(float x) {
   return static_cast<std::uint16_t>(sign | ((rebased + rounding) >> 13));
 }
 
-// Element type codes shared with the kernels (the values of kvo::DType).
-enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// Element type codes shared with the kernels (the values of kvo::DType). kFP8E4M3 and kInt8 are
+// the bytes of quantized K/V rows (kvoffload/quant.hpp): load_elem gives their value before the
+// row's scale for the head, which kv_scale reads.
+enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2, kFP8E4M3 = 3, kInt8 = 4 };
+
+KVO_HD bool is_quantized(Elem type) {
+  return type == Elem::kFP8E4M3 || type == Elem::kInt8;
+}
 
 KVO_HD float load_elem(const void* base, std::int64_t index, Elem type) {
   switch (type) {
@@ -90,9 +98,21 @@ KVO_HD float load_elem(const void* base, std::int64_t index, Elem type) {
       return static_cast<const float*>(base)[index];
     case Elem::kF16:
       return f16_to_float(static_cast<const std::uint16_t*>(base)[index]);
-    default:
+    case Elem::kBF16:
       return bf16_to_float(static_cast<const std::uint16_t*>(base)[index]);
+    case Elem::kFP8E4M3:
+      return quant::e4m3_to_float(static_cast<const std::uint8_t*>(base)[index]);
+    case Elem::kInt8:
+      return static_cast<float>(static_cast<const std::int8_t*>(base)[index]);
   }
+  return 0.0f;
+}
+
+// The scale of kv head `head` in the quantized row that starts at byte `row` of `base`, whose
+// scales start `scale_offset` bytes into it.
+KVO_HD float kv_scale(const void* base, std::int64_t row, std::int64_t scale_offset, int head) {
+  return *reinterpret_cast<const float*>(static_cast<const std::uint8_t*>(base) + row +
+                                         scale_offset + 4 * static_cast<std::int64_t>(head));
 }
 
 KVO_HD void store_elem(void* base, std::int64_t index, Elem type, float value) {
@@ -103,8 +123,10 @@ KVO_HD void store_elem(void* base, std::int64_t index, Elem type, float value) {
     case Elem::kF16:
       static_cast<std::uint16_t*>(base)[index] = float_to_f16(value);
       break;
-    default:
+    case Elem::kBF16:
       static_cast<std::uint16_t*>(base)[index] = float_to_bf16(value);
+      break;
+    default:  // quantized rows are written whole, by quantize_row
       break;
   }
 }

@@ -73,8 +73,9 @@ class Ops {
   // positions[i] (device), or at first_position + i when positions is null.
   virtual void rope(float* q, float* k, int n, const std::int32_t* positions,
                     int first_position) = 0;
-  // out [count] in the cache dtype = x [count] f32.
-  virtual void to_cache_rows(const float* x, std::int64_t count, void* out) = 0;
+  // out = n rows in the cache's format (kv_row_bytes(kv_dtype, kv_heads, head_dim) each) of
+  // x [n][kv_heads][head_dim] f32: converted, or quantized (kvoffload/quant.hpp).
+  virtual void to_cache_rows(const float* x, int n, void* out) = 0;
   // Causal attention of one slot's new rows: q [n][heads][head_dim], row i at position
   // first_position + i, over that slot's keys of `view` up to its own position (the new rows are
   // appended already). out [n][heads][head_dim].
@@ -90,9 +91,10 @@ class Ops {
 // Shape facts every implementation needs.
 struct OpsShape {
   ModelConfig config;
-  DType weight_dtype = DType::kF32;  // also the cache dtype
-  int max_rows = 1;                  // rows of the largest chunk or decode batch
-  int max_decode_rows = 1;           // slots
+  DType weight_dtype = DType::kF32;
+  DType kv_dtype = DType::kF32;  // the cache's rows (quantized for fp8 and int8)
+  int max_rows = 1;              // rows of the largest chunk or decode batch
+  int max_decode_rows = 1;       // slots
   int max_seq = 1;
   int threads = 1;                  // host path: threads of its pool
   const float* inv_freq = nullptr;  // [head_dim / 2], device

@@ -53,12 +53,12 @@ MemoryPlan kvoffload_plan(const model::DecoderMemory& m, int layers, std::uint64
   return p;
 }
 
-// K and V of one layer as a plain [batch][kv_heads][max_seq][head_dim] tensor pair (no padding).
+// K and V of one layer as a plain [batch][kv_heads][max_seq][head_dim] tensor pair (no padding;
+// quantized rows with their scales).
 std::uint64_t plain_layer_bytes(const model::DecoderMemory& m) {
   const CacheConfig& c = m.cache;
-  return 2ull * static_cast<std::uint64_t>(c.slots) * static_cast<std::uint64_t>(c.kv_heads) *
-         static_cast<std::uint64_t>(c.max_seq) * static_cast<std::uint64_t>(c.head_dim) *
-         dtype_size(c.dtype);
+  return 2ull * static_cast<std::uint64_t>(c.slots) * static_cast<std::uint64_t>(c.max_seq) *
+         kv_row_bytes(c.dtype, c.kv_heads, c.head_dim);
 }
 
 }  // namespace
@@ -153,6 +153,8 @@ DecoderOptions decoder_options(const MemoryQuery& q) {
   options.device_budget = q.budget;
   options.override_dtype = q.override_dtype;
   options.dtype = q.dtype;
+  options.override_kv_dtype = q.override_kv_dtype;
+  options.kv_dtype = q.kv_dtype;
   options.backend = q.backend;
   return options;
 }

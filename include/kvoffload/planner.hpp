@@ -20,9 +20,11 @@ struct MemoryQuery {
   // A preset name (tiny, llama3-8b, mistral-7b, qwen2.5-7b), a directory with a config.json, or
   // the path of a config.json.
   std::string model = "llama3-8b";
-  bool override_dtype = false;  // else the model's own dtype
-  DType dtype = DType::kBF16;   // weights and K/V
-  int max_seq = 4096;           // the context, tokens per slot
+  bool override_dtype = false;     // else the model's own dtype
+  DType dtype = DType::kBF16;      // weights (f32, f16, bf16), and K/V unless override_kv_dtype
+  bool override_kv_dtype = false;  // else the weights' dtype
+  DType kv_dtype = DType::kBF16;   // K/V: f32, f16, bf16, fp8 or int8
+  int max_seq = 4096;              // the context, tokens per slot
   int slots = 1;
   int chunk = 512;     // prefill rows per attention/MLP chunk
   int max_prompt = 0;  // longest prompt prefilled at once; 0: max_seq

@@ -70,7 +70,8 @@ class AttentionRig {
     config_.kv_heads = s.kv_heads;
     config_.head_dim = s.head_dim;
     config_.sliding_window = s.sliding_window;
-    layout_ = std::make_unique<WorkspaceLayout>(config_, s.dtype, s.max_rows, s.slots, s.max_seq);
+    layout_ = std::make_unique<WorkspaceLayout>(config_, s.dtype, s.dtype, s.max_rows, s.slots,
+                                                s.max_seq);
     const std::uint64_t row_elems = static_cast<std::uint64_t>(s.kv_heads) * s.head_dim;
     const std::uint64_t q_elems = static_cast<std::uint64_t>(s.max_rows) * s.heads * s.head_dim;
     rows_capacity_ = static_cast<std::uint64_t>(s.max_seq);
@@ -92,6 +93,7 @@ class AttentionRig {
     OpsShape shape;
     shape.config = config_;
     shape.weight_dtype = s.dtype;
+    shape.kv_dtype = s.dtype;
     shape.max_rows = s.max_rows;
     shape.max_decode_rows = s.slots;
     shape.max_seq = s.max_seq;

@@ -20,6 +20,8 @@ namespace {
 
 struct Case {
   DType dtype = DType::kF32;
+  DType kv_dtype = DType::kF32;  // with quantized_kv
+  bool quantized_kv = false;
   int slots = 1;
   double tolerance = 2e-3;
   int layers = 5;  // 1 resident, 4 streamed through a ring of 2
@@ -44,6 +46,8 @@ void compare_backends(const Case& k) {
   DecoderOptions o = testing::host_options(1200, k.slots);
   o.override_dtype = true;
   o.dtype = k.dtype;
+  o.override_kv_dtype = k.quantized_kv;
+  o.kv_dtype = k.kv_dtype;
   o.chunk = k.chunk;
   o.resident_layers = 1;
   Decoder host(c, WeightSource{"", 17}, o);
@@ -91,6 +95,22 @@ TEST(CudaModel, MatchesHostPathBf16) {
   k.tolerance = 3e-2;
   compare_backends(k);
 }
+// Quantized K/V: the device quantizes the rows to the host's bits (cuda_quant_test.cpp), so what
+// differs is the attention's f32 arithmetic and cuBLAS's sum order, as in f32; a quantized row
+// that straddles a rounding boundary in one path and not the other moves one element by a step,
+// which the bf16 tolerance covers.
+TEST(CudaModel, MatchesHostPathWithFp8AndInt8Kv) {
+  for (DType kv : {DType::kFP8E4M3, DType::kInt8}) {
+    Case k;
+    k.dtype = DType::kF32;
+    k.kv_dtype = kv;
+    k.quantized_kv = true;
+    k.slots = 2;
+    k.tolerance = 3e-2;
+    compare_backends(k);
+  }
+}
+
 TEST(CudaModel, PrefillOverSeveralKeyBlocksF16Gqa4) {
   Case k;  // 700-token prompts in chunks of 300: chunks and key blocks cross each other
   k.dtype = DType::kF16;

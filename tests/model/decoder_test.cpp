@@ -5,12 +5,15 @@
 #include <set>
 #include <utility>
 
+#include "expect_error.hpp"
 #include "kvoffload/error.hpp"
+#include "kvoffload/quant.hpp"
 #include "model/model_test_util.hpp"
 
 namespace kvo::model {
 namespace {
 
+using kvo::testing::expect_error;
 using testing::greedy;
 using testing::host_options;
 using testing::random_prompt;
@@ -199,6 +202,99 @@ TEST(Decoder, Bf16WeightsStayCloseToF32) {
       testing::relative_error(b.logits[0].data(), a.logits[0].data(), a.logits[0].size());
   EXPECT_LT(err, 0.05);
   EXPECT_GT(err, 0.0) << "bf16 rounding must show";
+}
+
+// Quantized K/V (fp8, int8) through the decoder: a streamed row is the bytes it was appended as
+// (resident or streamed, with random delays, the same bits), the K/V bytes are the quantized rows
+// with their scales, and the logits stay close to those of f32 K/V, int8 closer than fp8.
+TEST(Decoder, QuantizedKvStreamsExactlyAndStaysCloseToF32Kv) {
+  const ModelConfig c = small_config();
+  const auto prompt = random_prompt(40, c.vocab_size, 9);
+  DecoderOptions o = host_options(64);
+  Decoder f32(c, WeightSource{"", 13}, o);
+  const auto reference = greedy(f32, prompt, 16);
+  double error_int8 = 0;
+  for (DType kv : {DType::kInt8, DType::kFP8E4M3}) {
+    std::vector<testing::GreedyRun> runs;
+    for (auto [resident, delay] : {std::pair{3, 0u}, {0, 30u}}) {
+      DecoderOptions q = o;
+      q.override_kv_dtype = true;
+      q.kv_dtype = kv;
+      q.resident_layers = resident;
+      q.host.max_delay_us = delay;
+      q.host.delay_seed = 3;
+      Decoder d(c, WeightSource{"", 13}, q);
+      EXPECT_EQ(d.kv_dtype(), kv);
+      EXPECT_EQ(d.weight_dtype(), DType::kF32);
+      EXPECT_EQ(d.cache().stats().plan.row_bytes, quant_row_bytes(c.kv_heads, c.head_dim));
+      runs.push_back(greedy(d, prompt, 16));
+    }
+    for (std::size_t i = 0; i < runs[0].logits.size(); ++i) {
+      ASSERT_EQ(std::memcmp(runs[1].logits[i].data(), runs[0].logits[i].data(),
+                            runs[0].logits[i].size() * sizeof(float)),
+                0)
+          << dtype_name(kv) << " step " << i;
+    }
+    // Teacher-forced comparison needs the same tokens: compare the first step, and every step
+    // while the greedy tokens still agree.
+    double worst = 0;
+    for (std::size_t i = 0; i < reference.logits.size(); ++i) {
+      worst = std::max(worst,
+                       testing::relative_error(runs[0].logits[i].data(), reference.logits[i].data(),
+                                               reference.logits[i].size()));
+      if (runs[0].tokens[i] != reference.tokens[i]) break;
+    }
+    EXPECT_GT(worst, 0.0) << dtype_name(kv) << ": quantization must show";
+    // Measured 0.012 (int8) and 0.096 (fp8) on this random model; a wrong scale gives ~1.
+    EXPECT_LT(worst, kv == DType::kInt8 ? 0.03 : 0.2) << dtype_name(kv);
+    if (kv == DType::kInt8) {
+      error_int8 = worst;
+    } else {
+      EXPECT_LT(error_int8, worst) << "int8 keeps more bits than fp8";
+    }
+  }
+}
+
+// prefill_scored hears every row's logits in order, computed logit_rows at a time: each equals
+// the logits a prefill of the prompt up to that row ends with.
+TEST(Decoder, PrefillScoredGivesEveryRowsLogits) {
+  const ModelConfig c = small_config();
+  const auto prompt = random_prompt(30, c.vocab_size, 12);
+  DecoderOptions o = host_options(64);
+  o.logit_rows = 7;  // rows 0-6, 7-13, ..., 28-29
+  Decoder scored(c, WeightSource{"", 4}, o);
+  std::vector<std::vector<float>> rows;
+  scored.prefill_scored(0, prompt, [&](int i, const float* logits) {
+    EXPECT_EQ(i, static_cast<int>(rows.size()));
+    rows.emplace_back(logits, logits + c.vocab_size);
+  });
+  ASSERT_EQ(rows.size(), prompt.size());
+  EXPECT_EQ(scored.length(0), 30);
+  Decoder plain(c, WeightSource{"", 4}, host_options(64));
+  std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
+  for (int i : {0, 6, 7, 20, 29}) {
+    plain.reset(0);
+    plain.prefill(0, std::vector<std::int32_t>(prompt.begin(), prompt.begin() + i + 1),
+                  logits.data());
+    EXPECT_LT(testing::relative_error(rows[static_cast<std::size_t>(i)].data(), logits.data(),
+                                      logits.size()),
+              1e-5)
+        << "row " << i;
+  }
+}
+
+TEST(Decoder, RefusesQuantizedWeights) {
+  DecoderOptions o = host_options(32);
+  o.override_dtype = true;
+  o.dtype = DType::kInt8;
+  expect_error(
+      [&] {
+        Decoder d(small_config(), WeightSource{"", 1}, o);
+      },
+      ErrorCode::kInvalidArgument, "K/V dtypes");
+  ModelConfig c = small_config();
+  c.dtype = DType::kFP8E4M3;
+  expect_error([&] { validate(c); }, ErrorCode::kInvalidArgument, "f32, f16 or bf16");
 }
 
 TEST(Decoder, RefusesTokensOutsideTheVocabulary) {

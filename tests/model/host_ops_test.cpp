@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "model/host_attention.hpp"
@@ -60,6 +62,7 @@ OpsShape shape_of(const ModelConfig& c, Elem type, int max_rows, int slots, int 
   OpsShape s;
   s.config = c;
   s.weight_dtype = static_cast<DType>(static_cast<int>(type));
+  s.kv_dtype = s.weight_dtype;
   s.max_rows = max_rows;
   s.max_decode_rows = slots;
   s.max_seq = max_seq;
@@ -243,6 +246,108 @@ TEST(HostAttention, DecodeMatchesFloat64) {
                         std::to_string(i));
       }
     }
+  }
+}
+
+// A layer of quantized rows (kvoffload/quant.hpp) drawn at random, laid out as the cache lays
+// them out; `exact` holds each element's dequantized value at the element's index, so the float64
+// reference reads it through the same strides.
+Layer quantized_layer(const ModelConfig& c, DType dtype, int slots, int max_seq,
+                      std::mt19937& rng) {
+  const std::int64_t row_bytes = static_cast<std::int64_t>(quant_row_bytes(c.kv_heads, c.head_dim));
+  const std::size_t n = static_cast<std::size_t>(slots) * max_seq * row_bytes;
+  Layer l;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(c.kv_dim()));
+  std::vector<float> back(x.size());
+  for (Values* t : {&l.k, &l.v}) {
+    t->bytes.assign(n, 0);
+    t->exact.assign(n, 0.0f);
+    for (std::int64_t r = 0; r < static_cast<std::int64_t>(slots) * max_seq; ++r) {
+      for (int g = 0; g < c.kv_heads; ++g) {
+        const float spread = 0.5f + static_cast<float>(rng() % 4);  // heads of different ranges
+        for (int e = 0; e < c.head_dim; ++e)
+          x[static_cast<std::size_t>(g * c.head_dim + e)] = normal(rng) * spread;
+      }
+      std::uint8_t* row = t->bytes.data() + r * row_bytes;
+      quantize_row(x.data(), c.kv_heads, c.head_dim, dtype, row);
+      dequantize_row(row, c.kv_heads, c.head_dim, dtype, back.data());
+      std::copy(back.begin(), back.end(), t->exact.begin() + r * row_bytes);
+    }
+  }
+  l.view.k = l.k.bytes.data();
+  l.view.v = l.v.bytes.data();
+  l.view.head_stride = c.head_dim;
+  l.view.token_stride = row_bytes;
+  l.view.slot_stride = row_bytes * max_seq;
+  l.view.k_scale_offset = static_cast<std::int64_t>(quant_scale_offset(c.kv_heads, c.head_dim));
+  l.view.v_scale_offset = l.view.k_scale_offset;
+  l.view.slots = slots;
+  l.view.max_seq = max_seq;
+  l.view.kv_heads = c.kv_heads;
+  l.view.head_dim = c.head_dim;
+  l.view.dtype = dtype;
+  return l;
+}
+
+// Attention over quantized rows equals attention over their dequantized values: prefill and
+// decode, fp8 and int8, heads of 3 elements padded before their scales, a window.
+TEST(HostAttention, QuantizedRowsAttendAsTheirValues) {
+  std::mt19937 rng(21);
+  for (DType dtype : {DType::kFP8E4M3, DType::kInt8}) {
+    for (auto [window, head_dim, kv_heads] : {std::tuple{0, 64, 2}, {90, 40, 2}, {0, 6, 3}}) {
+      const ModelConfig c = attention_config(6, kv_heads, head_dim, window);
+      const int slots = 2, max_seq = 600;
+      Layer l = quantized_layer(c, dtype, slots, max_seq, rng);
+      OpsShape shape = shape_of(c, Elem::kF32, 160, 3, max_seq, 2);
+      shape.kv_dtype = dtype;
+      HostOps ops(shape);
+      const std::string what = std::string(dtype_name(dtype)) + " head_dim " +
+                               std::to_string(head_dim) + " window " + std::to_string(window);
+      // prefill: a chunk of 160 after 300 rows of slot 1
+      const int n = 160, first_position = 300;
+      const std::vector<float> q = random_floats(static_cast<std::size_t>(n) * c.q_dim(), rng);
+      std::vector<float> out(q.size());
+      ops.attention_prefill(q.data(), n, 1, first_position, l.view, out.data());
+      for (int i = 0; i < n; i += 9) {
+        expect_near(out.data() + i * c.q_dim(),
+                    reference_attention(c, l, q.data() + i * c.q_dim(), 1, first_position + i),
+                    what + " prefill row " + std::to_string(i));
+      }
+      // decode: three rows, one long enough to split into parts
+      const std::vector<std::int32_t> row_slots = {1, 0, 1};
+      const std::vector<std::int32_t> positions = {599, 0, 77};
+      DecodeRows rows;
+      rows.host_slots = row_slots.data();
+      rows.host_positions = positions.data();
+      std::vector<float> dout(3 * static_cast<std::size_t>(c.q_dim()));
+      ops.attention_decode(q.data(), 3, rows, l.view, dout.data());
+      for (int i = 0; i < 3; ++i) {
+        expect_near(dout.data() + i * c.q_dim(),
+                    reference_attention(c, l, q.data() + i * c.q_dim(), row_slots[i], positions[i]),
+                    what + " decode row " + std::to_string(i));
+      }
+    }
+  }
+}
+
+// to_cache_rows writes a quantized cache's rows exactly as quantize_row does.
+TEST(HostOps, QuantizedCacheRowsAreQuantizeRowsBytes) {
+  std::mt19937 rng(8);
+  const ModelConfig c = attention_config(6, 3, 6, 0);
+  for (DType dtype : {DType::kFP8E4M3, DType::kInt8}) {
+    OpsShape shape = shape_of(c, Elem::kBF16, 37, 1, 64, 3);
+    shape.kv_dtype = dtype;
+    HostOps ops(shape);
+    const int n = 37;
+    const std::vector<float> x = random_floats(static_cast<std::size_t>(n) * c.kv_dim(), rng);
+    const std::size_t row = quant_row_bytes(c.kv_heads, c.head_dim);
+    std::vector<std::uint8_t> got(n * row, 0xee), want(n * row, 0x11);
+    ops.to_cache_rows(x.data(), n, got.data());
+    for (int i = 0; i < n; ++i) {
+      quantize_row(x.data() + i * c.kv_dim(), c.kv_heads, c.head_dim, dtype, want.data() + i * row);
+    }
+    EXPECT_EQ(got, want) << dtype_name(dtype);
   }
 }
 
