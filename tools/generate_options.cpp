@@ -30,7 +30,10 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
                             "built-in shape, weights drawn from --weight-seed on the device");
   model->excludes(preset);
   add_choice(app, "--dtype", a.dtype, {"f32", "f16", "bf16"},
-             "weights and K/V (default: the model's)");
+             "weights, and K/V unless --kv-dtype (default: the model's)");
+  add_choice(app, "--kv-dtype", a.kv_dtype, {"f32", "f16", "bf16", "fp8", "int8"},
+             "K/V storage (default: the weights'); fp8 (e4m3) and int8 keep one scale per token "
+             "and kv head, about half the bytes of bf16");
   add_integer(app, "--weight-seed", a.weight_seed, 0, UINT64_MAX, "seed of a preset's weights");
 
   app.option_defaults()->group("Prompt (default: --prompt-len 32)");
@@ -118,6 +121,10 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
   if (!a.dtype.empty()) {
     d.override_dtype = true;
     d.dtype = parse_dtype(a.dtype);
+  }
+  if (!a.kv_dtype.empty()) {
+    d.override_kv_dtype = true;
+    d.kv_dtype = parse_dtype(a.kv_dtype);
   }
   r.seed = a.seed;
   d.slots = a.slots;

@@ -23,7 +23,8 @@ struct GenerateArgs {
   // Model
   std::string model;  // a checkpoint directory
   std::string preset = "tiny";
-  std::string dtype;  // empty: the model's
+  std::string dtype;     // empty: the model's
+  std::string kv_dtype;  // empty: the weights'
   std::uint64_t weight_seed = 1;
   // Prompt
   std::string prompt_tokens;  // a token file

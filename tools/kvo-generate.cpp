@@ -58,11 +58,11 @@ int run(const kvo::cli::GenerateRun& o) {
   const int slots = o.decoder.slots;
   const kvo::CachePlan plan = decoder.cache().stats().plan;
   std::printf(
-      "kvo-generate  %s (%s, %d layers, hidden %d, %d/%d heads, vocab %d, %s), "
+      "kvo-generate  %s (%s, %d layers, hidden %d, %d/%d heads, vocab %d, weights %s, K/V %s), "
       "backend %s\n",
       o.model_name.c_str(), c.architecture.c_str(), c.layers, c.hidden_size, c.heads, c.kv_heads,
-      c.vocab_size, kvo::dtype_name(decoder.cache().config().dtype),
-      kvo::backend_name(decoder.backend()));
+      c.vocab_size, kvo::dtype_name(decoder.weight_dtype()),
+      kvo::dtype_name(decoder.cache().config().dtype), kvo::backend_name(decoder.backend()));
   std::printf(
       "  plan            %d resident + %d streamed layers, ring %d; device %s "
       "(weights %s, activations %s), host %s\n",
@@ -200,6 +200,8 @@ int run(const kvo::cli::GenerateRun& o) {
     j["streamed_layers"] = plan.streamed_layers;
     j["ring_depth"] = plan.ring_depth;
     j["backend"] = kvo::backend_name(decoder.backend());
+    j["weight_dtype"] = kvo::dtype_name(decoder.weight_dtype());
+    j["kv_dtype"] = kvo::dtype_name(decoder.kv_dtype());
     j["slots"] = slots;
     j["max_seq"] = o.decoder.max_seq;
     j["chunk"] = o.decoder.chunk;

@@ -82,7 +82,9 @@ void declare_options(CLI::App& app, Options& o) {
   add_integer(app, "--layers", c.layers, 1, 4096, "decoder layers");
   add_integer(app, "--kv-heads", c.kv_heads, 1, 4096, "KV heads");
   add_integer(app, "--head-dim", c.head_dim, 1, 65536, "head dimension");
-  kvo::cli::add_choice(app, "--dtype", o.dtype, {"f32", "f16", "bf16"}, "element type");
+  kvo::cli::add_choice(app, "--dtype", o.dtype, {"f32", "f16", "bf16", "fp8", "int8"},
+                       "element type (fp8 and int8: quantized rows, one f32 scale per token and "
+                       "kv head)");
   kvo::cli::add_tokens(app, "--max-seq", c.max_seq, 1, kMax, "tokens per slot");
   add_integer(app, "--slots", c.slots, 1, 65536, "sequences");
   app.option_defaults()->group("Steps");
@@ -150,8 +152,8 @@ class Replay {
  public:
   explicit Replay(Options options)
       : o_(std::move(options)),
-        row_bytes_(static_cast<std::size_t>(o_.config.kv_heads) * o_.config.head_dim *
-                   kvo::dtype_size(o_.config.dtype)),
+        row_bytes_(static_cast<std::size_t>(
+            kvo::kv_row_bytes(o_.config.dtype, o_.config.kv_heads, o_.config.head_dim))),
         max_rows_(std::max(o_.prompt, 1)),
         source_{o_.seed, o_.config.slots, o_.config.max_seq, row_bytes_} {
     // The rows handed to append live in device memory planned with the cache.

@@ -94,6 +94,7 @@ struct Args {
   int max_prompt = 0;
   int ring = 2;
   std::string dtype;
+  std::string kv_dtype;
   std::string backend = "cuda";
   std::string csv;
   std::string svg;
@@ -121,7 +122,10 @@ void declare_options(CLI::App& app, Args& a) {
       ->description("longest prompt prefilled at once (default: the context)");
   kvo::cli::add_integer(app, "--ring", a.ring, 1, 64, "kvoffload's staging buffers");
   kvo::cli::add_choice(app, "--dtype", a.dtype, {"f32", "f16", "bf16"},
-                       "weights and K/V (default: the model's)");
+                       "weights, and K/V unless --kv-dtype (default: the model's)");
+  kvo::cli::add_choice(app, "--kv-dtype", a.kv_dtype, {"f32", "f16", "bf16", "fp8", "int8"},
+                       "K/V storage (default: the weights'); fp8 and int8 keep a scale per "
+                       "token and kv head");
   kvo::cli::add_choice(app, "--backend", a.backend, {"cuda", "host"}, "whose workspaces to count");
   kvo::cli::add_text(app, "--csv", a.csv, "FILE", "also write the rows as CSV");
   kvo::cli::add_text(app, "--svg", a.svg, "FILE",
@@ -142,6 +146,10 @@ int run(const Args& a, const CLI::App& app) {
   if (!a.dtype.empty()) {
     q.override_dtype = true;
     q.dtype = kvo::parse_dtype(a.dtype);
+  }
+  if (!a.kv_dtype.empty()) {
+    q.override_kv_dtype = true;
+    q.kv_dtype = kvo::parse_dtype(a.kv_dtype);
   }
   q.backend = kvo::parse_backend(a.backend);
   const bool do_measure = a.measure;
@@ -178,8 +186,10 @@ int run(const Args& a, const CLI::App& app) {
     }
   }
 
-  std::printf("Device memory of %s against context, budget %s, %d slot(s), %s workspaces\n\n",
-              q.model.c_str(), gib(q.budget).c_str(), q.slots, kvo::backend_name(q.backend));
+  std::printf(
+      "Device memory of %s against context, budget %s, %d slot(s), %s workspaces%s\n\n",
+      q.model.c_str(), gib(q.budget).c_str(), q.slots, kvo::backend_name(q.backend),
+      q.override_kv_dtype ? (std::string(", K/V ") + kvo::dtype_name(q.kv_dtype)).c_str() : "");
   std::printf(
       "| context | strategy | weights_bytes | kv_device_bytes | activation_bytes | "
       "workspace_bytes | total_bytes | host_bytes | fits |%s\n",
