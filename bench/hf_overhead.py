@@ -15,9 +15,17 @@ the time from the first generated token to the last (the prefill is not in it).
 
 Update time per decode step: the time spent in the cache's update calls (all layers) during the
 decode steps, and for the kvoffload variants its split: `native` is the time inside the native
-update (the C++ adapter: the per-step protocol, the appends, on the host backend the prefix
-copies of streamed layers), `python` the rest of the update call (dispatch and bookkeeping in
-kvoffload/hf.py). Timing adds a little to every variant alike.
+update (the C++ adapter: the per-step protocol, the appends, and streamed, waiting for a layer's
+prefix copy), `python` the rest of the update call (dispatch and bookkeeping in kvoffload/hf.py),
+`acquire_wait` the part of `native` spent waiting for prefix copies (the host backend copies on
+its own threads, behind the model's compute). Timing adds a little to every variant alike.
+
+Update alone (`update_only`): the same caches driven without the model, one decode step at a
+time after a --prompt token prefill of random keys and values, --steps steps: `cache_update_us`
+per layer through OffloadedStaticCache.update (what transformers calls), `native_update_us` per
+layer through the native update directly; their difference is the Python per layer. Streamed,
+`acquire_wait_us` is the part of the native time spent waiting for a layer's prefix copy (with no
+model compute to hide it behind), per layer.
 
 With --compile, the same three variants also run through generate's own compile path
 (CompileConfig(backend="inductor", fullgraph=True), on the CPU with _compile_all_devices), after
@@ -25,7 +33,7 @@ one untimed warm-up generate that compiles; the JSON then has their tokens/s bes
 uncompiled ones.
 
 usage:
-  hf_overhead.py --model $(tools/smollm2.sh) --prompt 2048 --new 32 --max-cache-len 2304
+  hf_overhead.py --model $(tools/smollm2.sh) --prompt 2048 --new 32 --threads 1
   hf_overhead.py --model DIR --prompt 256 --new 64 --compile --json out.json
 Needs PYTHONPATH=<build>/python (the kvoffload package) and KVO_PYTHON's torch/transformers.
 """
@@ -114,11 +122,15 @@ def run_once(model, ids, variant, args, compile_config=None, clock=False):
     timer = UpdateClock(cache) if clock else None
     stamps = Stamps()
 
+    waits = []
+
     class PrefillMark(Stamps):
         def put(self, value):
             stamps.put(value)
             if timer is not None and len(stamps.times) == 2:  # the prompt, then the first token
                 timer.prefill_done = True
+                if variant != "static":
+                    waits.append(cache.stats()["acquire_wait_s"])
 
     kwargs = {"compile_config": compile_config} if compile_config is not None else {}
     with torch.no_grad():
@@ -132,6 +144,8 @@ def run_once(model, ids, variant, args, compile_config=None, clock=False):
         if variant != "static":
             result["native_ms_per_step"] = 1e3 * timer.native / steps
             result["python_ms_per_step"] = 1e3 * (timer.total - timer.native) / steps
+            waited = cache.stats()["acquire_wait_s"] - waits[0]
+            result["acquire_wait_ms_per_step"] = 1e3 * waited / steps
     return result
 
 
@@ -146,7 +160,8 @@ def measure(model, ids, args, compile_config=None):
     for variant, results in runs.items():
         entry = {"decode_tokens_per_s": statistics.median(r["decode_tokens_per_s"] for r in results),
                  "decode_tokens_per_s_runs": [round(r["decode_tokens_per_s"], 2) for r in results]}
-        for key in ("update_ms_per_step", "native_ms_per_step", "python_ms_per_step"):
+        for key in ("update_ms_per_step", "native_ms_per_step", "python_ms_per_step",
+                    "acquire_wait_ms_per_step"):
             if key in results[0]:
                 entry[key] = statistics.median(r[key] for r in results)
         entry["same_tokens_as_static"] = all(r["tokens"] == runs["static"][0]["tokens"]
@@ -158,6 +173,46 @@ def measure(model, ids, args, compile_config=None):
     return summary
 
 
+def update_only(model, args):
+    """Per-layer cost of the update with no model around it (see the module docstring)."""
+    config = model.config
+    layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    generator = torch.Generator().manual_seed(1)
+    prompt = torch.randn(1, kv_heads, args.prompt, head_dim, generator=generator)
+    step = torch.randn(1, kv_heads, 1, head_dim, generator=generator)
+    sized = argparse.Namespace(**{**vars(args), "max_cache_len": args.prompt + args.steps})
+    report = {}
+    for variant in ("resident", "streamed"):
+        entry = {}
+        for path in ("cache", "native"):
+            cache = make_cache(variant, model, sized)
+            for layer in range(layers):
+                cache.update(prompt, prompt, layer)
+            if path == "cache":
+                update = cache.update
+            else:
+                native = cache._native
+
+                def update(k, v, layer):
+                    return native.update(k, v, layer)
+            wait_before = cache.stats()["acquire_wait_s"]
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                for layer in range(layers):
+                    update(step, step, layer)
+            elapsed = time.perf_counter() - start
+            calls = args.steps * layers
+            entry[f"{path}_update_us"] = 1e6 * elapsed / calls
+            if path == "native":
+                waited = cache.stats()["acquire_wait_s"] - wait_before
+                entry["acquire_wait_us"] = 1e6 * waited / calls
+        entry["python_us"] = entry["cache_update_us"] - entry["native_update_us"]
+        entry["per_step_ms"] = entry["cache_update_us"] * layers / 1e3
+        report[variant] = entry
+    return report
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a Hugging Face model directory")
@@ -166,6 +221,7 @@ def main():
     parser.add_argument("--max-cache-len", type=int, default=None,
                         help="cache length (default: prompt + new)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=50, help="decode steps of update_only")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
     parser.add_argument("--compile", action="store_true",
                         help="also run through generate's compile path (inductor)")
@@ -198,6 +254,7 @@ def main():
         "new": args.new,
         "max_cache_len": args.max_cache_len,
         "repeats": args.repeats,
+        "update_only": update_only(model, args),
         "uncompiled": measure(model, ids, args),
     }
     if args.compile:

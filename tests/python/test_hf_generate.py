@@ -86,6 +86,23 @@ class GreedyMatchesStaticCache(unittest.TestCase):
         greedy(model, cache, ids, mask)
         self.assertEqual(len(checked), NEW_TOKENS * len(model.model.layers))
 
+    def test_a_checkpoint_that_names_a_cache_implementation(self):
+        # A generation_config with cache_implementation set makes generate refuse a cache object
+        # ("Passing both ... is unsupported"); cache_implementation=None in the call, as the
+        # README says next to its example, lets ours through.
+        model = make_model("llama3")
+        model.generation_config.cache_implementation = "static"
+        ids, mask = prompts(1, 6, seed=6)
+        with self.assertRaises(ValueError) as raised:
+            greedy(model, offloaded(model, 1), ids, mask)
+        self.assertIn("Passing both", str(raised.exception))
+        cache = offloaded(model, 1)
+        got = greedy(model, cache, ids, mask, cache_implementation=None)
+        expected = greedy(model, StaticCache(config=model.config, max_cache_len=MAX_CACHE_LEN),
+                          ids, mask, cache_implementation=None)
+        self.assertEqual(got.tolist(), expected.tolist())
+        self.assertEqual(cache.get_seq_length(), 6 + NEW_TOKENS - 1)
+
     def test_continues_a_cache_without_reset(self):
         # generate on a cache that holds a conversation so far: transformers feeds only the new
         # tokens; the result is the same as one generate over the whole sequence.
