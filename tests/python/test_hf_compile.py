@@ -84,6 +84,13 @@ class FullGraph(unittest.TestCase):
         self.assertEqual(recorder.op_counts(), [4] * len(recorder.graphs))
         self.assertLessEqual(len(recorder.graphs), 2)
         self.assertEqual(cache.get_seq_length(), 12 + NEW_TOKENS - 1)
+        # New caches of the same shape reuse the graphs: at most one more compile, when the
+        # cache handle first changes and dynamo makes it symbolic.
+        for resident in (0, 2, 4):
+            cache = offloaded(model, 2, resident_layers=resident)
+            self.assertEqual(decode_loop(model, compiled, cache, ids, mask).tolist(),
+                             expected.tolist(), f"a new cache, resident_layers={resident}")
+        self.assertLessEqual(len(recorder.graphs), 3)
 
     def test_generate_compile_path_with_inductor(self):
         model = make_model("llama3", num_hidden_layers=2)

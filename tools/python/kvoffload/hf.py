@@ -216,7 +216,7 @@ class OffloadedStaticCache(Cache):
                 ring_depth=ring_depth,
                 device_budget=0 if budget is None else budget - local_bytes,
             )
-            self._op_layers = hf_ops.register(self, len(offloaded))
+            self._handle = hf_ops.register(self)
 
         # Per model layer: its index among the offloaded layers (-1: kept here), its layer object.
         self._slot = [-1] * len(specs)
@@ -269,7 +269,7 @@ class OffloadedStaticCache(Cache):
         if slot >= 0:
             if torch.compiler.is_compiling():
                 keys, values = torch.ops.kvoffload.update(
-                    key_states, value_states, self._op_layers[slot], self._length
+                    key_states, value_states, self._handle, slot, self._length, self.max_cache_len
                 )
             else:
                 keys, values = self._native.update(key_states, value_states, slot)

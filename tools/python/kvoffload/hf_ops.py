@@ -2,15 +2,19 @@
 forward compiled with ``torch.compile(fullgraph=True)`` runs it in the graph instead of breaking
 at the cache.
 
-    keys, values = torch.ops.kvoffload.update(key_states, value_states, layer, rows)
+    keys, values = torch.ops.kvoffload.update(key_states, value_states, cache, layer, rows,
+                                              max_seq)
 
-``layer`` names one offloaded layer of a live native cache (``register`` hands out these names; a
-string, so that dynamo keeps it a constant even when it makes every int symbolic); ``rows`` the keys it returns per batch row (tokens before this forward plus this forward's), which
+``cache`` is a live native cache's handle (``register``); ``layer`` its offloaded-layer index;
+``rows`` the keys it returns per batch row (tokens before this forward plus this forward's), which
 the Python side tracks as an int, so the output's shape is known while tracing (a symbolic int
-under dynamic shapes). The outputs are views of the cache's device buffer, as in eager mode:
-[batch, kv_heads, rows, head_dim] with strides [max_seq * kv_heads * head_dim, head_dim,
-kv_heads * head_dim, 1] (token-major), which the fake implementation reproduces exactly so that
-compiled code indexes them as they are.
+under dynamic shapes); ``max_seq`` the cache's max_cache_len. The outputs are views of the cache's
+device buffer, as in eager mode: [batch, kv_heads, rows, head_dim] with strides [max_seq *
+kv_heads * head_dim, head_dim, kv_heads * head_dim, 1] (token-major), which the fake
+implementation reproduces exactly so that compiled code indexes them as they are. The fake
+implementation reads nothing but its arguments: the handle and the layer may be symbolic ints, so
+a new cache of the same shape reuses a compiled graph (after at most one recompile, when dynamo
+first sees the handle change and makes it symbolic).
 
 The op does host-side work (the per-step protocol, prefetch scheduling) that a CUDA graph would
 not replay, so it is tagged ``cudagraph_unsafe``: inductor keeps it out of captured graphs.
@@ -29,40 +33,30 @@ _CACHES: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionar
 _NEXT_HANDLE = itertools.count(1)
 
 
-def register(cache, offloaded_layers: int) -> list[str]:
-    """The op's names for the offloaded layers of ``cache`` (an OffloadedStaticCache with a native
-    cache), valid while it lives: "<handle>/<offloaded layer index>"."""
+def register(cache) -> int:
+    """A handle for ``cache`` (an OffloadedStaticCache with a native cache), valid while it lives."""
     handle = next(_NEXT_HANDLE)
     _CACHES[handle] = cache
-    return [f"{handle}/{slot}" for slot in range(offloaded_layers)]
-
-
-def _layer(name: str):
-    """(cache, offloaded layer index) of a name ``register`` gave out."""
-    handle, slot = name.split("/")
-    cache = _CACHES.get(int(handle))
-    if cache is None:
-        raise RuntimeError(f"kvoffload.update: layer {name!r} names no live cache")
-    return cache, int(slot)
+    return handle
 
 
 @torch.library.custom_op("kvoffload::update", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def update(key_states: torch.Tensor, value_states: torch.Tensor, layer: str,
-           rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    cache, slot = _layer(layer)
-    keys, values = cache._native.update(key_states, value_states, slot)
+def update(key_states: torch.Tensor, value_states: torch.Tensor, cache: int, layer: int,
+           rows: int, max_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    owner = _CACHES.get(cache)
+    if owner is None:
+        raise RuntimeError(f"kvoffload.update: cache handle {cache} names no live cache")
+    keys, values = owner._native.update(key_states, value_states, layer)
     if keys.shape[2] != rows:
         raise RuntimeError(
             f"kvoffload.update: the native cache returned {keys.shape[2]} rows per batch row for "
-            f"offloaded layer {slot}, the traced graph expects {rows}"
+            f"offloaded layer {layer}, the traced graph expects {rows}"
         )
     return keys, values
 
 
 @update.register_fake
-def _(key_states, value_states, layer, rows):
-    max_seq = _layer(layer)[0].max_cache_len
-
+def _(key_states, value_states, cache, layer, rows, max_seq):
     def view_of(states):
         batch, kv_heads, _, head_dim = states.shape
         strides = (max_seq * kv_heads * head_dim, head_dim, kv_heads * head_dim, 1)
