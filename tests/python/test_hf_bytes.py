@@ -9,7 +9,8 @@ import math
 import unittest
 
 import torch
-from transformers import DynamicCache
+import transformers as tf
+from transformers import AutoModelForCausalLM, DynamicCache
 
 from kvoffload.hf import OffloadedStaticCache
 from kvoffload.hf_layers import OFFLOADED, WINDOW, describe_layers, kv_layout
@@ -21,6 +22,8 @@ PROMPT = 11
 NEW_TOKENS = 9
 BATCH = 3
 RING = 2
+FALCON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+BIGCODE = dict(vocab_size=128, n_embd=64, n_layer=2, n_head=4)
 
 
 def run(model, cache, seed=5):
@@ -257,6 +260,27 @@ class LayoutsFromTheConfig(unittest.TestCase):
                     self.assertEqual(tensor.dtype, state.resolved_dtype(torch.bfloat16), case)
                 if not spec.states and spec.attention is None:
                     self.fail(f"{case}: nothing kept")
+
+    def test_falcon_and_gpt_bigcode_layouts(self):
+        # Falcon-40B's new decoder architecture caches its 2 KV groups broadcast to all 4 heads;
+        # Falcon-7B's and GPT-BigCode's multi_query cache one head; without it, every head.
+        cases = {
+            "falcon, new_decoder_architecture": (tf.FalconConfig(
+                new_decoder_architecture=True, num_kv_heads=2, **FALCON), 4),
+            "falcon, multi_query": (tf.FalconConfig(multi_query=True, **FALCON), 1),
+            "falcon": (tf.FalconConfig(multi_query=False, **FALCON), 4),
+            "gpt_bigcode, multi_query": (tf.GPTBigCodeConfig(multi_query=True, **BIGCODE), 1),
+            "gpt_bigcode": (tf.GPTBigCodeConfig(multi_query=False, **BIGCODE), 4),
+        }
+        for case, (config, heads) in cases.items():
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(config).eval()
+            with torch.no_grad():
+                out = model(prompts(2, 5, seed=1)[0], cache=DynamicCache(config=config),
+                            use_cache=True)
+            kv = kv_layout(config)
+            self.assertEqual((kv.kv_heads, kv.k_head_dim, kv.v_head_dim), (heads, 16, 16), case)
+            self.assertEqual(tuple(out.cache.layers[0].keys.shape), (2, heads, 5, 16), case)
 
     def test_multi_head_latent_attention(self):
         # DeepSeek V2/V3 cache the compressed latent as keys and the rope key as values, one head.

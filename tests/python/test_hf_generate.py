@@ -1,7 +1,8 @@
 """Greedy generate with kvoffload.hf.OffloadedStaticCache gives exactly the tokens transformers'
 own StaticCache gives on models whose every layer is full attention: Llama (llama3 rope scaling),
-Mistral (its 4096-token window never hides a token here), Qwen2 and Falcon's multi-query layout
-(one KV head while the config's num_kv_heads says 4). Each one: one row streamed, two left-padded
+Mistral (its 4096-token window never hides a token here), Qwen2, Falcon's and GPT-BigCode's
+multi-query layouts (one KV head while Falcon's num_kv_heads says 4) and Falcon-40B's new decoder
+architecture (its 2 KV groups cached broadcast to all 4 heads). Each one: one row streamed, two left-padded
 rows partly resident, again after reset(), sdpa and eager (greedy.check_architecture). Then what
 the cache answers transformers along the way: mask sizes, lengths, a continued conversation."""
 
@@ -27,6 +28,12 @@ class GreedyMatchesStaticCache(unittest.TestCase):
 
     def test_falcon_multi_query(self):
         check_architecture(self, "falcon")
+
+    def test_falcon_new_decoder_architecture(self):
+        check_architecture(self, "falcon_40b")
+
+    def test_gpt_bigcode_multi_query(self):
+        check_architecture(self, "gpt_bigcode")
 
     def test_all_resident_and_the_deprecated_keyword(self):
         # transformers 5.x renames past_key_values (deprecated) to cache: both reach the cache.

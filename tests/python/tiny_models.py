@@ -5,7 +5,8 @@ The weights are drawn with a large initializer_range so that greedy decoding doe
 into one repeated token: a wrong key or value row then changes the generated tokens.
 
 ``ARCHITECTURES`` holds one tiny config per kind of cache layer transformers 5.x has: full
-attention (Llama 3, Mistral with a long window, Qwen2, Falcon's multi-query layout), sliding and
+attention (Llama 3, Mistral with a long window, Qwen2, Falcon's and GPT-BigCode's multi-query
+layouts, Falcon-40B's new decoder architecture), sliding and
 chunked windows shorter than the tests' caches (Gemma 2 and 3, Cohere2, GPT-OSS, Llama 4 text,
 Mistral, Qwen2 and Starcoder2), and fixed-size states (Qwen3-Next's gated delta net, Jamba's
 Mamba, Bamba's and Falcon-H1's Mamba-2, LFM2's short convolution, MiniMax's lightning attention).
@@ -52,6 +53,12 @@ ARCHITECTURES = {
     "mistral": (tf.MistralConfig, dict(), ()),  # sliding_window=4096: never hides a token here
     "qwen2": (tf.Qwen2Config, dict(), ()),
     "falcon": (tf.FalconConfig, dict(multi_query=True), ("num_key_value_heads",)),
+    "falcon_40b": (tf.FalconConfig, dict(new_decoder_architecture=True, num_kv_heads=2),
+                   ("num_key_value_heads",)),
+    "gpt_bigcode": (tf.GPTBigCodeConfig, dict(multi_query=True, n_embd=64, n_layer=4, n_head=4,
+                                              n_positions=256),
+                    ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "max_position_embeddings", "intermediate_size")),
     # sliding or chunked windows shorter than the caches
     "gemma2": (tf.Gemma2Config, dict(sliding_window=WINDOW, head_dim=16), ()),
     "gemma3": (tf.Gemma3TextConfig, dict(sliding_window=WINDOW, head_dim=16,

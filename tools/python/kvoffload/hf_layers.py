@@ -107,8 +107,10 @@ def kv_layout(layer_config) -> KvLayout:
 
     - multi-head latent attention (``kv_lora_rank``): one head, keys kv_lora_rank wide (the
       compressed latent), values qk_rope_head_dim wide (the rope key);
-    - Falcon-style layouts: ``new_decoder_architecture`` uses ``num_kv_heads``; otherwise
-      ``multi_query`` means a single KV head (while ``num_kv_heads`` still reports the head count);
+    - Falcon-style layouts: with ``new_decoder_architecture`` (Falcon-40B/180B) transformers
+      broadcasts each of the ``num_kv_heads`` groups to every attention head before caching, so
+      the cache holds ``num_attention_heads`` rows per token; otherwise ``multi_query`` (Falcon-7B,
+      GPT-BigCode) means a single KV head while ``num_kv_heads`` still reports the head count;
     - else ``num_key_value_heads`` (or ``num_kv_heads``), default the attention head count, and
       ``head_dim`` (default hidden_size // heads) for keys and values alike, unless ``v_head_dim``
       says otherwise.
@@ -119,7 +121,7 @@ def kv_layout(layer_config) -> KvLayout:
     if lora_rank:
         return KvLayout(1, int(lora_rank), int(layer_config.qk_rope_head_dim))
     if getattr(layer_config, "new_decoder_architecture", False):
-        kv_heads = _text_attr(layer_config, "num_kv_heads", default=heads)
+        kv_heads = heads
     elif getattr(layer_config, "multi_query", False):
         kv_heads = 1
     else:
