@@ -7,8 +7,9 @@ token prompt):
   - static:   transformers' StaticCache (every layer on the device);
   - resident: OffloadedStaticCache with every layer resident (no copies at all);
   - streamed: OffloadedStaticCache with every layer streamed through a ring of 2 buffers.
-The variants run interleaved, --repeats times each, and each figure is the median, so that the
-load of a shared machine hits all of them alike.
+The variants run interleaved, one of each per round, --repeats rounds; each tokens/s is the
+median over the rounds, and each ratio the median of the ratios within a round (paired), so that
+the drifting load of a shared machine hits both sides of a ratio alike.
 
 Decode tokens/s: a streamer stamps each token as generate puts it; decode = (new - 1) tokens over
 the time from the first generated token to the last (the prefill is not in it).
@@ -29,8 +30,9 @@ model compute to hide it behind), per layer.
 
 With --compile, the same three variants also run through generate's own compile path
 (CompileConfig(backend="inductor", fullgraph=True), on the CPU with _compile_all_devices), after
-one untimed warm-up generate that compiles; the JSON then has their tokens/s beside the
-uncompiled ones.
+one untimed warm-up generate each that compiles, in the same rounds as the uncompiled ones; the
+JSON then has their tokens/s, their ratio to compiled StaticCache and their speedup over the
+same variant uncompiled.
 
 usage:
   hf_overhead.py --model $(tools/smollm2.sh) --prompt 2048 --new 32 --threads 1
@@ -150,26 +152,40 @@ def run_once(model, ids, variant, args, compile_config=None, clock=False):
 
 
 def measure(model, ids, args, compile_config=None):
-    variants = ("static", "resident", "streamed")
-    runs = {v: [] for v in variants}
+    """Every variant once per round, --repeats rounds, with compile_config also every variant
+    compiled in the same rounds. Ratios are taken within a round (paired), then their median: the
+    load of a shared machine drifts slowly, and a pair sees the same load."""
+    variants = [(v, None) for v in ("static", "resident", "streamed")]
+    if compile_config is not None:
+        variants += [(v, compile_config) for v in ("static", "resident", "streamed")]
+    runs = {key: [] for key in variants}
     for _ in range(args.repeats):
-        for variant in variants:
-            runs[variant].append(run_once(model, ids, variant, args, compile_config,
-                                          clock=compile_config is None))
-    summary = {}
-    for variant, results in runs.items():
+        for variant, config in variants:
+            runs[(variant, config)].append(
+                run_once(model, ids, variant, args, config, clock=config is None))
+
+    def rate(variant, config, round_):
+        return runs[(variant, config)][round_]["decode_tokens_per_s"]
+
+    def paired(numerator, denominator):
+        return statistics.median(rate(*numerator, r) / rate(*denominator, r)
+                                 for r in range(args.repeats))
+
+    reference = runs[("static", None)][0]["tokens"]
+    summary = {"uncompiled": {}, "compiled": {}}
+    for (variant, config), results in runs.items():
         entry = {"decode_tokens_per_s": statistics.median(r["decode_tokens_per_s"] for r in results),
                  "decode_tokens_per_s_runs": [round(r["decode_tokens_per_s"], 2) for r in results]}
         for key in ("update_ms_per_step", "native_ms_per_step", "python_ms_per_step",
                     "acquire_wait_ms_per_step"):
             if key in results[0]:
                 entry[key] = statistics.median(r[key] for r in results)
-        entry["same_tokens_as_static"] = all(r["tokens"] == runs["static"][0]["tokens"]
-                                             for r in results)
-        summary[variant] = entry
-    static = summary["static"]["decode_tokens_per_s"]
-    for variant in ("resident", "streamed"):
-        summary[variant]["ratio_to_static"] = summary[variant]["decode_tokens_per_s"] / static
+        entry["same_tokens_as_static"] = all(r["tokens"] == reference for r in results)
+        if variant != "static":
+            entry["ratio_to_static"] = paired((variant, config), ("static", config))
+        if config is not None:
+            entry["speedup_over_uncompiled"] = paired((variant, config), (variant, None))
+        summary["compiled" if config is not None else "uncompiled"][variant] = entry
     return summary
 
 
@@ -255,18 +271,17 @@ def main():
         "max_cache_len": args.max_cache_len,
         "repeats": args.repeats,
         "update_only": update_only(model, args),
-        "uncompiled": measure(model, ids, args),
     }
+    config = None
     if args.compile:
         config = CompileConfig(backend="inductor", fullgraph=True, mode="default")
         config._compile_all_devices = True
         for variant in ("static", "resident", "streamed"):  # compiles, untimed
             run_once(model, ids, variant, args, config)
-        compiled = measure(model, ids, args, config)
-        for variant, entry in compiled.items():
-            entry["speedup_over_uncompiled"] = (
-                entry["decode_tokens_per_s"] / report["uncompiled"][variant]["decode_tokens_per_s"])
-        report["compiled"] = compiled
+    measured = measure(model, ids, args, config)
+    report["uncompiled"] = measured["uncompiled"]
+    if args.compile:
+        report["compiled"] = measured["compiled"]
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:
