@@ -155,25 +155,26 @@ def measure(model, ids, args, compile_config=None):
     """Every variant once per round, --repeats rounds, with compile_config also every variant
     compiled in the same rounds. Ratios are taken within a round (paired), then their median: the
     load of a shared machine drifts slowly, and a pair sees the same load."""
-    variants = [(v, None) for v in ("static", "resident", "streamed")]
+    variants = [(v, False) for v in ("static", "resident", "streamed")]
     if compile_config is not None:
-        variants += [(v, compile_config) for v in ("static", "resident", "streamed")]
+        variants += [(v, True) for v in ("static", "resident", "streamed")]
     runs = {key: [] for key in variants}
     for _ in range(args.repeats):
-        for variant, config in variants:
-            runs[(variant, config)].append(
-                run_once(model, ids, variant, args, config, clock=config is None))
+        for variant, compiled in variants:
+            runs[(variant, compiled)].append(run_once(
+                model, ids, variant, args, compile_config if compiled else None,
+                clock=not compiled))
 
-    def rate(variant, config, round_):
-        return runs[(variant, config)][round_]["decode_tokens_per_s"]
+    def rate(variant, compiled, round_):
+        return runs[(variant, compiled)][round_]["decode_tokens_per_s"]
 
     def paired(numerator, denominator):
         return statistics.median(rate(*numerator, r) / rate(*denominator, r)
                                  for r in range(args.repeats))
 
-    reference = runs[("static", None)][0]["tokens"]
+    reference = runs[("static", False)][0]["tokens"]
     summary = {"uncompiled": {}, "compiled": {}}
-    for (variant, config), results in runs.items():
+    for (variant, compiled), results in runs.items():
         entry = {"decode_tokens_per_s": statistics.median(r["decode_tokens_per_s"] for r in results),
                  "decode_tokens_per_s_runs": [round(r["decode_tokens_per_s"], 2) for r in results]}
         for key in ("update_ms_per_step", "native_ms_per_step", "python_ms_per_step",
@@ -182,10 +183,10 @@ def measure(model, ids, args, compile_config=None):
                 entry[key] = statistics.median(r[key] for r in results)
         entry["same_tokens_as_static"] = all(r["tokens"] == reference for r in results)
         if variant != "static":
-            entry["ratio_to_static"] = paired((variant, config), ("static", config))
-        if config is not None:
-            entry["speedup_over_uncompiled"] = paired((variant, config), (variant, None))
-        summary["compiled" if config is not None else "uncompiled"][variant] = entry
+            entry["ratio_to_static"] = paired((variant, compiled), ("static", compiled))
+        if compiled:
+            entry["speedup_over_uncompiled"] = paired((variant, True), (variant, False))
+        summary["compiled" if compiled else "uncompiled"][variant] = entry
     return summary
 
 
