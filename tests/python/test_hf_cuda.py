@@ -1,6 +1,7 @@
 """The CUDA backend under transformers: the same tokens as StaticCache on the GPU, also when
 generate runs on a non-default current stream (the cache orders its work on torch's current
-stream), the exact bytes, and no device allocation after construction. Skipped without a GPU
+stream), for a sliding-window hybrid (Gemma 3) and a linear-attention hybrid (Qwen3-Next) too,
+the exact bytes, and no device allocation after construction. Skipped without a GPU
 (torch.cuda.is_available() is False) or without a CUDA build of kvoffload."""
 
 import unittest
@@ -58,6 +59,22 @@ class OnCuda(unittest.TestCase):
             got = self.greedy(cache)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self.assertEqual(got.tolist(), self.expected.tolist())
+
+    def test_windows_and_states_on_the_gpu(self):
+        for name in ("gemma3", "qwen3_next"):
+            model = make_model(name).to(self.device)
+            ids, mask = prompts(2, PROMPT, seed=12, pad_rows=(3, 0))
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            kwargs = dict(attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False)
+            expected = model.generate(ids, cache=StaticCache(config=model.config,
+                                                             max_cache_len=MAX_CACHE_LEN), **kwargs)
+            cache = OffloadedStaticCache(model.config, 2, MAX_CACHE_LEN, device=self.device,
+                                         dtype=torch.float32, resident_layers=1)
+            addresses = [b.data_ptr() for b in cache.device_buffers()]
+            self.assertTrue(all(b.is_cuda for b in cache.device_buffers()), name)
+            self.assertEqual(model.generate(ids, cache=cache, **kwargs).tolist(),
+                             expected.tolist(), name)
+            self.assertEqual([b.data_ptr() for b in cache.device_buffers()], addresses, name)
 
     def test_bytes_and_allocations(self):
         cache = self.make_cache(1)

@@ -10,7 +10,7 @@ from transformers import StaticCache
 import kvoffload
 from kvoffload.hf import OffloadedStaticCache, UnsupportedModelError
 from cuda_required import needs_cuda
-from tiny_models import make_model, prompts, qwen2_config
+from tiny_models import MLA, make_config, make_model, prompts, qwen2_config
 
 MAX_CACHE_LEN = 24
 
@@ -29,31 +29,62 @@ def greedy(model, cache, ids, mask, new_tokens, **kwargs):
 
 
 class UnsupportedLayers(unittest.TestCase):
-    def test_sliding_window_shorter_than_the_cache_names_the_layers(self):
-        # Qwen2 with sliding windows of 8 tokens from layer 2 on.
-        config = qwen2_config(use_sliding_window=True, sliding_window=8, max_window_layers=2)
-        with self.assertRaises(UnsupportedModelError) as raised:
-            cpu_cache(config)
-        message = str(raised.exception)
-        self.assertIn("2 layer(s)", message)
-        self.assertIn("layer 2 (sliding_attention, window 8)", message)
-        self.assertIn("layer 3 (sliding_attention, window 8)", message)
-        self.assertNotIn("layer 1 ", message)
-        self.assertIn("max_cache_len <= 8", message)
-        # A cache no longer than the window: the window never hides a token, so it is served.
-        cache = cpu_cache(config, max_cache_len=8)
-        self.assertEqual(len(cache), 4)
+    def test_multi_head_latent_attention_names_both_head_sizes(self):
+        # DeepSeek V2/V3 cache a 32-wide latent as keys and an 8-wide rope key as values.
+        for name in MLA:
+            with self.assertRaises(UnsupportedModelError) as raised:
+                cpu_cache(make_config(name))
+            message = str(raised.exception)
+            self.assertIn("4 layer(s)", message)
+            self.assertIn("layer 0 (full_attention): its keys are 32 wide and its values 8", message)
+            self.assertIn("multi-head latent attention", message)
 
-    def test_linear_attention_layer(self):
+    def test_states_of_an_unknown_family(self):
         config = qwen2_config(layer_types=["full_attention", "linear_attention"] * 2)
         with self.assertRaises(UnsupportedModelError) as raised:
             cpu_cache(config)
         message = str(raised.exception)
-        self.assertIn("layer 1 (linear_attention): it keeps a recurrent state", message)
+        self.assertIn("layer 1 (linear_attention): kvoffload allocates fixed-size states at "
+                      "construction and does not know the sizes of qwen2's states", message)
         self.assertIn("layer 3 (linear_attention)", message)
+        self.assertNotIn("layer 0", message)
+
+    def test_shared_kv_and_indexer_layers(self):
+        config = qwen2_config(layer_types=["full_attention", "full_attention",
+                                           "indexed_attention", "full_attention"])
+        config.kv_sharing_modes = [None, None, None, "reuse"]
+        with self.assertRaises(UnsupportedModelError) as raised:
+            cpu_cache(config)
+        message = str(raised.exception)
+        self.assertIn("layer 2 (indexed_attention): it keeps an indexer key cache", message)
+        self.assertIn("layer 3 (dummy): it attends over keys and values another layer stored",
+                      message)
 
     def test_unsupported_model_error_is_a_value_error(self):
         self.assertTrue(issubclass(UnsupportedModelError, ValueError))
+
+
+class Windows(unittest.TestCase):
+    def test_past_max_cache_len_with_windows_only(self):
+        # Every layer of this Mistral is an 8-token window, which never overflows; the cache
+        # still holds at most max_cache_len tokens per row, as promised.
+        model = make_model("mistral_window")
+        cache = cpu_cache(model, resident_layers=None)
+        ids, mask = prompts(1, 6, seed=7)
+        with self.assertRaises(ValueError) as raised:
+            greedy(model, cache, ids, mask, 20)
+        self.assertIn("the cache holds 24 tokens per row and this forward adds 1",
+                      str(raised.exception))
+        self.assertEqual(cache.get_seq_length(), 24)
+        self.assertEqual(cache.plan()["offloaded_layers"], 0)
+
+    def test_saving_a_model_with_windows_is_refused(self):
+        model = make_model("gemma3")
+        cache = cpu_cache(model)
+        greedy(model, cache, *prompts(1, 6, seed=7), 2)
+        with self.assertRaises(ValueError) as raised:
+            cache.save("/nonexistent/never-written.kvo")
+        self.assertIn("windows or states", str(raised.exception))
 
 
 class Mismatches(unittest.TestCase):

@@ -1,7 +1,10 @@
 """Greedy generate with kvoffload.hf.OffloadedStaticCache gives exactly the tokens transformers'
-own StaticCache gives: Llama (llama3 rope scaling), Mistral and Qwen2, one row and three
-left-padded rows, with every layer streamed through the staging ring or kept resident, with sdpa
-and eager attention, and again on the same cache after reset()."""
+own StaticCache gives on models whose every layer is full attention: Llama (llama3 rope scaling),
+Mistral (its 4096-token window never hides a token here), Qwen2, Falcon's and GPT-BigCode's
+multi-query layouts (one KV head while Falcon's num_kv_heads says 4) and Falcon-40B's new decoder
+architecture (its 2 KV groups cached broadcast to all 4 heads). Each one: one row streamed, two left-padded
+rows partly resident, again after reset(), sdpa and eager (greedy.check_architecture). Then what
+the cache answers transformers along the way: mask sizes, lengths, a continued conversation."""
 
 import unittest
 import warnings
@@ -9,100 +12,59 @@ import warnings
 import torch
 from transformers import StaticCache
 
-from kvoffload.hf import OffloadedStaticCache
-from tiny_models import MODEL_NAMES, make_model, prompts
-
-MAX_CACHE_LEN = 40
-NEW_TOKENS = 10
-
-
-def reference(model, ids, mask):
-    cache = StaticCache(config=model.config, max_cache_len=MAX_CACHE_LEN)
-    return model.generate(
-        ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False, cache=cache
-    )
-
-
-def with_offloaded(model, cache, ids, mask, keyword="cache"):
-    return model.generate(
-        ids,
-        attention_mask=mask,
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        **{keyword: cache},
-    )
+from greedy import MAX_CACHE_LEN, NEW_TOKENS, check_architecture, greedy, offloaded
+from tiny_models import make_model, prompts
 
 
 class GreedyMatchesStaticCache(unittest.TestCase):
-    def check_model(self, name, batch, pad_rows, resident_layers, attn_implementation="sdpa"):
-        model = make_model(name, attn_implementation=attn_implementation)
-        first = prompts(batch, 12, seed=1, pad_rows=pad_rows)
-        second = prompts(batch, 7, seed=2, pad_rows=pad_rows[::-1])
-        cache = OffloadedStaticCache(
-            model.config,
-            max_batch_size=batch,
-            max_cache_len=MAX_CACHE_LEN,
-            device="cpu",
-            dtype=torch.float32,
-            resident_layers=resident_layers,
-        )
-        case = f"{name}, batch {batch}, resident_layers={resident_layers}, {attn_implementation}"
-        self.assertEqual(model.config._attn_implementation, attn_implementation)
-        self.assertEqual(cache.plan()["resident_layers"], resident_layers, case)
+    def test_llama3(self):
+        check_architecture(self, "llama3")
 
-        expected = reference(model, *first)
-        # transformers 5.x renames past_key_values (deprecated) to cache: both must reach us.
+    def test_mistral(self):
+        check_architecture(self, "mistral")
+
+    def test_qwen2(self):
+        check_architecture(self, "qwen2")
+
+    def test_falcon_multi_query(self):
+        check_architecture(self, "falcon")
+
+    def test_falcon_new_decoder_architecture(self):
+        check_architecture(self, "falcon_40b")
+
+    def test_gpt_bigcode_multi_query(self):
+        check_architecture(self, "gpt_bigcode")
+
+    def test_all_resident_and_the_deprecated_keyword(self):
+        # transformers 5.x renames past_key_values (deprecated) to cache: both reach the cache.
+        model = make_model("qwen2")
+        ids, mask = prompts(3, 9, seed=4, pad_rows=(2, 2, 0))
+        cache = offloaded(model, 3, resident_layers=4)
+        self.assertEqual(cache.plan()["streamed_layers"], 0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            got = with_offloaded(model, cache, *first, keyword="past_key_values")
-        self.assertEqual(got.tolist(), expected.tolist(), case)
-        self.assertEqual(cache.get_seq_length(), 12 + NEW_TOKENS - 1, case)
-
-        # The same cache again, after reset(), on other prompts of another length.
-        cache.reset()
-        self.assertEqual(cache.get_seq_length(), 0, case)
-        expected = reference(model, *second)
-        got = with_offloaded(model, cache, *second)
-        self.assertEqual(got.tolist(), expected.tolist(), case + ", after reset()")
-
-    def test_one_row(self):
-        for name in MODEL_NAMES:
-            self.check_model(name, batch=1, pad_rows=(), resident_layers=0)
-
-    def test_three_left_padded_rows_streamed(self):
-        for name in MODEL_NAMES:
-            self.check_model(name, batch=3, pad_rows=(0, 3, 5), resident_layers=0)
-
-    def test_three_left_padded_rows_partly_resident(self):
-        # Layer 0 resident, layers 1..3 streamed through a ring of 2 buffers.
-        self.check_model("llama3", batch=3, pad_rows=(4, 0, 1), resident_layers=1)
-
-    def test_eager_attention(self):
-        # transformers' eager attention (matmul + softmax) on the strided views, too.
-        for name in MODEL_NAMES:
-            self.check_model(name, batch=3, pad_rows=(2, 0, 5), resident_layers=0,
-                             attn_implementation="eager")
-
-    def test_all_resident(self):
-        self.check_model("qwen2", batch=3, pad_rows=(2, 2, 0), resident_layers=4)
+            got = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS,
+                                 do_sample=False, past_key_values=cache)
+        expected = greedy(model, StaticCache(config=model.config, max_cache_len=MAX_CACHE_LEN),
+                          ids, mask)
+        self.assertEqual(got.tolist(), expected.tolist())
 
     def test_generated_tokens_depend_on_the_cache(self):
         # A guard on the tests above: with these tiny models, dropping the cached rows changes
         # the greedy tokens, so equality above means the rows were right.
         model = make_model("llama3")
         ids, mask = prompts(1, 12, seed=1)
-        expected = reference(model, ids, mask)
-        cache = OffloadedStaticCache(
-            model.config, 1, MAX_CACHE_LEN, device="cpu", dtype=torch.float32, resident_layers=0
-        )
-        original_update = cache._update
+        expected = greedy(model, StaticCache(config=model.config, max_cache_len=MAX_CACHE_LEN),
+                          ids, mask)
+        cache = offloaded(model, 1)
+        original_update = cache.update
 
-        def zeroing_update(key_states, value_states, layer_idx, args, kwargs):
-            keys, values = original_update(key_states, value_states, layer_idx, args, kwargs)
+        def zeroing_update(key_states, value_states, layer_idx, *args, **kwargs):
+            keys, values = original_update(key_states, value_states, layer_idx, *args, **kwargs)
             return keys * 0, values
-        cache._update = zeroing_update
-        broken = with_offloaded(model, cache, ids, mask)
-        self.assertNotEqual(broken.tolist(), expected.tolist())
+
+        cache.update = zeroing_update
+        self.assertNotEqual(greedy(model, cache, ids, mask).tolist(), expected.tolist())
 
     def test_mask_sizes_match_the_returned_keys(self):
         # At every layer of every forward, get_mask_sizes gives one column per key update
@@ -112,15 +74,14 @@ class GreedyMatchesStaticCache(unittest.TestCase):
         # the answer is the next forward's, which is what transformers asks for next.)
         model = make_model("qwen2")
         ids, mask = prompts(3, 9, seed=5, pad_rows=(1, 0, 4))
-        cache = OffloadedStaticCache(model.config, 3, MAX_CACHE_LEN, device="cpu",
-                                     dtype=torch.float32, resident_layers=0)
-        original_update = cache._update
+        cache = offloaded(model, 3)
+        original_update = cache.update
         checked = []
 
-        def checking_update(key_states, value_states, layer_idx, args, kwargs):
+        def checking_update(key_states, value_states, layer_idx, *args, **kwargs):
             tokens = key_states.shape[2]
             before = cache.get_mask_sizes(tokens, layer_idx)
-            keys, values = original_update(key_states, value_states, layer_idx, args, kwargs)
+            keys, values = original_update(key_states, value_states, layer_idx, *args, **kwargs)
             self.assertEqual(before, (keys.shape[2], 0))
             if layer_idx < len(model.model.layers) - 1:
                 self.assertEqual(cache.get_mask_sizes(tokens, layer_idx), (keys.shape[2], 0))
@@ -128,31 +89,40 @@ class GreedyMatchesStaticCache(unittest.TestCase):
             checked.append(layer_idx)
             return keys, values
 
-        cache._update = checking_update
-        with_offloaded(model, cache, ids, mask)
+        cache.update = checking_update
+        greedy(model, cache, ids, mask)
         self.assertEqual(len(checked), NEW_TOKENS * len(model.model.layers))
+
+    def test_a_checkpoint_that_names_a_cache_implementation(self):
+        # A generation_config with cache_implementation set makes generate refuse a cache object
+        # ("Passing both ... is unsupported"); cache_implementation=None in the call, as the
+        # README says next to its example, lets ours through.
+        model = make_model("llama3")
+        model.generation_config.cache_implementation = "static"
+        ids, mask = prompts(1, 6, seed=6)
+        with self.assertRaises(ValueError) as raised:
+            greedy(model, offloaded(model, 1), ids, mask)
+        self.assertIn("Passing both", str(raised.exception))
+        cache = offloaded(model, 1)
+        got = greedy(model, cache, ids, mask, cache_implementation=None)
+        expected = greedy(model, StaticCache(config=model.config, max_cache_len=MAX_CACHE_LEN),
+                          ids, mask, cache_implementation=None)
+        self.assertEqual(got.tolist(), expected.tolist())
+        self.assertEqual(cache.get_seq_length(), 6 + NEW_TOKENS - 1)
 
     def test_continues_a_cache_without_reset(self):
         # generate on a cache that holds a conversation so far: transformers feeds only the new
         # tokens; the result is the same as one generate over the whole sequence.
         model = make_model("mistral")
         ids, mask = prompts(1, 12, seed=3)
-        cache = OffloadedStaticCache(model.config, 1, MAX_CACHE_LEN, device="cpu",
-                                     dtype=torch.float32, resident_layers=0)
-        first = with_offloaded(model, cache, ids, mask)
+        cache = offloaded(model, 1)
+        first = greedy(model, cache, ids, mask)
         follow_up = torch.cat([first, prompts(1, 4, seed=4)[0]], dim=1)
         whole = torch.ones_like(follow_up)  # no padding (a generated token may equal PAD)
-        got = model.generate(
-            follow_up, attention_mask=whole, max_new_tokens=NEW_TOKENS, do_sample=False, cache=cache
-        )
+        got = greedy(model, cache, follow_up, whole)
         self.assertEqual(cache.get_seq_length(), follow_up.shape[1] + NEW_TOKENS - 1)
-        expected = model.generate(
-            follow_up,
-            attention_mask=whole,
-            max_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            cache=StaticCache(config=model.config, max_cache_len=MAX_CACHE_LEN),
-        )
+        expected = greedy(model, StaticCache(config=model.config, max_cache_len=MAX_CACHE_LEN),
+                          follow_up, whole)
         self.assertEqual(got.tolist(), expected.tolist())
 
 

@@ -3,20 +3,24 @@ download), and the byte arithmetic the tests compare the native cache against.
 
 The weights are drawn with a large initializer_range so that greedy decoding does not collapse
 into one repeated token: a wrong key or value row then changes the generated tokens.
+
+``ARCHITECTURES`` holds one tiny config per kind of cache layer transformers 5.x has: full
+attention (Llama 3, Mistral with a long window, Qwen2, Falcon's and GPT-BigCode's multi-query
+layouts, Falcon-40B's new decoder architecture), sliding and
+chunked windows shorter than the tests' caches (Gemma 2 and 3, Cohere2, GPT-OSS, Llama 4 text,
+Mistral, Qwen2 and Starcoder2), and fixed-size states (Qwen3-Next's gated delta net, Jamba's
+Mamba, Bamba's and Falcon-H1's Mamba-2, LFM2's short convolution, MiniMax's lightning attention).
+Every model has 4 layers and, where its family mixes kinds, two full-attention layers, so that one
+can be resident while the other is streamed. Windows are 8 tokens: the tests' prompts cross them.
 """
 
 import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+import transformers as tf
+from transformers import AutoModelForCausalLM
 
 VOCAB = 128
 PAD = 0
+WINDOW = 8
 
 _COMMON = dict(
     vocab_size=VOCAB,
@@ -31,43 +35,113 @@ _COMMON = dict(
     eos_token_id=None,  # never stop early: every run generates max_new_tokens
     initializer_range=0.2,
 )
+_ALTERNATING = ["sliding_attention", "full_attention"] * 2
+_LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    rope_theta=500000.0,
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=16,  # short, so the scaled bands matter here
+)
+_MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=1, mamba_d_state=8)
+
+# name -> (config class, overrides of _COMMON, keys not taken by that config)
+ARCHITECTURES = {
+    # full attention on every layer
+    "llama3": (tf.LlamaConfig, dict(rope_parameters=_LLAMA3_ROPE), ()),
+    "mistral": (tf.MistralConfig, dict(), ()),  # sliding_window=4096: never hides a token here
+    "qwen2": (tf.Qwen2Config, dict(), ()),
+    "falcon": (tf.FalconConfig, dict(multi_query=True), ("num_key_value_heads",)),
+    "falcon_40b": (tf.FalconConfig, dict(new_decoder_architecture=True, num_kv_heads=2),
+                   ("num_key_value_heads",)),
+    "gpt_bigcode": (tf.GPTBigCodeConfig, dict(multi_query=True, n_embd=64, n_layer=4, n_head=4,
+                                              n_positions=256),
+                    ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "max_position_embeddings", "intermediate_size")),
+    # sliding or chunked windows shorter than the caches
+    "gemma2": (tf.Gemma2Config, dict(sliding_window=WINDOW, head_dim=16), ()),
+    "gemma3": (tf.Gemma3TextConfig, dict(sliding_window=WINDOW, head_dim=16,
+                                         sliding_window_pattern=2), ()),
+    "cohere2": (tf.Cohere2Config, dict(sliding_window=WINDOW, sliding_window_pattern=2), ()),
+    "gpt_oss": (tf.GptOssConfig, dict(sliding_window=WINDOW, head_dim=16, num_local_experts=4,
+                                      num_experts_per_tok=2), ()),
+    "llama4": (tf.Llama4TextConfig, dict(attention_chunk_size=WINDOW, head_dim=16,
+                                         intermediate_size_mlp=128, num_local_experts=2,
+                                         no_rope_layer_interval=2), ()),
+    "mistral_window": (tf.MistralConfig, dict(sliding_window=WINDOW), ()),
+    "qwen2_window": (tf.Qwen2Config, dict(use_sliding_window=True, sliding_window=WINDOW,
+                                          max_window_layers=2), ()),
+    "starcoder2": (tf.Starcoder2Config, dict(sliding_window=WINDOW), ()),
+    # fixed-size states
+    "qwen3_next": (tf.Qwen3NextConfig, dict(
+        head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+        linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        layer_types=["linear_attention", "full_attention"] * 2), ()),
+    "jamba": (tf.JambaConfig, dict(num_experts=2, attn_layer_period=2, attn_layer_offset=1,
+                                   expert_layer_period=2, expert_layer_offset=1, mamba_d_state=4,
+                                   mamba_expand=2, mamba_dt_rank=8), ()),
+    "bamba": (tf.BambaConfig, dict(attn_layer_indices=[1, 3], **_MAMBA2), ()),
+    "falcon_h1": (tf.FalconH1Config, dict(head_dim=16, mamba_d_ssm=128, **_MAMBA2), ()),
+    "lfm2": (tf.Lfm2Config, dict(layer_types=["conv", "full_attention"] * 2, block_ff_dim=128,
+                                 conv_L_cache=3), ()),
+    "minimax": (tf.MiniMaxConfig, dict(layer_types=["linear_attention", "full_attention"] * 2,
+                                       head_dim=16, num_local_experts=2, block_size=4), ()),
+}
+MODEL_NAMES = ("llama3", "mistral", "qwen2")  # plain full attention, the drop-in's first models
+WINDOWED = ("gemma2", "gemma3", "cohere2", "gpt_oss", "llama4", "mistral_window", "qwen2_window",
+            "starcoder2")
+STATEFUL = ("qwen3_next", "jamba", "bamba", "falcon_h1", "lfm2", "minimax")
+
+# Models transformers' StaticCache cannot run (the reference is then their own default cache).
+NO_STATIC_CACHE = ("minimax",)
+
+# Multi-head latent attention, as transformers caches it (refused until the runtime stores keys
+# and values of different head sizes): keys are the kv_lora_rank-wide latent, values the
+# qk_rope_head_dim-wide rope key, one head.
+MLA = {
+    "deepseek_v2": (tf.DeepseekV2Config, dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None,
+                                              qk_nope_head_dim=16, qk_rope_head_dim=8,
+                                              v_head_dim=16, n_routed_experts=2,
+                                              num_experts_per_tok=1, moe_intermediate_size=32,
+                                              first_k_dense_replace=1), ()),
+    "deepseek_v3": (tf.DeepseekV3Config, dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=16,
+                                              qk_nope_head_dim=16, qk_rope_head_dim=8,
+                                              v_head_dim=16, n_routed_experts=2,
+                                              num_experts_per_tok=1, moe_intermediate_size=32,
+                                              first_k_dense_replace=1, n_group=1,
+                                              topk_group=1), ()),
+}
+
+
+def make_config(name, **overrides):
+    config_class, own, dropped = {**ARCHITECTURES, **MLA}[name]
+    kwargs = {**_COMMON, **own, **overrides}
+    for key in dropped:
+        kwargs.pop(key)
+    return config_class(**kwargs)
 
 
 def llama3_config(**overrides):
     """Llama with llama3 rope scaling (the frequency bands of Llama 3.1)."""
-    rope = dict(
-        rope_type="llama3",
-        rope_theta=500000.0,
-        factor=8.0,
-        low_freq_factor=1.0,
-        high_freq_factor=4.0,
-        original_max_position_embeddings=16,  # short, so the scaled bands matter here
-    )
-    return LlamaConfig(**{**_COMMON, "rope_parameters": rope, **overrides})
+    return make_config("llama3", **overrides)
 
 
 def mistral_config(**overrides):
     """Mistral as configured by default: sliding_window=4096, longer than any cache here."""
-    return MistralConfig(**{**_COMMON, **overrides})
+    return make_config("mistral", **overrides)
 
 
 def qwen2_config(**overrides):
     """Qwen2 with attention biases on q/k/v, full attention on every layer."""
-    return Qwen2Config(**{**_COMMON, **overrides})
-
-
-_MODELS = {
-    "llama3": (llama3_config, LlamaForCausalLM),
-    "mistral": (mistral_config, MistralForCausalLM),
-    "qwen2": (qwen2_config, Qwen2ForCausalLM),
-}
-MODEL_NAMES = tuple(_MODELS)
+    return make_config("qwen2", **overrides)
 
 
 def make_model(name, seed=0, **overrides):
-    make_config, model_class = _MODELS[name]
+    config = make_config(name, **overrides)
     torch.manual_seed(seed)
-    return model_class(make_config(**overrides)).eval()
+    return AutoModelForCausalLM.from_config(config).eval()
 
 
 def prompts(batch, length, seed, pad_rows=()):

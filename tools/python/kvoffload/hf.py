@@ -5,158 +5,74 @@
                                  device=model.device, dtype=model.dtype)
     out = model.generate(**inputs, max_new_tokens=256, cache=cache)   # or past_key_values=cache
 
-Everything is planned and allocated by the constructor (device arena, pinned host store); nothing
-is allocated by the cache afterwards, and a step that would pass ``max_cache_len`` raises instead
-of growing anything. Weights do not matter to it: bf16, AWQ, GPTQ, AQLM or bitsandbytes weights all
-produce the same K/V tensors.
+Every layer is served by what it keeps (kvoffload/hf_layers.py): full-attention keys and values by
+the native runtime (resident on the device or streamed through its staging ring); sliding and
+chunked windows and fixed-size states (linear attention, convolutions, Mamba) in static device
+buffers (kvoffload/hf_local.py). All of it is planned and allocated by the constructor; nothing is
+allocated by the cache afterwards, and a step that would pass ``max_cache_len`` raises instead of
+growing anything. Weights do not matter to it: bf16, int8, AWQ or GPTQ weights produce the same
+keys and values.
 
 What this module relies on in transformers 5.x (checked against 5.24; cache_utils.py,
-masking_utils.py, generation/utils.py, models/{llama,mistral,qwen2}/modeling_*.py):
+masking_utils.py, generation/utils.py and the models' attention and mixers):
 
-1. The cache is passed as ``generate(cache=...)``; ``past_key_values=`` is a deprecated alias (until
-   6.0) that generate renames to ``cache``. A user cache is used as is: generate marks it
-   ``_is_user_defined`` and never rebuilds or resizes it.
-2. Each decoder layer's attention calls ``cache.update(key_states, value_states, layer_idx,
-   kwargs=...)`` once per forward, for layer_idx = 0, 1, ..., L-1 in order, with key_states and
-   value_states of shape [batch, kv_heads, n, head_dim] (n = prompt length at prefill, 1 while
-   decoding), and runs attention over the (keys, values) it returns before the next layer's update.
-   ``Cache.update`` forwards to ``self.layers[layer_idx].update(key_states, value_states, ...)``.
-3. There is no ``cache_position`` in 5.x: new rows go at the cache's current length, and position
-   ids come from the 2-D attention mask (cumsum) or from ``cache.get_seq_length()``. Older
-   versions passed ``cache_kwargs={"cache_position": ...}``; when one arrives on the CPU it is
-   checked to continue the cache (a CUDA one is not read: that would sync the device per layer).
-4. Masks (masking_utils._preprocess_mask_arguments) are built once per forward, before layer 0's
-   update, from ``cache.get_query_offset(layer_idx)`` (= ``get_seq_length``) and
-   ``cache.get_mask_sizes(query_length, layer_idx)`` -> (kv_length, kv_offset). The 2-D padding
-   mask generate passes has one column per token seen so far, i.e. get_seq_length() + n.
-5. ``is_compileable`` False keeps generate from compiling the forward and from turning the 2-D
-   mask into a 4-D one of static size; the cache is not traceable (it calls into C++).
-6. ``get_seq_length()`` is read before each forward (positions, masks, prefill slicing);
-   ``reset()`` empties the cache; ``crop(-k)`` drops the last k tokens (only when generate
-   rolls back a step); ``reorder_cache`` / ``batch_repeat_interleave`` / ``batch_select_indices``
-   are for beam search and contrastive search, which this cache refuses.
+1. The cache is passed as ``generate(cache=...)`` (``past_key_values=`` is a deprecated alias);
+   generate marks it ``_is_user_defined`` and never rebuilds or resizes it.
+2. Each attention layer calls ``cache.update(key_states, value_states, layer_idx, kwargs=...)``
+   once per forward, in layer order, with [batch, kv_heads, n, head_dim] tensors, and attends over
+   what it returns before the next layer's update. Linear-attention and convolution mixers call
+   ``get_conv_state`` / ``get_recurrent_state`` and ``update_conv_state`` /
+   ``update_recurrent_state`` (MiniMax: ``get_linear_cache`` / ``set_linear_cache``, and it
+   insists on a ``MiniMaxCache``, which this cache then is).
+3. New rows go at the cache's current length; positions come from the 2-D attention mask or from
+   ``get_seq_length()``, read before each forward.
+4. Masks are built before the first layer from ``get_query_offset(layer_idx)`` and
+   ``get_mask_sizes(query_length, layer_idx)`` of the first full-attention layer and the first
+   sliding layer (``is_sliding``, ``is_linear``, ``is_dummy`` tell them apart). With a compileable
+   cache, generate builds them in ``prepare_inputs_for_generation``, between forwards.
+5. ``is_compileable`` lets generate compile the decode forward (on a CUDA device by default, on
+   the CPU with ``CompileConfig(_compile_all_devices=True)``).
 
-What the cache returns (one consistent choice, the same as the native adapter's,
-kvoffload/torch.hpp): ``update`` returns only the valid rows, keys and values each
-[batch, kv_heads, len + n, head_dim] (len = tokens before this forward), as zero-copy *strided*
-views of the cache's device buffer (the buffer is token-major, so the views are not contiguous;
-transformers' sdpa and eager attention take strided keys; the tests run both). ``get_mask_sizes``
-therefore answers (len + n, 0), as transformers' DynamicLayer does, so the mask has one column per
-returned key and padding columns of the 2-D mask line up with the stored padding rows. The views
-are valid until the next call on the cache (the next layer's update may reuse the buffer): they are
-for that layer's attention only. transformers' StaticLayer instead returns its whole
-max_cache_len buffer and a mask of max_cache_len columns; the visible keys are the same.
+What the cache returns: ``update`` of an offloaded layer returns only the valid rows, keys and
+values each [batch, kv_heads, len + n, head_dim] (len = tokens before this forward), as zero-copy
+*strided* views of the native cache's device buffer (token-major, so not contiguous; transformers'
+sdpa and eager attention take strided keys). ``get_mask_sizes`` answers (len + n, 0) for those
+layers, as transformers' DynamicLayer does, so the mask has one column per returned key. The views
+are valid until the next call on the cache (the next layer's update may reuse the buffer): they
+are for that layer's attention only. Window layers answer as transformers' static sliding layers
+do (kvoffload/hf_local.py). Under ``torch.compile`` the offloaded update is the custom op
+``torch.ops.kvoffload.update`` (kvoffload/hf_ops.py) and the lengths are Python ints, which
+dynamo turns into symbolic ints: the graph has no break at the cache and is reused for every
+length after the first decode steps.
 
 Streams: on a CUDA device the native cache orders its work on torch's *current* CUDA stream of
 that device (acquire waits on an event, release records one; copies run on the cache's own copy
-streams). For CPU tensors it uses the host backend: "device" memory is host memory, copies happen on
-the calling thread, and every byte count is exact.
-
-Limits: every row of a batch is one of the cache's slots, so the batch holds at most
-max_batch_size rows (a smaller batch uses the first slots); all rows advance together (left padding, as generate does); no beam search; only
-attention layers that keep every token (full attention, or a sliding/chunked window no shorter
-than max_cache_len); one kv_heads/head_dim for every layer.
+streams). For CPU tensors it uses the host backend: "device" memory is host memory and every byte
+count is exact.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
+from transformers.cache_utils import Cache, DummyLayer
 
-from . import _native
+from . import _native, hf_ops
+from .hf_layers import OFFLOADED, WINDOW, UnsupportedModelError, describe_layers
+from .hf_local import StateLayer, WindowLayer, WindowStateLayer
+from .hf_offloaded import OffloadedLayer, OffloadedStateLayer
 
 __all__ = ["OffloadedStaticCache", "OffloadedLayer", "UnsupportedModelError"]
 
 # torch dtype -> the library's name for it (kvoffload/types.hpp: parse_dtype).
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
-# Layer types (transformers' get_layer_types_and_kwargs) that keep no per-token K/V, or more than
-# K/V, and why this cache cannot hold them.
-_UNSUPPORTED_LAYER_TYPES = {
-    "linear_attention": "it keeps a recurrent state, not per-token keys and values",
-    "conv": "it keeps a convolution state, not per-token keys and values",
-    "hybrid": "it keeps a linear-attention state besides its keys and values",
-    "hybrid_sliding": "it keeps a linear-attention state besides its keys and values",
-    "indexed_attention": "it keeps an indexer key cache besides its keys and values",
-    "dummy": "it stores no keys and values of its own (a shared-KV or attention-free layer)",
-}
-_WINDOWED_LAYER_TYPES = ("sliding_attention", "chunked_attention")
-
-
-class UnsupportedModelError(ValueError):
-    """The model has layers this cache cannot serve; the message names them and says why."""
-
-
-def _per_layer_configs(text_config) -> list:
-    """One config per decoder layer (transformers' heterogeneous configs), or the config itself."""
-    layers = int(text_config.num_hidden_layers)
-    per_layer = getattr(text_config, "per_layer_config", None)
-    if per_layer is not None and len(per_layer) == layers:
-        return list(per_layer)
-    return [text_config] * layers
-
-
-def _kv_shape(layer_config) -> tuple[int, int]:
-    """(kv_heads, head_dim) of one layer, the way Llama-family attention computes them."""
-    heads = int(layer_config.num_attention_heads)
-    kv_heads = getattr(layer_config, "num_key_value_heads", None) or heads
-    head_dim = getattr(layer_config, "head_dim", None) or layer_config.hidden_size // heads
-    return int(kv_heads), int(head_dim)
-
-
-def _check_layers(text_config, max_cache_len: int) -> tuple[int, int, int]:
-    """Returns (layers, kv_heads, head_dim), or raises UnsupportedModelError naming every layer
-    the cache cannot serve and why."""
-    if getattr(text_config, "is_encoder_decoder", False):
-        raise UnsupportedModelError(
-            "kvoffload's OffloadedStaticCache serves decoder-only models: an encoder-decoder model "
-            "also needs a cross-attention cache (transformers' EncoderDecoderCache)"
-        )
-    if getattr(text_config, "kv_lora_rank", None):
-        raise UnsupportedModelError(
-            "kvoffload's OffloadedStaticCache cannot serve multi-head latent attention "
-            f"(kv_lora_rank={text_config.kv_lora_rank}): its keys and values differ in head size"
-        )
-    layer_types, layer_kwargs = get_layer_types_and_kwargs(text_config)
-    configs = _per_layer_configs(text_config)
-    problems = []
-    for idx, (layer_type, kwargs) in enumerate(zip(layer_types, layer_kwargs)):
-        if layer_type == "full_attention":
-            continue
-        if layer_type in _WINDOWED_LAYER_TYPES:
-            window = kwargs.get("sliding_window")
-            # A window at least max_cache_len long never hides a token the cache can hold, so the
-            # layer attends exactly as a full-attention layer does (the model's own sliding mask
-            # is then the causal mask).
-            if window is not None and int(window) >= max_cache_len:
-                continue
-            problems.append(
-                f"layer {idx} ({layer_type}, window {window}): it attends only to the last "
-                f"{window} tokens, and this cache keeps every token up to max_cache_len="
-                f"{max_cache_len}; use max_cache_len <= {window} or transformers' own caches"
-            )
-            continue
-        reason = _UNSUPPORTED_LAYER_TYPES.get(layer_type, "the cache does not know this layer type")
-        problems.append(f"layer {idx} ({layer_type}): {reason}")
-    shapes = [_kv_shape(c) for c in configs]
-    for idx, shape in enumerate(shapes):
-        if shape != shapes[0]:
-            problems.append(
-                f"layer {idx}: kv_heads={shape[0]}, head_dim={shape[1]} differ from layer 0's "
-                f"kv_heads={shapes[0][0]}, head_dim={shapes[0][1]} (one shape for every layer)"
-            )
-    v_head_dim = getattr(text_config, "v_head_dim", None)
-    if v_head_dim is not None and int(v_head_dim) != shapes[0][1]:
-        problems.append(f"values have head_dim {v_head_dim}, keys {shapes[0][1]} (must be equal)")
-    if problems:
-        model = getattr(text_config, "model_type", None) or type(text_config).__name__
-        raise UnsupportedModelError(
-            f"kvoffload's OffloadedStaticCache cannot serve {len(problems)} layer(s) of this "
-            f"{model} model:\n  " + "\n  ".join(problems)
-        )
-    return len(layer_types), shapes[0][0], shapes[0][1]
+# Models whose forward insists on a cache class of their own: the cache is then also an instance
+# of that class (its methods are all overridden here).
+_MODEL_CACHE_CLASSES = {"minimax": ("transformers.models.minimax.modeling_minimax", "MiniMaxCache")}
+_MIXED_CLASSES: dict = {}
 
 
 def _resolve_device(device) -> torch.device:
@@ -183,89 +99,33 @@ def _resolve_dtype(dtype, text_config) -> torch.dtype:
     return dtype
 
 
-def _find_cache_position(args, kwargs):
-    """A ``cache_position`` tensor in the cache_kwargs of older transformers, else None."""
-    candidates = list(args) + [kwargs, kwargs.get("kwargs"), kwargs.get("cache_kwargs")]
-    for candidate in candidates:
-        if isinstance(candidate, dict) and torch.is_tensor(candidate.get("cache_position")):
-            return candidate["cache_position"]
-    return None
-
-
-class OffloadedLayer(CacheLayerMixin):
-    """One decoder layer's view of an OffloadedStaticCache: every call goes to the shared native
-    cache (the per-step protocol spans all layers, so the layers cannot be independent)."""
-
-    is_compileable = False
-    is_croppable = True
-    is_sliding = False  # windowed layers are only accepted when the window hides nothing
-    supports_early_init = True
-
-    def __init__(self, cache: "OffloadedStaticCache", layer_idx: int):
-        super().__init__()
-        self._cache = cache
-        self.layer_idx = layer_idx
-        # Allocated by the cache's constructor; `keys`/`values` stay None because the returned
-        # views do not outlive the layer's attention (see the module docstring).
-        self.is_initialized = True
-        self.device = cache.device
-        self.dtype = cache.dtype
-        self.max_cache_len = cache.max_cache_len
-        self.batch_size = cache.max_batch_size
-
-    def lazy_initialization(self, key_states, value_states) -> None:
-        """Nothing to do: the constructor allocated everything."""
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        return self._cache._update(key_states, value_states, self.layer_idx, args, kwargs)
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self._cache.get_mask_sizes(query_length, self.layer_idx)
-
-    def get_seq_length(self) -> int:
-        return self._cache.get_seq_length()
-
-    def get_max_length(self) -> int:
-        return self.max_cache_len
-
-    def offload(self):
-        """Not needed: the native cache moves the bytes itself."""
-
-    def prefetch(self):
-        """Not needed: the native cache prefetches each layer itself."""
-
-    # Every layer shares the native cache's lengths: the operations below act on all layers at
-    # once and are the cache's (OffloadedStaticCache overrides the Cache methods that would
-    # otherwise call them layer by layer).
-    def reset(self) -> None:
-        self._cache.reset()  # idempotent: one reset empties every layer
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError(
-            "the layers of kvoffload's OffloadedStaticCache share one length: crop the cache "
-            "(cache.crop), not a layer"
-        )
-
-    def reorder_cache(self, beam_idx) -> None:
-        self._cache.reorder_cache(beam_idx)
+def _parse_budget(vram_budget) -> int | None:
+    if vram_budget is None:
+        return None
+    budget = _native.parse_size(vram_budget) if isinstance(vram_budget, str) else int(vram_budget)
+    if budget <= 0:
+        raise ValueError(f"vram_budget must be positive bytes, got {vram_budget!r}")
+    return budget
 
 
 class OffloadedStaticCache(Cache):
     """A transformers ``Cache`` backed by kvoffload's offloaded static cache.
 
     Args:
-        config: the model's config (``model.config``); its decoder part gives the number of
-            layers, ``num_key_value_heads`` and ``head_dim``, and the layer types.
+        config: the model's config (``model.config``); its decoder part gives each layer's type,
+            its key and value sizes and its states.
         max_batch_size: the most rows a batch may have; generate may be called with fewer.
         max_cache_len: tokens per row, prompt included, allocated now; a generate that goes past
             it raises ValueError.
         device: where attention runs (``model.device``); a CUDA device uses the CUDA backend, the
             CPU the host backend. Default: the current CUDA device, else the CPU.
-        dtype: of the keys and values (``model.dtype``). Default: the config's dtype.
-        vram_budget: device bytes the cache may use (an int, or a string such as ``"6GiB"``);
-            None: on CUDA, the device's free memory at construction; on the CPU, unlimited.
-        resident_layers: layers kept whole on the device (no copies); None: as many as the budget
-            holds. The rest are streamed through ``ring_depth`` staging buffers.
+        dtype: of the keys, values and convolution states (``model.dtype``); recurrent states keep
+            the dtype their model computes them in. Default: the config's dtype.
+        vram_budget: device bytes the cache may use (an int, or a string such as ``"6GiB"``),
+            windows and states included; None: on CUDA, the device's free memory at construction;
+            on the CPU, unlimited.
+        resident_layers: full-attention layers kept whole on the device (no copies); None: as
+            many as the budget holds. The rest are streamed through ``ring_depth`` staging buffers.
         ring_depth: staging buffers for streamed layers (2: one computes while one loads).
 
     Raises:
@@ -273,6 +133,18 @@ class OffloadedStaticCache(Cache):
         ValueError: a bad size, device or dtype. MemoryError: the plan does not fit the budget, or
             an allocation failed (the message names the bytes).
     """
+
+    def __new__(cls, config, *args, **kwargs):
+        text_config = config.get_text_config(decoder=True)
+        entry = _MODEL_CACHE_CLASSES.get(getattr(text_config, "model_type", None))
+        if entry is not None:
+            base = getattr(importlib.import_module(entry[0]), entry[1])
+            if not issubclass(cls, base):
+                key = (cls, base)
+                if key not in _MIXED_CLASSES:
+                    _MIXED_CLASSES[key] = type(cls.__name__, (cls, base), {"__doc__": cls.__doc__})
+                cls = _MIXED_CLASSES[key]
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -290,32 +162,35 @@ class OffloadedStaticCache(Cache):
         for name, value in (("max_batch_size", max_batch_size), ("max_cache_len", max_cache_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        layers, kv_heads, head_dim = _check_layers(text_config, max_cache_len)
+        specs = describe_layers(text_config, max_cache_len)
+        self._specs = specs
         self.device = _resolve_device(device)
         self.dtype = _resolve_dtype(dtype, text_config)
         self.max_batch_size = max_batch_size
         self.max_cache_len = max_cache_len
-        self.num_key_value_heads = kv_heads
-        self.head_dim = head_dim
-        # The forward in progress: the last layer updated and its token count (None between
-        # forwards). The native cache counts a forward's tokens from its layer 0's update on.
-        self._open_layer = None
-        self._open_tokens = 0
+        offloaded = [s for s in specs if s.attention == OFFLOADED]
+        kv = offloaded[0].kv if offloaded else None
+        self.num_key_value_heads = kv.kv_heads if kv else None
+        self.head_dim = kv.k_head_dim if kv else None
 
-        budget = 0  # the library's "no budget" (see vram_budget above)
-        if vram_budget is not None:
-            if isinstance(vram_budget, str):
-                budget = _native.parse_size(vram_budget)
-            else:
-                budget = int(vram_budget)
-            if budget <= 0:
-                raise ValueError(f"vram_budget must be positive bytes, got {vram_budget!r}")
-        if resident_layers is None:
-            resident = -1  # kvo::kAutoResidentLayers
-        elif 0 <= int(resident_layers) <= layers:
-            resident = int(resident_layers)
-        else:
-            raise ValueError(f"resident_layers must be in [0, {layers}], got {resident_layers!r}")
+        element_size = torch.empty((), dtype=self.dtype).element_size()
+        self._window_bytes = sum(s.window_bytes(max_batch_size, element_size) for s in specs)
+        self._state_bytes = sum(s.state_bytes(max_batch_size, self.dtype) for s in specs)
+        local_bytes = self._window_bytes + self._state_bytes
+        budget = _parse_budget(vram_budget)
+        if budget is not None and budget <= local_bytes:
+            raise MemoryError(
+                f"the budget is {_native.format_bytes(budget)}, and this model's windows and "
+                f"states alone need {_native.format_bytes(local_bytes)} on the device "
+                f"(windows {_native.format_bytes(self._window_bytes)}, states "
+                f"{_native.format_bytes(self._state_bytes)}), before any full-attention layer"
+            )
+        if resident_layers is not None and not 0 <= int(resident_layers) <= len(offloaded):
+            raise ValueError(
+                f"resident_layers must be in [0, {len(offloaded)}] (the model's full-attention "
+                f"layers), got {resident_layers!r}"
+            )
+        backend = "host"
         if self.device.type == "cuda":
             backend = "cuda"
             if _native.cuda_device_count() == 0:
@@ -323,41 +198,119 @@ class OffloadedStaticCache(Cache):
                     f"device {self.device} asks for the CUDA backend, but this kvoffload build "
                     "has none (built without CUDA, or no usable GPU for it)"
                 )
-        else:
-            backend = "host"
 
-        # Plans and allocates every byte now (kvoffload/cache.hpp).
-        self._native = _native.Cache(
-            layers=layers,
-            kv_heads=kv_heads,
-            head_dim=head_dim,
-            max_seq=max_cache_len,
-            slots=max_batch_size,
-            dtype=_DTYPES[self.dtype],
-            backend=backend,
-            device=self.device.index or 0,
-            resident_layers=resident,
-            ring_depth=ring_depth,
-            device_budget=budget,
-        )
-        super().__init__(layers=[OffloadedLayer(self, idx) for idx in range(layers)])
+        # The native cache plans and allocates every byte of the offloaded layers now
+        # (kvoffload/cache.hpp); the budget it gets is what the windows and states leave.
+        self._native = None
+        if offloaded:
+            self._native = _native.Cache(
+                layers=len(offloaded),
+                kv_heads=kv.kv_heads,
+                head_dim=kv.k_head_dim,
+                max_seq=max_cache_len,
+                slots=max_batch_size,
+                dtype=_DTYPES[self.dtype],
+                backend=backend,
+                device=self.device.index or 0,
+                resident_layers=-1 if resident_layers is None else int(resident_layers),
+                ring_depth=ring_depth,
+                device_budget=0 if budget is None else budget - local_bytes,
+            )
+            self._handle = hf_ops.register(self)
+
+        # Per model layer: its index among the offloaded layers (-1: kept here), its layer object.
+        self._slot = [-1] * len(specs)
+        layers = []
+        for spec in specs:
+            if spec.attention == OFFLOADED:
+                self._slot[spec.index] = sum(1 for s in self._slot if s >= 0)
+                layer = (OffloadedStateLayer(self, spec) if spec.states
+                         else OffloadedLayer(self, spec.index))
+            elif spec.attention == WINDOW:
+                layer_class = WindowStateLayer if spec.states else WindowLayer
+                layer = layer_class(spec, max_batch_size, self.device, self.dtype)
+            elif spec.states:
+                layer = StateLayer(spec, max_batch_size, self.device, self.dtype)
+            else:
+                layer = DummyLayer()
+            layers.append(layer)
+        Cache.__init__(self, layers=layers)
+
+        # Tokens per row: `_length` counts the forward in progress from its first key/value
+        # layer on; `_open` holds until its last one, `_forward_tokens` is its token count.
+        kv_layers = [s.index for s in specs if s.attention]
+        self._first_kv_layer, self._last_kv_layer = kv_layers[0], kv_layers[-1]
+        self._length = 0
+        self._forward_tokens = 0
+        self._open = False
 
     def __repr__(self) -> str:
-        plan = self._native.stats()["plan"]
+        plan = self.plan()
         return (
             f"{type(self).__name__}(layers={len(self.layers)}, max_batch_size="
             f"{self.max_batch_size}, max_cache_len={self.max_cache_len}, device={self.device}, "
             f"dtype={self.dtype}, resident_layers={plan['resident_layers']}, "
-            f"streamed_layers={plan['streamed_layers']}, device_bytes={plan['device_bytes']}, "
+            f"streamed_layers={plan['streamed_layers']}, window_layers={plan['window_layers']}, "
+            f"state_layers={plan['state_layers']}, device_bytes={plan['device_bytes']}, "
             f"host_bytes={plan['host_bytes']})"
         )
 
+    def __len__(self) -> int:
+        return len(self.layers)
+
     # ---- the per-layer update ------------------------------------------------------------------
 
-    def _update(self, key_states, value_states, layer_idx: int, args, kwargs):
-        # The checks transformers users hit first, in their words; the native cache checks the
-        # same again (shape, dtype, device, order) and names what it expected.
-        for name, states in (("key_states", key_states), ("value_states", value_states)):
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        """Stores this forward's keys and values of layer ``layer_idx`` and returns the ones to
+        attend over (see the module docstring)."""
+        if layer_idx == self._first_kv_layer:
+            self._begin_forward(key_states, value_states, layer_idx)
+        slot = self._slot[layer_idx]
+        if slot >= 0:
+            if torch.compiler.is_compiling():
+                keys, values = torch.ops.kvoffload.update(
+                    key_states, value_states, self._handle, slot, self._length, self.max_cache_len
+                )
+            else:
+                keys, values = self._native.update(key_states, value_states, slot)
+        else:
+            layer = self.layers[layer_idx]
+            if not isinstance(layer, WindowLayer):
+                raise ValueError(
+                    f"layer {layer_idx} ({self._specs[layer_idx].layer_type}) keeps no keys and "
+                    "values in this cache, but the model stores some there"
+                )
+            keys, values = layer.update(key_states, value_states)
+        if layer_idx == self._last_kv_layer:
+            self._open = False
+        return keys, values
+
+    def _begin_forward(self, key_states, value_states, layer_idx: int) -> None:
+        """At the first key/value layer of a forward: checks what users get wrong first, in their
+        words (the native cache checks every layer again), then counts the forward's tokens."""
+        if self._open:
+            raise RuntimeError(
+                f"a forward is starting while the previous one stopped before layer "
+                f"{self._last_kv_layer} (after an error?): reset() the cache first"
+            )
+        tokens = key_states.shape[2]
+        if not torch.compiler.is_compiling():
+            self._check_states(key_states, value_states, layer_idx)
+            if self._length + tokens > self.max_cache_len:
+                raise ValueError(
+                    f"the cache holds {self._length} tokens per row and this forward adds {tokens}: "
+                    f"{self._length + tokens} would pass max_cache_len={self.max_cache_len}. Build "
+                    "the cache with max_cache_len >= prompt length + max_new_tokens (it is "
+                    "allocated once and never grows), or reset() it between generations"
+                )
+        self._length += tokens
+        self._forward_tokens = tokens
+        self._open = True
+
+    def _check_states(self, key_states, value_states, layer_idx: int) -> None:
+        kv = self._specs[layer_idx].kv
+        for name, states, head_dim in (("key_states", key_states, kv.k_head_dim),
+                                       ("value_states", value_states, kv.v_head_dim)):
             if states.dtype != self.dtype:
                 raise ValueError(
                     f"layer {layer_idx}: {name} are {states.dtype} but the cache was built for "
@@ -369,50 +322,26 @@ class OffloadedStaticCache(Cache):
                     f"{self.device}; build it with device=model.device (for a model split over "
                     "several devices, one cache per device is not supported)"
                 )
-            if states.dim() != 4 or tuple(states.shape[1::2]) != (
-                self.num_key_value_heads,
-                self.head_dim,
-            ):
+            if states.dim() != 4 or tuple(states.shape[1::2]) != (kv.kv_heads, head_dim):
                 raise ValueError(
-                    f"layer {layer_idx}: {name} have shape {tuple(states.shape)}, expected "
-                    f"[batch, {self.num_key_value_heads} (kv heads), tokens, {self.head_dim} "
-                    "(head_dim)] as the model config says; this model's attention does not store "
-                    "Llama-style keys and values"
+                    f"layer {layer_idx}: {name} have shape {tuple(states.shape)}, and kvoffload "
+                    f"read [batch, {kv.kv_heads} (kv heads), tokens, {head_dim} (head size)] from "
+                    f"the {self._text_config.model_type} config; it reads this model's layout "
+                    "wrongly (kvoffload/hf_layers.py: kv_layout)"
                 )
-        batch, tokens = key_states.shape[0], key_states.shape[2]
+        batch = key_states.shape[0]
         if batch > self.max_batch_size:
             raise ValueError(
                 f"the batch has {batch} rows but the cache was built for max_batch_size="
                 f"{self.max_batch_size}; build it with max_batch_size={batch}"
             )
-        if layer_idx == 0:
-            held = self._native.get_seq_length()  # commits the previous step
-            if held + tokens > self.max_cache_len:
-                raise ValueError(
-                    f"the cache holds {held} tokens per row and this forward adds {tokens}: "
-                    f"{held + tokens} would pass max_cache_len={self.max_cache_len}. Build the "
-                    "cache with max_cache_len >= prompt length + max_new_tokens (it is allocated "
-                    "once and never grows), or reset() it between generations"
-                )
-        position = _find_cache_position(args, kwargs)
-        if position is not None and position.device.type != "cpu":
-            position = None  # reading it would sync the device once per layer
-        keys, values = self._native.update(key_states, value_states, layer_idx, position)
-        self._open_layer, self._open_tokens = layer_idx, tokens
-        return keys, values
-
-    def _tokens_before_forward(self) -> int:
-        """Tokens per row before the forward in progress (all of them between forwards)."""
-        held = self._native.get_seq_length()  # commits a complete forward
-        if self._open_layer is not None and self._open_layer < len(self.layers) - 1:
-            held -= self._open_tokens  # mid-forward: layer 0 already holds this forward's rows
-        return held
 
     # ---- transformers' Cache interface -----------------------------------------------------------
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Tokens per row, counting the current forward's once its layer 0 was updated."""
-        return self._native.get_seq_length()
+        """Tokens per row, counting the current forward's once its first key/value layer was
+        updated."""
+        return self._length
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
         return self.max_cache_len
@@ -422,19 +351,65 @@ class OffloadedStaticCache(Cache):
         return self.max_cache_len
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        layer = self.layers[layer_idx]
+        if isinstance(layer, WindowLayer):
+            return layer.get_mask_sizes(query_length)
+        if self._slot[layer_idx] < 0:  # no keys and values: as transformers, the first such layer
+            return self.get_mask_sizes(query_length, self._first_kv_layer)
         # One mask column per key update returns: the tokens before this forward, plus its own.
-        # Right also when asked in the middle of a forward, before a layer's update (a model that
-        # builds masks per layer); once the last layer is updated, the next forward's.
-        return self._tokens_before_forward() + query_length, 0
+        # Right also when asked in the middle of a forward, before a layer's update.
+        before = self._length - self._forward_tokens if self._open else self._length
+        return before + query_length, 0
+
+    def get_conv_state(self, layer_idx: int, state_idx: int = 0):
+        return self._state_layer(layer_idx).conv_state(state_idx)
+
+    def get_recurrent_state(self, layer_idx: int, state_idx: int = 0):
+        return self._state_layer(layer_idx).recurrent_state(state_idx)
+
+    def update_conv_state(self, conv_states, layer_idx: int, state_idx: int = 0, **kwargs):
+        return self._state_layer(layer_idx).update_conv_state(conv_states, state_idx, **kwargs)
+
+    def update_recurrent_state(self, recurrent_states, layer_idx: int, state_idx: int = 0,
+                               **kwargs):
+        return self._state_layer(layer_idx).update_recurrent_state(recurrent_states, state_idx)
+
+    # MiniMax's lightning attention (MiniMaxCache's interface).
+    def get_linear_cache(self, layer_idx: int):
+        return self._state_layer(layer_idx).linear_state()
+
+    def set_linear_cache(self, layer_idx: int, linear_cache) -> None:
+        self._state_layer(layer_idx).set_linear_state(linear_cache)
+
+    def _state_layer(self, layer_idx: int) -> StateLayer:
+        layer = self.layers[layer_idx]
+        if not isinstance(layer, StateLayer):
+            raise ValueError(
+                f"layer {layer_idx} ({self._specs[layer_idx].layer_type}) keeps no state in this "
+                "cache, but the model reads or stores one there"
+            )
+        return layer
 
     def reset(self) -> None:
-        """Empties every row (lengths back to 0); drops a forward left half-done by an error."""
-        self._native.reset()
-        self._open_layer = None
+        """Empties every row (lengths back to 0, states zeroed); drops a forward left half-done
+        by an error."""
+        if self._native is not None:
+            self._native.reset()
+        for layer in self.layers:
+            if isinstance(layer, (WindowLayer, StateLayer)):
+                layer.reset()
+        self._length = 0
+        self._forward_tokens = 0
+        self._open = False
+
+    @property
+    def is_croppable(self) -> bool:
+        return all(getattr(layer, "is_croppable", True) for layer in self.layers)
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drops the last ``-tokens_to_remove`` tokens of every row (a negative int, as for
-        transformers' static layers; 0 does nothing)."""
+        transformers' static layers; 0 does nothing). Refused when a layer cannot restore them: a
+        state, or a window that already dropped the tokens before them."""
         if tokens_to_remove > 0:
             raise ValueError(
                 "crop takes a negative int, the number of tokens to remove, as transformers' "
@@ -442,9 +417,18 @@ class OffloadedStaticCache(Cache):
             )
         if tokens_to_remove == 0:
             return
-        held = self._native.get_seq_length()
-        self._native.truncate(max(held + tokens_to_remove, 0))
-        self._open_layer = None
+        removed = min(-tokens_to_remove, self._length)
+        for layer in self.layers:
+            if isinstance(layer, (WindowLayer, StateLayer)) and not layer.is_croppable:
+                layer.crop(removed)  # raises, naming the layer
+        if self._native is not None:
+            self._native.truncate(self._length - removed)
+        for layer in self.layers:
+            if isinstance(layer, WindowLayer):
+                layer.crop(removed)
+        self._length -= removed
+        self._forward_tokens = 0
+        self._open = False
 
     def _refuse(self, what: str):
         raise NotImplementedError(
@@ -461,34 +445,91 @@ class OffloadedStaticCache(Cache):
     def batch_select_indices(self, indices) -> None:
         self._refuse("selecting rows (batch_select_indices)")
 
+    def activate_past_recording(self):
+        raise NotImplementedError(
+            "kvoffload's OffloadedStaticCache keeps fixed-size buffers and does not record past "
+            "states to roll back (assisted generation)"
+        )
+
     @property
     def is_compileable(self) -> bool:
-        return False
+        # generate compiles a CUDA forward with CUDA graphs (mode "reduce-overhead"), which would
+        # be recorded again for every key length: this cache returns exactly the valid rows, one
+        # more each step. Compile such a forward yourself without CUDA graphs (see README). A
+        # model with a cache class of its own (MiniMax) builds its masks only for caches that
+        # generate does not compile for.
+        return self.device.type == "cpu" and not isinstance(self, self._own_cache_classes())
+
+    @classmethod
+    def _own_cache_classes(cls) -> tuple:
+        return tuple(base for (_, base) in _MIXED_CLASSES)
 
     # ---- kvoffload's own ---------------------------------------------------------------------
 
     @property
     def backend(self) -> str:
         """"cuda" or "host"."""
-        return self._native.backend
+        return self._native.backend if self._native is not None else (
+            "cuda" if self.device.type == "cuda" else "host")
+
+    def device_buffers(self) -> list[torch.Tensor]:
+        """The window and state buffers kept here (the offloaded layers' are the native cache's)."""
+        return [b for layer in self.layers if hasattr(layer, "buffers") for b in layer.buffers()]
 
     def stats(self) -> dict[str, Any]:
-        """Counters of the native cache (kvoffload/cache.hpp: CacheStats) after committing the
-        last forward: steps, h2d_bytes_total, d2h_bytes_total, h2d/d2h_bytes_last_step,
-        acquire_wait_s, prefetch_reissues, device_allocations (fixed after construction), and
-        ``plan``: resident/streamed layers, ring_depth, row/tensor/layer bytes, device_bytes (the
-        one device arena), host_bytes (the pinned store)."""
-        self._native.get_seq_length()  # commits a complete forward, so the counters include it
-        return self._native.stats()
+        """Counters of the native cache (kvoffload/cache.hpp: CacheStats): steps,
+        h2d_bytes_total, d2h_bytes_total, h2d/d2h_bytes_last_step, acquire_wait_s,
+        prefetch_reissues, device_allocations (fixed after construction), and ``plan()``."""
+        if self._native is None:
+            counters = dict.fromkeys(
+                ("steps", "h2d_bytes_total", "d2h_bytes_total", "h2d_bytes_last_step",
+                 "d2h_bytes_last_step", "prefetch_reissues", "device_allocations"), 0)
+            counters["acquire_wait_s"] = 0.0
+        else:
+            self._native.get_seq_length()  # commits a complete forward, so the counters include it
+            counters = self._native.stats()
+        counters["plan"] = self.plan()
+        return counters
+
+    def plan(self) -> dict[str, Any]:
+        """Where the bytes are. The offloaded layers' plan (kvoffload/plan.hpp: resident/streamed
+        layers, ring_depth, row/tensor/layer bytes, resident_bytes, staging_bytes, host_bytes,
+        budget), plus ``window_layers``/``window_bytes`` and ``state_layers``/``state_bytes`` kept
+        here; ``device_bytes`` counts all of them (the native arena, windows and states)."""
+        if self._native is not None:
+            plan = dict(self._native.stats()["plan"])
+        else:
+            plan = dict.fromkeys(
+                ("layers", "resident_layers", "streamed_layers", "ring_depth", "row_bytes",
+                 "tensor_bytes", "layer_bytes", "resident_bytes", "staging_bytes",
+                 "reserved_bytes", "device_bytes", "host_bytes", "budget"), 0)
+        plan["offloaded_layers"] = plan.pop("layers")
+        plan["layers"] = len(self._specs)
+        plan["offloaded_device_bytes"] = plan["device_bytes"]
+        plan["window_layers"] = sum(1 for s in self._specs if s.attention == WINDOW)
+        plan["window_bytes"] = self._window_bytes
+        plan["state_layers"] = sum(1 for s in self._specs if s.states)
+        plan["state_bytes"] = self._state_bytes
+        plan["device_bytes"] += self._window_bytes + self._state_bytes
+        return plan
 
     # ---- saved contexts ------------------------------------------------------------------------
+
+    def _check_saveable(self) -> None:
+        if self._native is None or self._window_bytes or self._state_bytes:
+            raise ValueError(
+                "saved contexts hold the rows of full-attention layers, and this model also keeps "
+                "windows or states on the device, which the file does not hold"
+            )
 
     def save(self, path, tokens=None) -> None:
         """Saves every row (its keys and values in every layer, and its length) to ``path``,
         written atomically, with a fingerprint of the model config (model_type, layers, heads,
         head_dim, hidden size, vocabulary, rope theta) and the K/V dtype; each layer's rows carry
         a checksum. ``tokens``: the ids each row holds (a list per row, or one list for a single
-        row), kept in the file and returned by ``load``. A forward left half-done is refused."""
+        row), kept in the file and returned by ``load``. A forward left half-done is refused, and
+        so is a model with window or state layers."""
+        self._check_saveable()
         if tokens is not None and tokens and isinstance(tokens[0], int):
             tokens = [tokens]
         tokens = [list(map(int, t)) for t in (tokens or [])]
@@ -509,8 +550,10 @@ class OffloadedStaticCache(Cache):
         cache = cls(config, max_batch_size=len(info["lengths"]), max_cache_len=info["max_seq"],
                     device=device, dtype=dtype, vram_budget=vram_budget,
                     resident_layers=resident_layers, ring_depth=ring_depth)
+        cache._check_saveable()
         cache.saved_tokens = cache._native.load(str(path), cache._fingerprint)
-        cache._open_layer = None
+        cache._length = cache._native.get_seq_length()
+        cache._open = False
         return cache
 
     @property
@@ -521,7 +564,3 @@ class OffloadedStaticCache(Cache):
         lines = [f"{name}={getattr(text, name, None)}" for name in fields]
         lines.append(f"head_dim={self.head_dim}")
         return "\n".join(lines)
-
-    def plan(self) -> dict[str, Any]:
-        """Where the bytes are: the ``plan`` part of stats()."""
-        return self._native.stats()["plan"]

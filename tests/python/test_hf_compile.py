@@ -1,0 +1,123 @@
+"""The decode forward compiles with torch.compile(fullgraph=True), the cache inside the graph
+(the offloaded update as the custom op kvoffload::update, windows and states as plain tensor
+code), and generates the tokens transformers' StaticCache gives without compiling:
+
+- torch.compile(model.forward, fullgraph=True) on a Llama with one layer resident and three
+  streamed, the eager backend, with the graphs dynamo captured inspected;
+- generate's own compile path (compile_config, on the CPU with _compile_all_devices) with the
+  inductor backend, on a two-layer Llama (one resident, one streamed): fake tensors, generated C++
+  kernels and the op's strides together;
+- the same path, eager backend, on Gemma 3 (windows) and Qwen3-Next (states).
+
+fullgraph=True makes any graph break an error, so passing means no break at the cache."""
+
+import unittest
+
+import torch
+from transformers import CompileConfig, StaticCache
+
+from greedy import MAX_CACHE_LEN, NEW_TOKENS, greedy, offloaded, reference_cache
+from tiny_models import make_model, prompts
+
+
+class GraphRecorder:
+    """A torch.compile backend that runs each graph as captured (eager) and keeps the ops of
+    each."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __deepcopy__(self, memo):  # CompileConfig.to_dict deep-copies its backend
+        return self
+
+    def __call__(self, graph_module, example_inputs):
+        self.graphs.append([str(node.target) for node in graph_module.graph.nodes
+                            if node.op == "call_function"])
+        return graph_module.forward
+
+    def op_counts(self, name="kvoffload.update"):
+        return [sum(name in target for target in graph) for graph in self.graphs]
+
+
+def decode_loop(model, forward, cache, ids, mask):
+    """Greedy tokens: the prompt's forward eagerly, then NEW_TOKENS - 1 one-token forwards through
+    `forward`, with the positions and 2-D mask generate would pass."""
+    with torch.no_grad():
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = model(ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+        tokens = [ids, token]
+        for _ in range(NEW_TOKENS - 1):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            positions = (mask.cumsum(-1) - 1)[:, -1:]
+            out = forward(input_ids=token, attention_mask=mask, position_ids=positions, cache=cache,
+                          use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+            tokens.append(token)
+    return torch.cat(tokens, dim=1)
+
+
+def compile_config(backend):
+    config = CompileConfig(backend=backend, fullgraph=True,
+                           mode="default" if backend == "inductor" else None)
+    config._compile_all_devices = True  # generate compiles on the CPU only when asked to
+    return config
+
+
+class FullGraph(unittest.TestCase):
+    def setUp(self):
+        torch._dynamo.reset()
+
+    def test_compiled_forward_has_the_cache_in_its_graph(self):
+        model = make_model("llama3")
+        ids, mask = prompts(2, 12, seed=1, pad_rows=(3, 0))
+        expected = decode_loop(model, model.forward,
+                               StaticCache(config=model.config, max_cache_len=MAX_CACHE_LEN),
+                               ids, mask)
+        recorder = GraphRecorder()
+        compiled = torch.compile(model.forward, fullgraph=True, backend=recorder)
+        cache = offloaded(model, 2, resident_layers=1)
+        self.assertEqual(decode_loop(model, compiled, cache, ids, mask).tolist(),
+                         expected.tolist())
+        # Decoding compiled once for the first length and once with the length symbolic, each
+        # graph with the four layers' updates in it; the symbolic one served every later step.
+        self.assertEqual(recorder.op_counts(), [4] * len(recorder.graphs))
+        self.assertLessEqual(len(recorder.graphs), 2)
+        self.assertEqual(cache.get_seq_length(), 12 + NEW_TOKENS - 1)
+        # New caches of the same shape reuse the graphs: at most one more compile, when the
+        # cache handle first changes and dynamo makes it symbolic.
+        for resident in (0, 2, 4):
+            cache = offloaded(model, 2, resident_layers=resident)
+            self.assertEqual(decode_loop(model, compiled, cache, ids, mask).tolist(),
+                             expected.tolist(), f"a new cache, resident_layers={resident}")
+        self.assertLessEqual(len(recorder.graphs), 3)
+
+    def test_generate_compile_path_with_inductor(self):
+        model = make_model("llama3", num_hidden_layers=2)
+        ids, mask = prompts(2, 12, seed=2, pad_rows=(0, 4))
+        expected = greedy(model, StaticCache(config=model.config, max_cache_len=MAX_CACHE_LEN),
+                          ids, mask)
+        cache = offloaded(model, 2, resident_layers=1)
+        self.assertTrue(cache.is_compileable)
+        got = greedy(model, cache, ids, mask, compile_config=compile_config("inductor"))
+        self.assertEqual(got.tolist(), expected.tolist())
+        self.assertTrue(hasattr(model, "_compiled_call"), "generate did not compile")
+
+    def test_generate_compile_path_with_windows_and_states(self):
+        for name in ("gemma3", "qwen3_next"):
+            torch._dynamo.reset()
+            model = make_model(name)
+            ids, mask = prompts(2, 12, seed=3, pad_rows=(2, 0))
+            expected = greedy(model, reference_cache(model), ids, mask)
+            recorder = GraphRecorder()
+            config = compile_config("eager")
+            config.backend = recorder
+            cache = offloaded(model, 2, resident_layers=1)
+            got = greedy(model, cache, ids, mask, compile_config=config)
+            self.assertEqual(got.tolist(), expected.tolist(), name)
+            self.assertTrue(recorder.graphs, f"{name}: generate did not compile")
+            self.assertEqual(set(recorder.op_counts()), {2}, name)  # two offloaded layers
+
+
+if __name__ == "__main__":
+    unittest.main()
