@@ -11,6 +11,8 @@
 #include <sstream>
 #include <string>
 
+#include "kvoffload/quant.hpp"
+
 namespace kvo::torch {
 
 namespace {
@@ -34,8 +36,31 @@ at::ScalarType scalar_type_of(DType dtype) {
     case DType::kInt8:
       break;
   }
-  throw invalid(std::string("the LibTorch adapter holds f32, f16 or bf16 K/V, not ") +
-                dtype_name(dtype));
+  throw Error(ErrorCode::kInternal, std::string("no torch dtype stands for ") + dtype_name(dtype));
+}
+
+// The dtype of the keys and values update() takes and returns: the stored one, or for quantized
+// K/V the one the caller computes in.
+at::ScalarType states_dtype_of(const CacheConfig& config, at::ScalarType requested) {
+  const bool undefined = requested == at::ScalarType::Undefined;
+  if (!is_quantized(config.dtype)) {
+    const at::ScalarType stored = scalar_type_of(config.dtype);
+    if (!undefined && requested != stored) {
+      throw invalid(std::string("the cache stores ") + dtype_name(config.dtype) +
+                    " keys and values, which update() takes and returns as they are: "
+                    "states_dtype must be " +
+                    c10::toString(stored) + " (or left undefined), not " +
+                    c10::toString(requested));
+    }
+    return stored;
+  }
+  if (requested != at::kFloat && requested != at::kHalf && requested != at::kBFloat16) {
+    throw invalid(std::string("a cache of ") + dtype_name(config.dtype) +
+                  " K/V quantizes keys and values computed in float, half or bfloat16 and "
+                  "returns them in that dtype: give it as states_dtype (got " +
+                  (undefined ? std::string("none") : std::string(c10::toString(requested))) + ")");
+  }
+  return requested;
 }
 
 std::string shape_of(const at::Tensor& tensor) {
@@ -50,12 +75,58 @@ std::string device_of(const at::Device& device) {
   return out.str();
 }
 
+// rows [batch, n, kv_heads, dim] (contiguous, any float dtype) as quantized rows [batch, n,
+// quant_row_bytes] (uint8), on the rows' device: the arithmetic of kvo::quantize_row in torch
+// operations, to the same bits for finite inputs. Every division is by a tensor on the rows'
+// device (a CPU scalar divisor may become a multiplication by its reciprocal).
+at::Tensor quantize_rows(const at::Tensor& rows, DType dtype) {
+  const std::int64_t batch = rows.size(0);
+  const std::int64_t n = rows.size(1);
+  const std::int64_t heads = rows.size(2);
+  const std::int64_t dim = rows.size(3);
+  const at::Tensor x = rows.to(at::kFloat);
+  const at::Tensor top = at::full({1}, quant::max_code(dtype), x.options());
+  const at::Tensor scale = x.abs().amax(-1, /*keepdim=*/true) / top;  // [batch, n, heads, 1]
+  const at::Tensor scaled = at::where(scale > 0, x / scale, at::zeros_like(x));
+  const at::Tensor codes =
+      dtype == DType::kInt8
+          ? scaled.round().clamp(-127, 127).to(at::kChar).view(at::kByte)  // ties to even
+          : scaled.clamp(-448, 448).to(at::kFloat8_e4m3fn).view(at::kByte);
+  const auto row_bytes =
+      static_cast<std::int64_t>(quant_row_bytes(static_cast<int>(heads), static_cast<int>(dim)));
+  const auto scale_offset =
+      static_cast<std::int64_t>(quant_scale_offset(static_cast<int>(heads), static_cast<int>(dim)));
+  at::Tensor out = at::zeros({batch, n, row_bytes}, x.options().dtype(at::kByte));
+  out.narrow(2, 0, heads * dim).copy_(codes.reshape({batch, n, heads * dim}));
+  out.narrow(2, scale_offset, 4 * heads).view(at::kFloat).copy_(scale.reshape({batch, n, heads}));
+  return out;
+}
+
+// The quantized rows [0, length) of slots [0, batch) at `base` (a staged or resident buffer:
+// slot_stride and token_stride in bytes) as values [batch, kv_heads, length, dim] of `dtype`:
+// decode(byte) * scale in f32, as kvo::dequantize_row, then rounded to `dtype`.
+at::Tensor dequantize_rows(void* base, std::int64_t batch, std::int64_t length,
+                           std::int64_t slot_stride, std::int64_t token_stride, int heads, int dim,
+                           std::int64_t scale_offset, DType stored, at::ScalarType dtype,
+                           const at::Device& device) {
+  const auto row_bytes = static_cast<std::int64_t>(quant_row_bytes(heads, dim));
+  const at::Tensor bytes =
+      at::from_blob(base, {batch, length, row_bytes}, {slot_stride, token_stride, 1},
+                    at::TensorOptions().dtype(at::kByte).device(device));
+  const at::Tensor codes = bytes.narrow(2, 0, static_cast<std::int64_t>(heads) * dim)
+                               .view(stored == DType::kInt8 ? at::kChar : at::kFloat8_e4m3fn)
+                               .to(at::kFloat)
+                               .view({batch, length, heads, dim});
+  const at::Tensor scales = bytes.narrow(2, scale_offset, 4 * heads).view(at::kFloat);
+  return (codes * scales.unsqueeze(-1)).to(dtype).permute({0, 2, 1, 3});
+}
+
 }  // namespace
 
-OffloadedStaticCache::OffloadedStaticCache(const CacheConfig& config)
+OffloadedStaticCache::OffloadedStaticCache(const CacheConfig& config, at::ScalarType states_dtype)
     : cache_(config),
       device_(at::kCPU),
-      dtype_(scalar_type_of(config.dtype)),
+      dtype_(states_dtype_of(config, states_dtype)),
       layers_(config.layers),
       slots_(config.slots),
       new_tokens_(static_cast<std::size_t>(config.slots), 0) {
@@ -80,7 +151,7 @@ void* OffloadedStaticCache::current_stream() const {
   return guard.getStream(device_).native_handle();
 }
 
-void OffloadedStaticCache::check_states(const at::Tensor& states, const char* name,
+void OffloadedStaticCache::check_states(const at::Tensor& states, const char* name, int head_dim,
                                         std::int64_t layer_idx) const {
   const std::string where = "update of layer " + std::to_string(layer_idx) + ": ";
   if (!states.defined()) throw invalid(where + name + " is an undefined tensor");
@@ -94,10 +165,10 @@ void OffloadedStaticCache::check_states(const at::Tensor& states, const char* na
   }
   const CacheConfig& c = cache_.config();
   if (states.dim() != 4 || states.size(0) < 1 || states.size(0) > c.slots ||
-      states.size(1) != c.kv_heads || states.size(2) < 1 || states.size(3) != c.head_dim) {
+      states.size(1) != c.kv_heads || states.size(2) < 1 || states.size(3) != head_dim) {
     throw invalid(where + name + " has shape " + shape_of(states) + ", expected [1.." +
                   std::to_string(c.slots) + " (batch <= slots), " + std::to_string(c.kv_heads) +
-                  " (kv_heads), n >= 1 (tokens), " + std::to_string(c.head_dim) + " (head_dim)]");
+                  " (kv_heads), n >= 1 (tokens), " + std::to_string(head_dim) + " (head_dim)]");
   }
 }
 
@@ -135,12 +206,14 @@ std::tuple<at::Tensor, at::Tensor> OffloadedStaticCache::update(const at::Tensor
                   " is out of range (the cache has " + std::to_string(layers_) + " layers)");
   }
   const int layer = static_cast<int>(layer_idx);
-  check_states(key_states, "key_states", layer_idx);
-  check_states(value_states, "value_states", layer_idx);
-  if (key_states.sizes() != value_states.sizes()) {
+  const CacheConfig& c = cache_.config();
+  check_states(key_states, "key_states", c.head_dim, layer_idx);
+  check_states(value_states, "value_states", c.v_head_dim > 0 ? c.v_head_dim : c.head_dim,
+               layer_idx);
+  if (key_states.size(0) != value_states.size(0) || key_states.size(2) != value_states.size(2)) {
     throw invalid("update of layer " + std::to_string(layer) + ": key_states " +
                   shape_of(key_states) + " and value_states " + shape_of(value_states) +
-                  " differ in shape");
+                  " differ in batch or tokens");
   }
   const std::int64_t n = key_states.size(2);
   const int batch = static_cast<int>(key_states.size(0));  // rows use slots [0, batch)
@@ -194,9 +267,14 @@ std::tuple<at::Tensor, at::Tensor> OffloadedStaticCache::update(const at::Tensor
   }
   check_positions(cache_position, length, n);
 
-  // append() wants each row [n][kv_heads][head_dim] contiguous: NHD, as the cache stores it.
-  const at::Tensor k_rows = key_states.transpose(1, 2).contiguous();  // [batch, n, kv_heads, d]
-  const at::Tensor v_rows = value_states.transpose(1, 2).contiguous();
+  // append() wants each row [n][kv_heads][head_dim] contiguous: NHD, as the cache stores it;
+  // quantized, [n][row bytes], quantized here on the tensors' device.
+  at::Tensor k_rows = key_states.transpose(1, 2).contiguous();  // [batch, n, kv_heads, d]
+  at::Tensor v_rows = value_states.transpose(1, 2).contiguous();
+  if (is_quantized(c.dtype)) {
+    k_rows = quantize_rows(k_rows, c.dtype);  // [batch, n, row bytes]
+    v_rows = quantize_rows(v_rows, c.dtype);
+  }
   void* stream = current_stream();
 
   if (starts_step) {
@@ -221,21 +299,33 @@ std::tuple<at::Tensor, at::Tensor> OffloadedStaticCache::update(const at::Tensor
   held_layer_ = layer;
   held_stream_ = stream;
   last_stream_ = stream;
-  const std::size_t slot_bytes = static_cast<std::size_t>(k_rows.stride(0)) * k_rows.element_size();
+  const std::size_t k_slot_bytes =
+      static_cast<std::size_t>(k_rows.stride(0)) * k_rows.element_size();
+  const std::size_t v_slot_bytes =
+      static_cast<std::size_t>(v_rows.stride(0)) * v_rows.element_size();
   const auto* k_base = static_cast<const char*>(k_rows.data_ptr());
   const auto* v_base = static_cast<const char*>(v_rows.data_ptr());
   for (int s = 0; s < batch; ++s) {
-    const std::size_t offset = static_cast<std::size_t>(s) * slot_bytes;
-    cache_.append(layer, s, k_base + offset, v_base + offset, static_cast<int>(n), stream);
+    cache_.append(layer, s, k_base + static_cast<std::size_t>(s) * k_slot_bytes,
+                  v_base + static_cast<std::size_t>(s) * v_slot_bytes, static_cast<int>(n), stream);
   }
 
+  if (is_quantized(view.dtype)) {
+    // Dequantized on the device into new tensors of the caller's dtype (the staged rows hold
+    // bytes and scales, which attention in torch cannot read).
+    return {dequantize_rows(view.k, batch, length + n, view.slot_stride, view.token_stride,
+                            view.kv_heads, view.head_dim, view.k_scale_offset, view.dtype, dtype_,
+                            device_),
+            dequantize_rows(view.v, batch, length + n, view.v_slot_stride, view.v_token_stride,
+                            view.kv_heads, view.v_head_dim, view.v_scale_offset, view.dtype, dtype_,
+                            device_)};
+  }
   // [batch, kv_heads, length + n, head_dim] over the NHD buffer: zero-copy, strided.
   const at::TensorOptions options = at::TensorOptions().dtype(dtype_).device(device_);
-  const std::vector<std::int64_t> sizes = {batch, view.kv_heads, length + n, view.head_dim};
-  const std::vector<std::int64_t> strides = {view.slot_stride, view.head_stride, view.token_stride,
-                                             1};
-  return {at::from_blob(view.k, sizes, strides, options),
-          at::from_blob(view.v, sizes, strides, options)};
+  return {at::from_blob(view.k, {batch, view.kv_heads, length + n, view.head_dim},
+                        {view.slot_stride, view.head_stride, view.token_stride, 1}, options),
+          at::from_blob(view.v, {batch, view.kv_heads, length + n, view.v_head_dim},
+                        {view.v_slot_stride, view.v_head_stride, view.v_token_stride, 1}, options)};
 }
 
 std::int64_t OffloadedStaticCache::get_seq_length() {

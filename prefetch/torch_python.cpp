@@ -26,15 +26,18 @@ using Adapter = kvo::torch::OffloadedStaticCache;
 
 // Every field of CacheConfig the Python side sets; the rest keep their defaults (no reserved
 // regions: the model's own memory is torch's business).
+// states_dtype: "" for the stored dtype; for quantized K/V, the dtype the model computes in.
 std::unique_ptr<Adapter> make_cache(int layers, int kv_heads, int head_dim, int max_seq, int slots,
                                     const std::string& dtype, const std::string& backend,
                                     int device, int resident_layers, int ring_depth,
                                     std::uint64_t device_budget, std::uint32_t host_max_delay_us,
-                                    std::uint64_t host_delay_seed) {
+                                    std::uint64_t host_delay_seed, int v_head_dim,
+                                    const std::string& states_dtype) {
   kvo::CacheConfig config;
   config.layers = layers;
   config.kv_heads = kv_heads;
   config.head_dim = head_dim;
+  config.v_head_dim = v_head_dim;
   config.max_seq = max_seq;
   config.slots = slots;
   config.dtype = kvo::parse_dtype(dtype);
@@ -45,7 +48,24 @@ std::unique_ptr<Adapter> make_cache(int layers, int kv_heads, int head_dim, int 
   config.device_budget = device_budget;
   config.host.max_delay_us = host_max_delay_us;
   config.host.delay_seed = host_delay_seed;
-  return std::make_unique<Adapter>(config);
+  at::ScalarType states = at::ScalarType::Undefined;
+  if (!states_dtype.empty()) {
+    switch (kvo::parse_dtype(states_dtype)) {
+      case kvo::DType::kF32:
+        states = at::kFloat;
+        break;
+      case kvo::DType::kF16:
+        states = at::kHalf;
+        break;
+      case kvo::DType::kBF16:
+        states = at::kBFloat16;
+        break;
+      default:
+        throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                         "states_dtype is f32, f16 or bf16, not " + states_dtype);
+    }
+  }
+  return std::make_unique<Adapter>(config, states);
 }
 
 py::dict plan_dict(const kvo::CachePlan& plan) {
@@ -129,6 +149,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("device") = 0, py::arg("resident_layers") = kvo::kAutoResidentLayers,
            py::arg("ring_depth") = 2, py::arg("device_budget") = 0,
            py::arg("host_max_delay_us") = 0, py::arg("host_delay_seed") = 0,
+           py::arg("v_head_dim") = 0, py::arg("states_dtype") = "",
            "Plans and allocates every byte of the cache (see kvoffload/cache.hpp).")
       // The GIL is released while the adapter works: on CUDA it only enqueues, on the host
       // backend it copies on the calling thread.

@@ -24,10 +24,21 @@
 // call on this cache, which may release the buffer for reuse. Use them for this layer's
 // attention, do not keep them, do not write to them.
 //
+// Quantized K/V (config.dtype fp8 or int8, kvoffload/quant.hpp): update() quantizes the new rows
+// on their device (torch operations with the arithmetic of kvo::quantize_row, to the same bits)
+// and appends the quantized rows; what it returns are not views then but new tensors of
+// states_dtype, [batch, kv_heads, len + n, head_dim] (strides [(len + n) * kv_heads * head_dim,
+// head_dim, kv_heads * head_dim, 1]), dequantized on the device from the staged rows: 2 x batch x
+// (len + n) x kv_heads x head_dim x its element size in torch's allocator per update, freed with
+// them after the layer's attention.
+//
+// Values may have their own head size (config.v_head_dim, multi-head latent attention): value
+// tensors are then [.., v_head_dim] in and out.
+//
 // Rows of the batch are the cache's first slots and all sit at the same position, as in HF's
 // static cache: 1 <= batch <= config.slots, the same batch for every layer of a step; slots past
 // the batch sit the step out. Tensors: CPU tensors on the host backend, CUDA tensors of device
-// config.device on the CUDA backend, dtype matching config.dtype (f32 float, f16 half, bf16
+// config.device on the CUDA backend, of states_dtype (for f32, f16 and bf16 K/V: float, half,
 // bfloat16). On CUDA the work is ordered on the current torch CUDA stream of that device at each
 // update; a layer is released on the stream of its own update, so switching streams between
 // updates, or before get_seq_length, end_step or reset, is safe.
@@ -50,7 +61,11 @@ namespace kvo::torch {
 class KVO_API OffloadedStaticCache {
  public:
   // Plans and allocates like kvo::OffloadedStaticCache(config); throws the same errors.
-  explicit OffloadedStaticCache(const CacheConfig& config);
+  // states_dtype: the dtype of the keys and values update() takes and returns. For f32, f16 and
+  // bf16 K/V it is that dtype (Undefined means so); for quantized K/V (fp8, int8) it is required:
+  // float, half or bfloat16, the dtype the model computes in.
+  explicit OffloadedStaticCache(const CacheConfig& config,
+                                at::ScalarType states_dtype = at::ScalarType::Undefined);
   // Waits for the work of the last stream used (CUDA), then frees everything. Never throws.
   ~OffloadedStaticCache();
   OffloadedStaticCache(const OffloadedStaticCache&) = delete;
@@ -88,7 +103,8 @@ class KVO_API OffloadedStaticCache {
 
  private:
   void* current_stream() const;
-  void check_states(const at::Tensor& states, const char* name, std::int64_t layer_idx) const;
+  void check_states(const at::Tensor& states, const char* name, int head_dim,
+                    std::int64_t layer_idx) const;
   void check_positions(const at::Tensor& cache_position, std::int64_t length, std::int64_t n) const;
 
   kvo::OffloadedStaticCache cache_;

@@ -17,10 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "kvoffload/quant.hpp"
 #include "kvoffload/torch.hpp"
 
 namespace kvo {
 namespace {
+
+using testing::expect_error;
 
 constexpr int kHeads = 4;  // query heads; kv_heads 2: grouped-query attention
 
@@ -74,15 +77,37 @@ struct HfStaticLayer {
   }
 };
 
+// What a quantized cache gives back for rows t [batch, heads, n, dim]: each (token, head) row
+// through kvo::quantize_row and kvo::dequantize_row (the library's own arithmetic, on the host),
+// in t's dtype.
+at::Tensor through_quantized_rows(const at::Tensor& t, DType stored) {
+  const at::Tensor rows = t.to(at::kCPU, at::kFloat).transpose(1, 2).contiguous();
+  const int heads = static_cast<int>(t.size(1));
+  const int dim = static_cast<int>(t.size(3));
+  at::Tensor out = at::empty_like(rows);
+  std::vector<std::uint8_t> row(quant_row_bytes(heads, dim) + 4);
+  void* aligned = row.data() + (4 - reinterpret_cast<std::uintptr_t>(row.data()) % 4) % 4;
+  const std::int64_t count = rows.size(0) * rows.size(1);
+  for (std::int64_t r = 0; r < count; ++r) {
+    quantize_row(rows.data_ptr<float>() + r * heads * dim, heads, dim, stored, aligned);
+    dequantize_row(aligned, heads, dim, stored, out.data_ptr<float>() + r * heads * dim);
+  }
+  return out.transpose(1, 2).to(t.device(), t.scalar_type());
+}
+
 // The same random run, in lockstep, on the adapter, a concatenated cache and HF's static layers.
+// states: the dtype of keys and values in and out (the stored one's unless K/V is quantized).
 class Lockstep {
  public:
-  Lockstep(const CacheConfig& config, at::Device device, std::uint64_t seed)
-      : config_(config), device_(device), cache_(config), rng_(seed) {
+  Lockstep(const CacheConfig& config, at::Device device, std::uint64_t seed,
+           at::ScalarType states = at::ScalarType::Undefined)
+      : config_(config), device_(device), cache_(config, states), rng_(seed) {
     generator_ = at::make_generator<at::CPUGeneratorImpl>(seed);
-    dtype_ = config.dtype == DType::kF32   ? at::kFloat
-             : config.dtype == DType::kF16 ? at::kHalf
-                                           : at::kBFloat16;
+    dtype_ = states != at::ScalarType::Undefined ? states
+             : config.dtype == DType::kF32       ? at::kFloat
+             : config.dtype == DType::kF16       ? at::kHalf
+                                                 : at::kBFloat16;
+    v_head_dim_ = config.v_head_dim > 0 ? config.v_head_dim : config.head_dim;
     clear_references();
   }
 
@@ -90,16 +115,25 @@ class Lockstep {
   std::int64_t length() const { return length_; }
   int checks() const { return checks_; }
 
-  // Random tensors [batch, heads, n, d], made on the CPU with a seeded generator; every other
-  // one through a transpose, so that update() also sees inputs that are not contiguous.
-  at::Tensor random(std::int64_t heads, std::int64_t n) {
+  // Random tensors [batch, heads, n, dim] (dim 0: head_dim), made on the CPU with a seeded
+  // generator; every other one through a transpose, so that update() also sees inputs that are
+  // not contiguous. Magnitudes vary by row, and now and then a row is all zeros.
+  at::Tensor random(std::int64_t heads, std::int64_t n, std::int64_t dim = 0) {
+    if (dim == 0) dim = config_.head_dim;
     const bool strided = (rng_() & 1) != 0;
     const std::vector<std::int64_t> shape =
-        strided ? std::vector<std::int64_t>{config_.slots, n, heads, config_.head_dim}
-                : std::vector<std::int64_t>{config_.slots, heads, n, config_.head_dim};
+        strided ? std::vector<std::int64_t>{config_.slots, n, heads, dim}
+                : std::vector<std::int64_t>{config_.slots, heads, n, dim};
     at::Tensor t = at::randn(shape, generator_, at::TensorOptions().dtype(at::kFloat));
+    t = t * at::exp(at::randn({shape[0], shape[1], shape[2], 1}, generator_));
+    if (rng_() % 5 == 0) t.select(0, 0).select(0, 0).zero_();
     if (strided) t = t.transpose(1, 2);
     return t.to(device_, dtype_);
+  }
+
+  // What the cache gives back for rows t: t itself, or t through quantized rows.
+  at::Tensor stored(const at::Tensor& t) const {
+    return is_quantized(config_.dtype) ? through_quantized_rows(t, config_.dtype) : t;
   }
 
   // One step of n tokens through every layer; checks what every update returned.
@@ -107,7 +141,7 @@ class Lockstep {
     const std::int64_t past = length_;
     for (int layer = 0; layer < config_.layers; ++layer) {
       const at::Tensor k = random(config_.kv_heads, n);
-      const at::Tensor v = random(config_.kv_heads, n);
+      const at::Tensor v = random(config_.kv_heads, n, v_head_dim_);
       const at::Tensor q = random(kHeads, n);
       at::Tensor position;
       if (with_positions) {
@@ -118,16 +152,22 @@ class Lockstep {
       // Shape and layout: the valid rows only, a strided view of the cache's buffer.
       ASSERT_EQ(keys.sizes(),
                 (at::IntArrayRef{config_.slots, config_.kv_heads, past + n, config_.head_dim}));
-      ASSERT_EQ(values.sizes(), keys.sizes());
+      ASSERT_EQ(values.sizes(),
+                (at::IntArrayRef{config_.slots, config_.kv_heads, past + n, v_head_dim_}));
       EXPECT_EQ(keys.device(), device_);
       EXPECT_EQ(keys.scalar_type(), dtype_);
+      EXPECT_EQ(values.scalar_type(), dtype_);
       EXPECT_EQ(keys.stride(3), 1);
       EXPECT_EQ(keys.stride(2), config_.kv_heads * config_.head_dim);  // NHD underneath
+      EXPECT_EQ(values.stride(2), config_.kv_heads * v_head_dim_);
 
-      // Against the concatenated cache: the same rows, bit for bit, and the same attention.
+      // Against the concatenated cache: the same rows, bit for bit (quantized: the library's
+      // own quantize-dequantize of them), and the same attention.
       const auto l = static_cast<std::size_t>(layer);
-      concat_k_[l] = at::cat({concat_k_[l], k}, 2);
-      concat_v_[l] = at::cat({concat_v_[l], v}, 2);
+      const at::Tensor k_stored = stored(k);
+      const at::Tensor v_stored = stored(v);
+      concat_k_[l] = at::cat({concat_k_[l], k_stored}, 2);
+      concat_v_[l] = at::cat({concat_v_[l], v_stored}, 2);
       EXPECT_TRUE(at::equal(keys, concat_k_[l])) << "layer " << layer << " at " << past;
       EXPECT_TRUE(at::equal(values, concat_v_[l])) << "layer " << layer << " at " << past;
       const at::Tensor ours = attention(q, keys, values, past);
@@ -137,10 +177,10 @@ class Lockstep {
 
       // Against HF's StaticLayer: attention over its whole buffers with a max_cache_len mask
       // sees exactly the rows the adapter returns.
-      auto [hf_keys, hf_values] = hf_[l].update(k, v);
+      auto [hf_keys, hf_values] = hf_[l].update(k_stored, v_stored);
       EXPECT_TRUE(at::equal(keys, hf_keys.narrow(2, 0, past + n)));
       const at::Tensor hf = attention(q, hf_keys, hf_values, past);
-      EXPECT_TRUE(at::allclose(ours, hf, 1e-5, 1e-6))
+      EXPECT_TRUE(at::allclose(ours, hf, 1e-4, 1e-5))  // sums over max_cache_len keys
           << "layer " << layer << ": max difference " << (ours - hf).abs().max().item<float>();
       ++checks_;
 
@@ -179,18 +219,20 @@ class Lockstep {
     const at::TensorOptions options = at::TensorOptions().dtype(dtype_).device(device_);
     concat_k_.assign(static_cast<std::size_t>(config_.layers),
                      at::empty({config_.slots, config_.kv_heads, 0, config_.head_dim}, options));
-    concat_v_ = concat_k_;
+    concat_v_.assign(static_cast<std::size_t>(config_.layers),
+                     at::empty({config_.slots, config_.kv_heads, 0, v_head_dim_}, options));
     hf_.clear();
     for (int layer = 0; layer < config_.layers; ++layer) {
-      const std::vector<std::int64_t> shape = {config_.slots, config_.kv_heads, config_.max_seq,
-                                               config_.head_dim};
-      hf_.push_back({at::zeros(shape, options), at::zeros(shape, options), 0});
+      hf_.push_back(
+          {at::zeros({config_.slots, config_.kv_heads, config_.max_seq, config_.head_dim}, options),
+           at::zeros({config_.slots, config_.kv_heads, config_.max_seq, v_head_dim_}, options), 0});
     }
   }
 
   CacheConfig config_;
   at::Device device_;
   at::ScalarType dtype_;
+  std::int64_t v_head_dim_ = 0;
   kvo::torch::OffloadedStaticCache cache_;
   std::mt19937_64 rng_;
   at::Generator generator_;
@@ -219,6 +261,66 @@ INSTANTIATE_TEST_SUITE_P(DTypes, TorchCacheCpu,
                            return std::string(dtype_name(param.param));
                          });
 
+// Quantized K/V: the adapter quantizes the rows it is given with torch operations (on the
+// tensors' device) and must land on the library's own bits, or the keys it returns would differ
+// from kvo::dequantize_row(kvo::quantize_row(k)) here.
+TEST(TorchCacheQuantized, RowsAreTheLibrarysQuantizedRowsInTheCallersDtype) {
+  for (DType stored : {DType::kFP8E4M3, DType::kInt8}) {
+    for (at::ScalarType states : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(std::string(dtype_name(stored)) + " from " + c10::toString(states));
+      Lockstep run(small_config(BackendKind::kHost, stored), at::Device(at::kCPU), 5, states);
+      run.run(20);
+      EXPECT_GT(run.checks(), 60);
+      const CacheStats stats = run.cache().cache().stats();
+      EXPECT_GT(stats.h2d_bytes_total, 0u);
+      EXPECT_EQ(stats.plan.row_bytes, quant_row_bytes(2, 16));  // 32 bytes and 2 scales
+    }
+  }
+}
+
+TEST(TorchCacheQuantized, NeedsTheDtypeTheModelComputesIn) {
+  expect_error(
+      [] { kvo::torch::OffloadedStaticCache(small_config(BackendKind::kHost, DType::kInt8)); },
+      ErrorCode::kInvalidArgument,
+      "a cache of int8 K/V quantizes keys and values computed in float, half or "
+      "bfloat16 and returns them in that dtype: give it as states_dtype (got none)");
+  expect_error(
+      [] {
+        kvo::torch::OffloadedStaticCache(small_config(BackendKind::kHost, DType::kFP8E4M3),
+                                         at::kDouble);
+      },
+      ErrorCode::kInvalidArgument, "(got Double)");
+  expect_error(
+      [] {
+        kvo::torch::OffloadedStaticCache(small_config(BackendKind::kHost, DType::kBF16),
+                                         at::kFloat);
+      },
+      ErrorCode::kInvalidArgument, "states_dtype must be BFloat16 (or left undefined), not Float");
+}
+
+// Multi-head latent attention caches keys and values of different head sizes.
+TEST(TorchCacheCpu, KeysAndValuesOfDifferentHeadSizes) {
+  for (DType stored : {DType::kBF16, DType::kInt8}) {
+    CacheConfig config = small_config(BackendKind::kHost, stored);
+    config.v_head_dim = 8;
+    Lockstep run(config, at::Device(at::kCPU), 9, at::kBFloat16);
+    run.run(30);
+    EXPECT_GT(run.checks(), 100);
+  }
+  CacheConfig config = small_config(BackendKind::kHost, DType::kF32);
+  config.v_head_dim = 8;
+  kvo::torch::OffloadedStaticCache cache(config);
+  const at::Tensor k = at::zeros({1, 2, 1, 16});
+  expect_error([&] { cache.update(k, k, 0); }, ErrorCode::kInvalidArgument,
+               "value_states has shape [1, 2, 1, 16], expected [1..2 (batch <= slots), 2 "
+               "(kv_heads), n >= 1 (tokens), 8 (head_dim)]");
+  expect_error(
+      [&] {
+        cache.update(k, at::zeros({1, 2, 2, 8}), 0);
+      },
+      ErrorCode::kInvalidArgument, "differ in batch or tokens");
+}
+
 TEST(TorchCacheCuda, AttentionMatchesAConcatenatedCacheOverRandomSteps) {
   KVO_SKIP_WITHOUT_CUDA();
   for (DType dtype : {DType::kF32, DType::kBF16}) {
@@ -227,6 +329,13 @@ TEST(TorchCacheCuda, AttentionMatchesAConcatenatedCacheOverRandomSteps) {
     run.run(60);
     EXPECT_GT(run.checks(), 200);
     EXPECT_GT(run.cache().cache().stats().h2d_bytes_total, 0u);
+  }
+  // Quantized on the device by the same torch operations: the library's bits there too.
+  for (DType stored : {DType::kFP8E4M3, DType::kInt8}) {
+    Lockstep run(small_config(BackendKind::kCuda, stored), at::Device(at::kCUDA, 0), 4,
+                 at::kBFloat16);
+    run.run(30);
+    EXPECT_GT(run.checks(), 100);
   }
 }
 
@@ -291,8 +400,6 @@ TEST(TorchCacheCuda, SwitchingStreamsBeforeTheCommitKeepsEveryRow) {
   EXPECT_GT(cache.cache().stats().h2d_bytes_total, 0u);
 }
 
-using testing::expect_error;
-
 TEST(TorchCacheErrors, BadInputIsNamedAndChangesNothing) {
   const CacheConfig config = small_config(BackendKind::kHost, DType::kF32);
   Lockstep run(config, at::Device(at::kCPU), 11);
@@ -334,7 +441,7 @@ TEST(TorchCacheErrors, BadInputIsNamedAndChangesNothing) {
       [&] {
         cache.update(good, at::zeros({2, 2, 2, 16}, f32), 0);
       },
-      ErrorCode::kInvalidArgument, "differ in shape");
+      ErrorCode::kInvalidArgument, "differ in batch or tokens");
   expect_error([&] { cache.update(good, good, 4); }, ErrorCode::kInvalidArgument,
                "layer_idx 4 is out of range (the cache has 4 layers)");
   expect_error([&] { cache.update(good, good, -1); }, ErrorCode::kInvalidArgument, "layer_idx -1");
