@@ -10,7 +10,7 @@ from transformers import StaticCache
 import kvoffload
 from kvoffload.hf import OffloadedStaticCache, UnsupportedModelError
 from cuda_required import needs_cuda
-from tiny_models import MLA, make_config, make_model, prompts, qwen2_config
+from tiny_models import make_model, prompts, qwen2_config
 
 MAX_CACHE_LEN = 24
 
@@ -29,16 +29,6 @@ def greedy(model, cache, ids, mask, new_tokens, **kwargs):
 
 
 class UnsupportedLayers(unittest.TestCase):
-    def test_multi_head_latent_attention_names_both_head_sizes(self):
-        # DeepSeek V2/V3 cache a 32-wide latent as keys and an 8-wide rope key as values.
-        for name in MLA:
-            with self.assertRaises(UnsupportedModelError) as raised:
-                cpu_cache(make_config(name))
-            message = str(raised.exception)
-            self.assertIn("4 layer(s)", message)
-            self.assertIn("layer 0 (full_attention): its keys are 32 wide and its values 8", message)
-            self.assertIn("multi-head latent attention", message)
-
     def test_states_of_an_unknown_family(self):
         config = qwen2_config(layer_types=["full_attention", "linear_attention"] * 2)
         with self.assertRaises(UnsupportedModelError) as raised:

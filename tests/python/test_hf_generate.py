@@ -2,7 +2,8 @@
 own StaticCache gives on models whose every layer is full attention: Llama (llama3 rope scaling),
 Mistral (its 4096-token window never hides a token here), Qwen2, Falcon's and GPT-BigCode's
 multi-query layouts (one KV head while Falcon's num_kv_heads says 4) and Falcon-40B's new decoder
-architecture (its 2 KV groups cached broadcast to all 4 heads). Each one: one row streamed, two left-padded
+architecture (its 2 KV groups cached broadcast to all 4 heads), and DeepSeek V2 and V3's
+multi-head latent attention (keys and values of different head sizes). Each one: one row streamed, two left-padded
 rows partly resident, again after reset(), sdpa and eager (greedy.check_architecture). Then what
 the cache answers transformers along the way: mask sizes, lengths, a continued conversation."""
 
@@ -34,6 +35,13 @@ class GreedyMatchesStaticCache(unittest.TestCase):
 
     def test_gpt_bigcode_multi_query(self):
         check_architecture(self, "gpt_bigcode")
+
+    def test_deepseek_v2_latent_keys_and_rope_values(self):
+        # Multi-head latent attention: one head, 32-wide keys and 8-wide values.
+        check_architecture(self, "deepseek_v2")
+
+    def test_deepseek_v3_latent_keys_and_rope_values(self):
+        check_architecture(self, "deepseek_v3")
 
     def test_all_resident_and_the_deprecated_keyword(self):
         # transformers 5.x renames past_key_values (deprecated) to cache: both reach the cache.

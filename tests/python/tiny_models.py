@@ -97,9 +97,8 @@ STATEFUL = ("qwen3_next", "jamba", "bamba", "falcon_h1", "lfm2", "minimax")
 # Models transformers' StaticCache cannot run (the reference is then their own default cache).
 NO_STATIC_CACHE = ("minimax",)
 
-# Multi-head latent attention, as transformers caches it (refused until the runtime stores keys
-# and values of different head sizes): keys are the kv_lora_rank-wide latent, values the
-# qk_rope_head_dim-wide rope key, one head.
+# Multi-head latent attention, as transformers caches it: keys are the kv_lora_rank-wide latent,
+# values the qk_rope_head_dim-wide rope key, one head (keys and values of different head sizes).
 MLA = {
     "deepseek_v2": (tf.DeepseekV2Config, dict(num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None,
                                               qk_nope_head_dim=16, qk_rope_head_dim=8,

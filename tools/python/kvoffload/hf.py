@@ -68,6 +68,9 @@ __all__ = ["OffloadedStaticCache", "OffloadedLayer", "UnsupportedModelError"]
 
 # torch dtype -> the library's name for it (kvoffload/types.hpp: parse_dtype).
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+# K/V dtypes the native cache stores quantized (kvoffload/quant.hpp), by their names and torch's.
+_QUANTIZED = {"fp8": "fp8", "fp8_e4m3": "fp8", "e4m3": "fp8", "int8": "int8",
+              torch.float8_e4m3fn: "fp8", torch.int8: "int8"}
 
 # Models whose forward insists on a cache class of their own: the cache is then also an instance
 # of that class (its methods are all overridden here).
@@ -99,6 +102,19 @@ def _resolve_dtype(dtype, text_config) -> torch.dtype:
     return dtype
 
 
+def _resolve_kv_dtype(kv_dtype, dtype: torch.dtype) -> str:
+    """The library's name of the K/V dtype the native cache stores: the model's dtype by default,
+    or fp8 (e4m3) or int8, quantized where the rows are appended and returned in ``dtype``."""
+    if kv_dtype is None or kv_dtype == dtype:
+        return _DTYPES[dtype]
+    if kv_dtype in _QUANTIZED:
+        return _QUANTIZED[kv_dtype]
+    raise ValueError(
+        f"kv_dtype is None (the model's dtype, {dtype}), 'fp8' (or torch.float8_e4m3fn) or "
+        f"'int8' (or torch.int8), not {kv_dtype!r}"
+    )
+
+
 def _parse_budget(vram_budget) -> int | None:
     if vram_budget is None:
         return None
@@ -127,6 +143,14 @@ class OffloadedStaticCache(Cache):
         resident_layers: full-attention layers kept whole on the device (no copies); None: as
             many as the budget holds. The rest are streamed through ``ring_depth`` staging buffers.
         ring_depth: staging buffers for streamed layers (2: one computes while one loads).
+        kv_dtype: what the native cache stores the full-attention keys and values in: None (the
+            default) for ``dtype``; ``"fp8"`` (e4m3, or ``torch.float8_e4m3fn``) or ``"int8"`` (or
+            ``torch.int8``) for rows quantized with a scale per (token, kv head), half the host
+            and PCIe bytes of bf16. Quantized rows are made on the device where they are appended
+            and dequantized on the device when a layer is attended, so the model still gets keys
+            and values in ``dtype``: new tensors then, not views (2 x rows x heads x head size x
+            its element size per layer's update, in torch's allocator, freed after that layer's
+            attention). Windows and states stay in ``dtype``.
 
     Raises:
         UnsupportedModelError: the model has layers the cache cannot serve (named, with why).
@@ -156,6 +180,7 @@ class OffloadedStaticCache(Cache):
         vram_budget=None,
         resident_layers: int | None = None,
         ring_depth: int = 2,
+        kv_dtype=None,
     ):
         text_config = config.get_text_config(decoder=True)
         self._text_config = text_config
@@ -166,6 +191,8 @@ class OffloadedStaticCache(Cache):
         self._specs = specs
         self.device = _resolve_device(device)
         self.dtype = _resolve_dtype(dtype, text_config)
+        self.kv_dtype = _resolve_kv_dtype(kv_dtype, self.dtype)
+        self._quantized = self.kv_dtype in ("fp8", "int8")
         self.max_batch_size = max_batch_size
         self.max_cache_len = max_cache_len
         offloaded = [s for s in specs if s.attention == OFFLOADED]
@@ -207,9 +234,11 @@ class OffloadedStaticCache(Cache):
                 layers=len(offloaded),
                 kv_heads=kv.kv_heads,
                 head_dim=kv.k_head_dim,
+                v_head_dim=kv.v_head_dim,
                 max_seq=max_cache_len,
                 slots=max_batch_size,
-                dtype=_DTYPES[self.dtype],
+                dtype=self.kv_dtype,
+                states_dtype=_DTYPES[self.dtype] if self._quantized else "",
                 backend=backend,
                 device=self.device.index or 0,
                 resident_layers=-1 if resident_layers is None else int(resident_layers),
@@ -249,7 +278,8 @@ class OffloadedStaticCache(Cache):
         return (
             f"{type(self).__name__}(layers={len(self.layers)}, max_batch_size="
             f"{self.max_batch_size}, max_cache_len={self.max_cache_len}, device={self.device}, "
-            f"dtype={self.dtype}, resident_layers={plan['resident_layers']}, "
+            f"dtype={self.dtype}, kv_dtype={self.kv_dtype}, "
+            f"resident_layers={plan['resident_layers']}, "
             f"streamed_layers={plan['streamed_layers']}, window_layers={plan['window_layers']}, "
             f"state_layers={plan['state_layers']}, device_bytes={plan['device_bytes']}, "
             f"host_bytes={plan['host_bytes']})"
@@ -268,8 +298,11 @@ class OffloadedStaticCache(Cache):
         slot = self._slot[layer_idx]
         if slot >= 0:
             if torch.compiler.is_compiling():
+                # Rows between batch rows of the output: the buffer's max_cache_len for views of
+                # it, the rows themselves for the new tensors of a quantized cache.
                 keys, values = torch.ops.kvoffload.update(
-                    key_states, value_states, self._handle, slot, self._length, self.max_cache_len
+                    key_states, value_states, self._handle, slot, self._length,
+                    self._length if self._quantized else self.max_cache_len,
                 )
             else:
                 keys, values = self._native.update(key_states, value_states, slot)
@@ -545,11 +578,14 @@ class OffloadedStaticCache(Cache):
         ids. Continue with ``model.generate(full_ids, cache=cache)``: transformers feeds only the
         ids past ``cache.get_seq_length()``."""
         info = _native.inspect_saved_context(str(path))
-        if dtype is None:
+        kv_dtype = None
+        if info["dtype"] in _QUANTIZED:  # quantized rows: the model computes in `dtype`
+            kv_dtype = info["dtype"]
+        elif dtype is None:
             dtype = {v: k for k, v in _DTYPES.items()}[info["dtype"]]
         cache = cls(config, max_batch_size=len(info["lengths"]), max_cache_len=info["max_seq"],
                     device=device, dtype=dtype, vram_budget=vram_budget,
-                    resident_layers=resident_layers, ring_depth=ring_depth)
+                    resident_layers=resident_layers, ring_depth=ring_depth, kv_dtype=kv_dtype)
         cache._check_saveable()
         cache.saved_tokens = cache._native.load(str(path), cache._fingerprint)
         cache._length = cache._native.get_seq_length()

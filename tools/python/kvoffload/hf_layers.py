@@ -17,9 +17,8 @@ Every layer is one of (transformers' names from ``get_layer_types_and_kwargs``):
 Keys and values are described separately (``kv_heads``, ``k_head_dim``, ``v_head_dim``) because
 they need not have the same head size: transformers caches multi-head latent attention (DeepSeek
 V2/V3) as one "head" whose key is the compressed latent (``kv_lora_rank`` wide) and whose value is
-the rope key (``qk_rope_head_dim`` wide). Window layers hold such rows as they are; the native
-runtime stores one row size for K and V today, so an offloaded layer with different sizes is
-refused (``_refusal``) until it stores them separately.
+the rope key (``qk_rope_head_dim`` wide). Window layers hold such rows as they are, and the
+native runtime stores keys and values of their own head sizes (CacheConfig.v_head_dim).
 
 Everything refused is named with its layer and why, all at once (UnsupportedModelError).
 """
@@ -209,18 +208,6 @@ def _shares_kv(text_config, index: int) -> bool:
     return modes is not None and modes[index] == "reuse"
 
 
-def _refusal(spec: LayerSpec) -> str | None:
-    """Why an otherwise understood layer cannot be served, or None."""
-    kv = spec.kv
-    if spec.attention == OFFLOADED and kv.k_head_dim != kv.v_head_dim:
-        return (
-            f"its keys are {kv.k_head_dim} wide and its values {kv.v_head_dim} (per head, "
-            f"{kv.kv_heads} head(s); multi-head latent attention caches its latent and its rope "
-            "key this way), and the offloaded runtime stores keys and values of one head size"
-        )
-    return None
-
-
 def describe_layers(text_config, max_cache_len: int) -> list[LayerSpec]:
     """One LayerSpec per decoder layer, or UnsupportedModelError naming every layer the cache
     cannot serve and why."""
@@ -278,12 +265,7 @@ def describe_layers(text_config, max_cache_len: int) -> list[LayerSpec]:
                     attention, window = WINDOW, int(window)
                 else:
                     window = None
-        spec = LayerSpec(index, layer_type, attention, kv, window, states)
-        reason = _refusal(spec)
-        if reason is not None:
-            problems.append(f"{where}: {reason}")
-            continue
-        specs.append(spec)
+        specs.append(LayerSpec(index, layer_type, attention, kv, window, states))
 
     offloaded = [s for s in specs if s.attention == OFFLOADED]
     for spec in offloaded:

@@ -8,10 +8,12 @@ at the cache.
 ``cache`` is a live native cache's handle (``register``); ``layer`` its offloaded-layer index;
 ``rows`` the keys it returns per batch row (tokens before this forward plus this forward's), which
 the Python side tracks as an int, so the output's shape is known while tracing (a symbolic int
-under dynamic shapes); ``max_seq`` the cache's max_cache_len. The outputs are views of the cache's
-device buffer, as in eager mode: [batch, kv_heads, rows, head_dim] with strides [max_seq *
-kv_heads * head_dim, head_dim, kv_heads * head_dim, 1] (token-major), which the fake
-implementation reproduces exactly so that compiled code indexes them as they are. The fake
+under dynamic shapes); ``max_seq`` the rows between two batch rows of the output: the cache's
+max_cache_len when the outputs are views of its device buffer, as in eager mode, and ``rows`` for
+a quantized cache, whose outputs are new dequantized tensors. Either way they are [batch,
+kv_heads, rows, head_dim] with strides [max_seq * kv_heads * head_dim, head_dim, kv_heads *
+head_dim, 1] (token-major; values with their own head_dim), which the fake implementation
+reproduces exactly so that compiled code indexes them as they are. The fake
 implementation reads nothing but its arguments: the handle and the layer may be symbolic ints, so
 a new cache of the same shape reuses a compiled graph (after at most one recompile, when dynamo
 first sees the handle change and makes it symbolic).
