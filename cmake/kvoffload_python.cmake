@@ -1,7 +1,7 @@
-# The Python package kvoffload: the native extension kvoffload._native (prefetch/torch_python.cpp,
-# pybind11 from the torch wheel's own headers, over the LibTorch adapter kvoffload_torch) and the
-# pure-Python sources of tools/python/kvoffload, put together in <build>/python/kvoffload, so that
-# the build tree itself is an importable package:
+# The Python package kvoffload: the native extension kvoffload._native
+# (tools/python/kvoffload/_native.cpp, pybind11 from the torch wheel's own headers, over the
+# LibTorch adapter kvoffload_torch) and the pure-Python sources of tools/python/kvoffload, put
+# together in <build>/python/kvoffload, so that the build tree itself is an importable package:
 #
 #   PYTHONPATH=<build>/python $KVO_PYTHON -c "import kvoffload.hf"
 #
@@ -62,7 +62,7 @@ set(KVO_PYTHON_PACKAGE_DIR ${PROJECT_BINARY_DIR}/python CACHE INTERNAL
     "Build-tree directory to put on PYTHONPATH for the kvoffload package")
 set(_kvo_py_out ${KVO_PYTHON_PACKAGE_DIR}/kvoffload)
 
-Python3_add_library(kvoffload_python MODULE WITH_SOABI ${_kvo_py_root}/prefetch/torch_python.cpp)
+Python3_add_library(kvoffload_python MODULE WITH_SOABI ${_kvo_py_root}/tools/python/kvoffload/_native.cpp)
 set_target_properties(kvoffload_python PROPERTIES
   OUTPUT_NAME _native
   LIBRARY_OUTPUT_DIRECTORY ${_kvo_py_out}
