@@ -20,31 +20,12 @@ namespace kvo::model {
 
 // ---- element conversions (round to nearest even, as torch does) ----------------------------
 
-KVO_HD std::uint32_t float_bits(float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(x);
-#else
-  std::uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  return u;
-#endif
-}
-KVO_HD float bits_float(std::uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-#endif
-}
-
 KVO_HD float bf16_to_float(std::uint16_t h) {
-  return bits_float(static_cast<std::uint32_t>(h) << 16);
+  return quant::float_of(static_cast<std::uint32_t>(h) << 16);
 }
 
 KVO_HD std::uint16_t float_to_bf16(float x) {
-  const std::uint32_t u = float_bits(x);
+  const std::uint32_t u = quant::bits_of(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);  // NaN
   const std::uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
   return static_cast<std::uint16_t>((u + rounding) >> 16);
@@ -54,23 +35,23 @@ KVO_HD float f16_to_float(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t exponent = (h >> 10) & 0x1fu;
   std::uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) return bits_float(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
-  if (exponent != 0) return bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-  if (mantissa == 0) return bits_float(sign);
+  if (exponent == 0x1f) return quant::float_of(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
+  if (exponent != 0) return quant::float_of(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+  if (mantissa == 0) return quant::float_of(sign);
   // subnormal half: value = mantissa * 2^-24
   const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
   return sign != 0 ? -magnitude : magnitude;
 }
 
 KVO_HD std::uint16_t float_to_f16(float x) {
-  const std::uint32_t u = float_bits(x);
+  const std::uint32_t u = quant::bits_of(x);
   const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   const std::uint32_t abs = u & 0x7fffffffu;
   if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to inf
   if (abs < 0x38800000u) {
     // subnormal or zero half: round abs / 2^-24 to nearest even
-    const float scaled = bits_float(abs) * 16777216.0f;  // exact: power of two
+    const float scaled = quant::float_of(abs) * 16777216.0f;  // exact: power of two
     const std::uint32_t below = static_cast<std::uint32_t>(scaled);
     const float rest = scaled - static_cast<float>(below);
     std::uint32_t m = below;
@@ -247,7 +228,7 @@ KVO_HD float sampling_uniform(std::uint64_t seed, std::uint64_t slot, std::uint6
 // A key with the order of the floats (NaN aside): a < b exactly when order_key(a) <
 // order_key(b). The device sampler bisects these keys to find top-k and top-p thresholds.
 KVO_HD std::uint32_t order_key(float x) {
-  const std::uint32_t u = float_bits(x == 0.0f ? 0.0f : x);  // -0 as +0
+  const std::uint32_t u = quant::bits_of(x == 0.0f ? 0.0f : x);  // -0 as +0
   return (u & 0x80000000u) != 0 ? ~u : u | 0x80000000u;
 }
 
