@@ -10,8 +10,8 @@
   does the drop-in when the prompt goes in two forwards). The first 14 tokens agree in every way
   of reading the prompt tried, int8 and fp8; the test compares 12;
 - read once with the drop-in, the text's next-token predictions stay close to transformers'
-  StaticCache (float32): perplexity within 1 % (int8) or 2 % (fp8), top-1 agreement at least 97 %
-  (int8) or 93 % (fp8). These bounds catch a broken quantizer on a short text; the accuracy
+  StaticCache (float32): perplexity within 1 % (int8) or 2 % (fp8), top-1 agreement at least 96.5 %
+  (int8) or 92 % (fp8). These bounds catch a broken quantizer on a short text; the accuracy
   targets (98 % and 95 % against bf16 K/V) are measured by kvo-eval on 4K tokens
   (bench/results/). Quantized K/V turns rounding noise into quantization noise: the same text read
   in other chunk sizes moves int8's perplexity by about 0.2 % and top-1 agreement by about 1 %.
@@ -33,7 +33,7 @@ from kvoffload.hf import OffloadedStaticCache
 
 TEXT = "/usr/share/common-licenses/GPL-3"
 # dtype -> (most perplexity change in percent, least top-1 agreement in percent) against f32.
-BOUNDS = {"int8": (1.0, 97.0), "fp8": (2.0, 93.0)}
+BOUNDS = {"int8": (1.0, 96.5), "fp8": (2.0, 92.0)}
 
 
 def kvo_generate(args, ids, kv_dtype):
