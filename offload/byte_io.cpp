@@ -105,6 +105,24 @@ std::size_t FileSource::read(void* data, std::size_t bytes) {
   return total;
 }
 
+std::size_t FileSource::read_ahead(void* data, std::size_t bytes, std::uint64_t offset) {
+  const off_t here = ::lseek(fd_, 0, SEEK_CUR);
+  if (here < 0) throw io_error("cannot read", path_, errno);
+  std::size_t total = 0;
+  char* p = static_cast<char*>(data);
+  while (total < bytes) {
+    const ssize_t done =
+        ::pread(fd_, p + total, bytes - total, static_cast<off_t>(here + offset + total));
+    if (done < 0) {
+      if (errno == EINTR) continue;
+      throw io_error("cannot read", path_, errno);
+    }
+    if (done == 0) break;
+    total += static_cast<std::size_t>(done);
+  }
+  return total;
+}
+
 bool FileSource::skip(std::uint64_t bytes) {
   const off_t here = ::lseek(fd_, 0, SEEK_CUR);
   if (here < 0) return ByteSource::skip(bytes);

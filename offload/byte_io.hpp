@@ -39,6 +39,8 @@ class FileSource : public ByteSource {
 
   std::size_t read(void* data, std::size_t bytes) override;
   bool skip(std::uint64_t bytes) override;
+  bool positional() const override { return true; }
+  std::size_t read_ahead(void* data, std::size_t bytes, std::uint64_t offset) override;
   std::uint64_t size() const { return size_; }
 
  private:

@@ -41,6 +41,13 @@ class ByteSource {
   // Passes over `bytes`; false when the input ends first. Reads and drops them unless the
   // source can seek.
   virtual bool skip(std::uint64_t bytes);
+  // Sources that can also read at an offset from where they stand, from several threads at
+  // once (a file), say so; the layer blocks of a record are then read in parallel.
+  virtual bool positional() const { return false; }
+  // Reads up to `bytes` starting `offset` bytes past the current position, without moving it;
+  // returns how many arrived (fewer only at the end of the input). Thread-safe.
+  // REQUIRES: positional().
+  virtual std::size_t read_ahead(void* data, std::size_t bytes, std::uint64_t offset);
 };
 
 // Where one slot's rows live: K (kv 0) and V (kv 1) of each layer are rows [0, max_seq), each
