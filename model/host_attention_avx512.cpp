@@ -233,26 +233,15 @@ bool have_avx512() {
 #else
 
 namespace kvo::model::kernels {
+
+// Not built for this machine: have_avx512() says so, and nothing calls the kernel.
 void attend_keys_avx512(const float*, int, int, int, KeyRows, KeyRows, int, SoftmaxState*, float*,
                         float*, float*) {}
-}  // namespace
-
-KVO_AVX512 void attend_keys_avx512(const float* q, int kv_heads, int group, int d, KeyRows k,
-                                   KeyRows v, int keys, SoftmaxState* state, float* acc, float*,
-                                   float*) {
-  switch (k.type) {
-    case Elem::kF32:
-      return attend<Elem::kF32>(q, kv_heads, group, d, k, v, keys, state, acc);
-    case Elem::kF16:
-      return attend<Elem::kF16>(q, kv_heads, group, d, k, v, keys, state, acc);
-    default:
-      return attend<Elem::kBF16>(q, kv_heads, group, d, k, v, keys, state, acc);
-  }
-}
 
 bool have_avx512() {
   return false;
 }
+
 }  // namespace kvo::model::kernels
 
 #endif
