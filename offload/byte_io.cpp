@@ -91,28 +91,22 @@ FileSource::~FileSource() {
 }
 
 std::size_t FileSource::read(void* data, std::size_t bytes) {
-  std::size_t total = 0;
-  char* p = static_cast<char*>(data);
-  while (total < bytes) {
-    const ssize_t done = ::read(fd_, p + total, bytes - total);
-    if (done < 0) {
-      if (errno == EINTR) continue;
-      throw io_error("cannot read", path_, errno);
-    }
-    if (done == 0) break;
-    total += static_cast<std::size_t>(done);
-  }
-  return total;
+  return read_all(data, bytes, -1);
 }
 
 std::size_t FileSource::read_ahead(void* data, std::size_t bytes, std::uint64_t offset) {
   const off_t here = ::lseek(fd_, 0, SEEK_CUR);
   if (here < 0) throw io_error("cannot read", path_, errno);
+  return read_all(data, bytes, here + static_cast<off_t>(offset));
+}
+
+std::size_t FileSource::read_all(void* data, std::size_t bytes, off_t at) const {
   std::size_t total = 0;
   char* p = static_cast<char*>(data);
   while (total < bytes) {
     const ssize_t done =
-        ::pread(fd_, p + total, bytes - total, static_cast<off_t>(here + offset + total));
+        at < 0 ? ::read(fd_, p + total, bytes - total)
+               : ::pread(fd_, p + total, bytes - total, at + static_cast<off_t>(total));
     if (done < 0) {
       if (errno == EINTR) continue;
       throw io_error("cannot read", path_, errno);

@@ -2,6 +2,8 @@
 // atomically) and C++ streams.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -44,6 +46,9 @@ class FileSource : public ByteSource {
   std::uint64_t size() const { return size_; }
 
  private:
+  // Up to `bytes` from where the file stands (at < 0, moving it) or from offset `at` (not).
+  std::size_t read_all(void* data, std::size_t bytes, off_t at) const;
+
   std::string path_;
   int fd_ = -1;
   std::uint64_t size_ = 0;
