@@ -11,6 +11,7 @@
 // percent of the logits' range at most: 3e-2 (bf16), 1e-2 (f16: u = 2^-12), 2e-3 (f32: cuBLAS
 // and the host sum in different orders).
 #include "cuda_required.hpp"
+#include "kvoffload/quant.hpp"
 #include "kvoffload/types.hpp"
 #include "model/memory_plan.hpp"
 #include "model/model_test_util.hpp"
@@ -20,8 +21,7 @@ namespace {
 
 struct Case {
   DType dtype = DType::kF32;
-  DType kv_dtype = DType::kF32;  // with quantized_kv
-  bool quantized_kv = false;
+  DType kv_dtype = DType::kF32;  // used when quantized (fp8, int8); else the weights' dtype
   int slots = 1;
   double tolerance = 2e-3;
   int layers = 5;  // 1 resident, 4 streamed through a ring of 2
@@ -46,7 +46,7 @@ void compare_backends(const Case& k) {
   DecoderOptions o = testing::host_options(1200, k.slots);
   o.override_dtype = true;
   o.dtype = k.dtype;
-  o.override_kv_dtype = k.quantized_kv;
+  o.override_kv_dtype = is_quantized(k.kv_dtype);
   o.kv_dtype = k.kv_dtype;
   o.chunk = k.chunk;
   o.resident_layers = 1;
@@ -104,7 +104,6 @@ TEST(CudaModel, MatchesHostPathWithFp8AndInt8Kv) {
     Case k;
     k.dtype = DType::kF32;
     k.kv_dtype = kv;
-    k.quantized_kv = true;
     k.slots = 2;
     k.tolerance = 3e-2;
     compare_backends(k);

@@ -3,7 +3,9 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "expect_error.hpp"
 #include "kvoffload/error.hpp"
@@ -12,6 +14,20 @@
 
 namespace kvo::model {
 namespace {
+
+// Every run gives run 0's tokens and, bit for bit, its logits at every step.
+void expect_bit_identical(const std::vector<testing::GreedyRun>& runs,
+                          const std::string& what = "") {
+  for (std::size_t r = 1; r < runs.size(); ++r) {
+    EXPECT_EQ(runs[r].tokens, runs[0].tokens) << what << " run " << r;
+    for (std::size_t i = 0; i < runs[0].logits.size(); ++i) {
+      ASSERT_EQ(std::memcmp(runs[r].logits[i].data(), runs[0].logits[i].data(),
+                            runs[0].logits[i].size() * sizeof(float)),
+                0)
+          << what << " run " << r << " step " << i;
+    }
+  }
+}
 
 using kvo::testing::expect_error;
 using testing::greedy;
@@ -76,15 +92,7 @@ TEST(Decoder, StreamedLayersGiveBitIdenticalLogits) {
   }
   const std::set<std::int32_t> distinct(runs[0].tokens.begin(), runs[0].tokens.end());
   EXPECT_GE(distinct.size(), 4u) << "the tokens should depend on the context";
-  for (std::size_t r = 1; r < runs.size(); ++r) {
-    EXPECT_EQ(runs[r].tokens, runs[0].tokens) << "run " << r;
-    for (std::size_t i = 0; i < runs[0].logits.size(); ++i) {
-      ASSERT_EQ(std::memcmp(runs[r].logits[i].data(), runs[0].logits[i].data(),
-                            runs[0].logits[i].size() * sizeof(float)),
-                0)
-          << "run " << r << " step " << i;
-    }
-  }
+  expect_bit_identical(runs);
 }
 
 // The host path splits its work by shape, never by thread count: 1, 2 or 3 threads (more than
@@ -103,15 +111,7 @@ TEST(Decoder, SameLogitsForAnyThreadCountResidentOrStreamed) {
     Decoder d(c, WeightSource{"", 13}, o);
     runs.push_back(greedy(d, prompt, 10));
   }
-  for (std::size_t r = 1; r < runs.size(); ++r) {
-    EXPECT_EQ(runs[r].tokens, runs[0].tokens) << "run " << r;
-    for (std::size_t i = 0; i < runs[0].logits.size(); ++i) {
-      ASSERT_EQ(std::memcmp(runs[r].logits[i].data(), runs[0].logits[i].data(),
-                            runs[0].logits[i].size() * sizeof(float)),
-                0)
-          << "run " << r << " step " << i;
-    }
-  }
+  expect_bit_identical(runs);
 }
 
 TEST(Decoder, RefusesANegativeThreadCount) {
@@ -229,12 +229,7 @@ TEST(Decoder, QuantizedKvStreamsExactlyAndStaysCloseToF32Kv) {
       EXPECT_EQ(d.cache().stats().plan.row_bytes, quant_row_bytes(c.kv_heads, c.head_dim));
       runs.push_back(greedy(d, prompt, 16));
     }
-    for (std::size_t i = 0; i < runs[0].logits.size(); ++i) {
-      ASSERT_EQ(std::memcmp(runs[1].logits[i].data(), runs[0].logits[i].data(),
-                            runs[0].logits[i].size() * sizeof(float)),
-                0)
-          << dtype_name(kv) << " step " << i;
-    }
+    expect_bit_identical(runs, dtype_name(kv));
     // Teacher-forced comparison needs the same tokens: compare the first step, and every step
     // while the greedy tokens still agree.
     double worst = 0;

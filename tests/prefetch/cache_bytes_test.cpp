@@ -29,11 +29,11 @@ CacheConfig small(int layers, int resident, int ring) {
   return config;
 }
 
-// Runs one step appending n[s] zero rows per slot to every layer.
+// Runs one step appending n[s] rows (of one repeated byte) per slot to every layer.
 void step(OffloadedStaticCache& cache, const std::vector<std::int32_t>& n) {
   const CacheConfig& c = cache.config();
   const std::vector<std::uint8_t> rows(
-      static_cast<std::size_t>(c.max_seq) * c.kv_heads * c.head_dim * dtype_size(c.dtype), 0x5a);
+      static_cast<std::size_t>(c.max_seq) * kv_row_bytes(c.dtype, c.kv_heads, c.head_dim), 0x5a);
   cache.begin_step(n);
   for (int layer = 0; layer < c.layers; ++layer) {
     cache.acquire(layer);
@@ -107,19 +107,10 @@ TEST(Bytes, QuantizedRowsMoveTheirScalesAndHalfTheBytesOfBf16) {
     OffloadedStaticCache cache(c);
     const std::uint64_t row = is_quantized(dtype) ? 8 * 128 + 8 * 4 : 8 * 128 * 2;
     ASSERT_EQ(cache.stats().plan.row_bytes, row) << dtype_name(dtype);
-    const std::vector<std::uint8_t> rows(static_cast<std::size_t>(c.max_seq) * row, 0x3c);
     std::uint64_t length = 0;
     for (const std::vector<std::int32_t>& n :
          std::vector<std::vector<std::int32_t>>{{20, 9}, {1, 1}, {1, 0}, {3, 1}, {1, 1}}) {
-      cache.begin_step(n);
-      for (int layer = 0; layer < c.layers; ++layer) {
-        cache.acquire(layer);
-        for (int s = 0; s < c.slots; ++s) {
-          cache.append(layer, s, rows.data(), rows.data(), n[static_cast<std::size_t>(s)]);
-        }
-        cache.release(layer);
-      }
-      cache.end_step();
+      step(cache, n);
       const CacheStats st = cache.stats();
       EXPECT_EQ(st.h2d_bytes_last_step, 2 * 4 * length * row) << dtype_name(dtype);
       const auto added = static_cast<std::uint64_t>(n[0] + n[1]);
