@@ -42,6 +42,18 @@ def greedy(model, cache, ids, mask, new_tokens=NEW_TOKENS, **kwargs):
                           cache=cache, **kwargs)
 
 
+def zero_returned_keys(cache):
+    """Makes `cache` hand the model zero keys: a guard that the rows it returns are what the model
+    attends to (the tokens must change)."""
+    original_update = cache.update
+
+    def zeroing_update(key_states, value_states, layer_idx, *args, **kwargs):
+        keys, values = original_update(key_states, value_states, layer_idx, *args, **kwargs)
+        return keys * 0, values
+
+    cache.update = zeroing_update
+
+
 def offloaded(model, batch, resident_layers=0, max_cache_len=MAX_CACHE_LEN, **kwargs):
     return OffloadedStaticCache(model.config, batch, max_cache_len, device="cpu",
                                 dtype=torch.float32, resident_layers=resident_layers, **kwargs)

@@ -5,14 +5,12 @@ all resident.
     python smollm2_greedy.py --model DIR --kvo-generate PATH [--prompt-tokens 400 --max-new 32]
 """
 import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from kvo_generate import generate_tokens
 
 TEXT = "/usr/share/common-licenses/Apache-2.0"
 
@@ -35,25 +33,15 @@ def main():
     expected = out[0, len(ids):].tolist()
 
     failed = False
-    with tempfile.TemporaryDirectory() as tmp:
-        prompt = os.path.join(tmp, "prompt.txt")
-        with open(prompt, "w") as f:
-            f.write(" ".join(map(str, ids)) + "\n")
-        for resident in ("all", "1"):
-            cmd = [args.kvo_generate, "--model", args.model, "--prompt-tokens", prompt,
-                   "--max-new", str(args.max_new), "--backend", "host", "--resident", resident,
-                   "--chunk", "128", "--quiet", "--json"]
-            run = subprocess.run(cmd, capture_output=True, text=True)
-            if run.returncode != 0:
-                print(run.stdout, run.stderr, file=sys.stderr)
-                sys.exit(f"kvo-generate failed with --resident {resident}")
-            got = json.loads(run.stdout.strip().splitlines()[-1])["tokens"][0]
-            same = got == expected
-            print(f"--resident {resident}: {len(ids)} prompt tokens, {args.max_new} new, "
-                  f"identical to transformers: {'yes' if same else 'no'}")
-            if not same:
-                print(f"  transformers: {expected}\n  kvo-generate: {got}")
-                failed = True
+    for resident in ("all", "1"):
+        got = generate_tokens(args.kvo_generate, args.model, ids, args.max_new, "--resident",
+                              resident)
+        same = got == expected
+        print(f"--resident {resident}: {len(ids)} prompt tokens, {args.max_new} new, "
+              f"identical to transformers: {'yes' if same else 'no'}")
+        if not same:
+            print(f"  transformers: {expected}\n  kvo-generate: {got}")
+            failed = True
     sys.exit(1 if failed else 0)
 
 

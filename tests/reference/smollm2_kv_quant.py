@@ -19,36 +19,18 @@
     python smollm2_kv_quant.py --model DIR --kvo-generate PATH [--prompt-tokens 400 --max-new 12]
 """
 import argparse
-import json
 import math
-import os
-import subprocess
 import sys
-import tempfile
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StaticCache
 
+from kvo_generate import generate_tokens
 from kvoffload.hf import OffloadedStaticCache
 
 TEXT = "/usr/share/common-licenses/GPL-3"
 # dtype -> (most perplexity change in percent, least top-1 agreement in percent) against f32.
 BOUNDS = {"int8": (1.0, 96.5), "fp8": (2.0, 92.0)}
-
-
-def kvo_generate(args, ids, kv_dtype):
-    with tempfile.TemporaryDirectory() as tmp:
-        prompt = os.path.join(tmp, "prompt.txt")
-        with open(prompt, "w") as f:
-            f.write(" ".join(map(str, ids)) + "\n")
-        cmd = [args.kvo_generate, "--model", args.model, "--prompt-tokens", prompt,
-               "--max-new", str(args.max_new), "--backend", "host", "--resident", "1",
-               "--chunk", "128", "--kv-dtype", kv_dtype, "--quiet", "--json"]
-        run = subprocess.run(cmd, capture_output=True, text=True)
-        if run.returncode != 0:
-            print(run.stdout, run.stderr, file=sys.stderr)
-            sys.exit(f"kvo-generate --kv-dtype {kv_dtype} failed")
-        return json.loads(run.stdout.strip().splitlines()[-1])["tokens"][0]
 
 
 def scored(model, ids, cache):
@@ -86,7 +68,8 @@ def main():
             out = model.generate(torch.tensor([ids]), max_new_tokens=args.max_new,
                                  do_sample=False, eos_token_id=None, pad_token_id=0, cache=cache)
         ours = out[0, len(ids):].tolist()
-        theirs = kvo_generate(args, ids, kv_dtype)
+        theirs = generate_tokens(args.kvo_generate, args.model, ids, args.max_new, "--resident",
+                                 "1", "--kv-dtype", kv_dtype)
         same = ours == theirs
         print(f"{kv_dtype}: {len(ids)} prompt tokens, {args.max_new} new, drop-in identical to "
               f"kvo-generate --kv-dtype {kv_dtype}: {'yes' if same else 'no'}")
