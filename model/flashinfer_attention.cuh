@@ -110,10 +110,10 @@ cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWo
     const std::int64_t strides[3] = {kv.page_size * kv.token_stride, kv.token_stride,
                                      kv.head_stride};
     fi::paged_kv_t<T, std::int32_t> paged(
-        static_cast<std::uint32_t>(kv.kv_heads), static_cast<std::uint32_t>(kv.page_size),
-        kHeadDim, static_cast<std::uint32_t>(call.n), fi::QKVLayout::kNHD,
-        static_cast<T*>(const_cast<void*>(kv.k)), static_cast<T*>(const_cast<void*>(kv.v)),
-        strides, const_cast<std::int32_t*>(indices), const_cast<std::int32_t*>(indptr),
+        static_cast<std::uint32_t>(kv.kv_heads), static_cast<std::uint32_t>(kv.page_size), kHeadDim,
+        static_cast<std::uint32_t>(call.n), fi::QKVLayout::kNHD,
+        static_cast<T*>(const_cast<void*>(kv.k)), static_cast<T*>(const_cast<void*>(kv.v)), strides,
+        const_cast<std::int32_t*>(indices), const_cast<std::int32_t*>(indptr),
         const_cast<std::int32_t*>(last_page_len));
     Params params;
     params.q = static_cast<T*>(const_cast<void*>(call.q));
@@ -127,8 +127,10 @@ cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWo
     params.rope_rcp_scale = 1.0f;
     params.rope_rcp_theta = 1.0f;
     auto* int_base = static_cast<char*>(ws.int_buffer);
-    params.request_indices = reinterpret_cast<std::int32_t*>(int_base + plan.request_indices_offset);
-    params.kv_tile_indices = reinterpret_cast<std::int32_t*>(int_base + plan.kv_tile_indices_offset);
+    params.request_indices =
+        reinterpret_cast<std::int32_t*>(int_base + plan.request_indices_offset);
+    params.kv_tile_indices =
+        reinterpret_cast<std::int32_t*>(int_base + plan.kv_tile_indices_offset);
     params.o_indptr = reinterpret_cast<std::int32_t*>(int_base + plan.o_indptr_offset);
     params.kv_chunk_size_ptr =
         reinterpret_cast<std::int32_t*>(int_base + plan.kv_chunk_size_ptr_offset);
@@ -184,12 +186,12 @@ cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t
 }  // namespace kvo::model::flashinfer_ops
 
 // Explicit instantiations for one element type, both head sizes (inside the namespace).
-#define KVO_FLASHINFER_DECODE_FOR(E, D)                                                        \
-  template cudaError_t plan_decode<E, D>(const KvLayer&, const DecodeCall&, DecodeWorkspace&,  \
-                                         std::int32_t*, cudaStream_t);                          \
-  template cudaError_t run_decode<E, D>(const KvLayer&, const DecodeCall&,                      \
-                                        const DecodeWorkspace&, const std::int32_t*,            \
-                                        const std::int32_t*, const std::int32_t*, cudaStream_t);
+#define KVO_FLASHINFER_DECODE_FOR(E, D)                                                            \
+  template cudaError_t plan_decode<E, D>(const KvLayer&, const DecodeCall&, DecodeWorkspace&,      \
+                                         std::int32_t*, cudaStream_t);                             \
+  template cudaError_t run_decode<E, D>(const KvLayer&, const DecodeCall&, const DecodeWorkspace&, \
+                                        const std::int32_t*, const std::int32_t*,                  \
+                                        const std::int32_t*, cudaStream_t);
 #define KVO_FLASHINFER_DECODE(E) KVO_FLASHINFER_DECODE_FOR(E, 64) KVO_FLASHINFER_DECODE_FOR(E, 128)
 #define KVO_FLASHINFER_PREFILL(E)                                                            \
   template cudaError_t run_prefill<E, 64>(const KvLayer&, const PrefillCall&, cudaStream_t); \

@@ -14,12 +14,12 @@
 #define ROW (KV_HEADS * HEAD_DIM)
 
 static int failures = 0;
-#define CHECK(cond)                                              \
-  do {                                                           \
-    if (!(cond)) {                                               \
-      fprintf(stderr, "old_header: %d: %s\n", __LINE__, #cond);  \
-      ++failures;                                                \
-    }                                                            \
+#define CHECK(cond)                                             \
+  do {                                                          \
+    if (!(cond)) {                                              \
+      fprintf(stderr, "old_header: %d: %s\n", __LINE__, #cond); \
+      ++failures;                                               \
+    }                                                           \
   } while (0)
 
 static int guards_intact(const unsigned char* buffer, size_t size) {
