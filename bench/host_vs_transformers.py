@@ -137,7 +137,8 @@ def run_kvo(args, model_dir, prompt_file):
     return {"tokens": result["tokens"][0], "prefill_s": result["prefill_s"],
             "decode_s": result["decode_s"],
             "prefill_tokens_per_s": result["prefill_tokens_per_s"],
-            "decode_tokens_per_s": result["decode_tokens_per_s"], "command": cmd}
+            "decode_tokens_per_s": result["decode_tokens_per_s"], "gemm": result.get("gemm"),
+            "command": cmd}
 
 
 def main(argv=None):
@@ -195,6 +196,10 @@ def main(argv=None):
         "machine": machine(), "threads": args.threads, "torch": torch.__version__,
         "transformers": transformers.__version__,
         "transformers_setup": "float32, CPU, default (dynamic) cache, sdpa",
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        # OpenBLAS picks its kernels for the CPU at load time unless this names them; the
+        # kvo_generate rows' "gemm" says which ran.
+        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
         "kvo_setup": "--backend host --resident all", "runs": runs,
     }
     text = json.dumps(record, indent=2)

@@ -7,6 +7,7 @@
 #include "kvoffload/error.hpp"
 #include "model/attention_kernels.hpp"
 #include "model/cuda_ops.hpp"
+#include "model/host_linear.hpp"
 #include "model/host_ops.hpp"
 #include "model/memory_plan.hpp"
 #include "model/safetensors.hpp"
@@ -116,6 +117,11 @@ std::string Decoder::attention_kernels() const {
   return choose_attention_kernels(config_, shape_.kv_dtype, options_.slots, options_.max_seq,
                                   shape_.max_rows, options_.builtin_attention)
       .describe(config_, shape_.kv_dtype);
+}
+
+std::string Decoder::gemm_kernels() const {
+  if (cache_->backend() == BackendKind::kCuda) return "cuBLAS";
+  return gemm_library() + ", " + std::to_string(shape_.threads) + " threads";
 }
 
 void Decoder::check_tokens(const std::vector<std::int32_t>& tokens) const {

@@ -14,6 +14,13 @@ namespace kvo::model {
 // does not know that CPU and falls back to its generic kernels (1-75 GFLOP/s). Single-threaded
 // calls on our own pool ran on par with OpenBLAS's own threads (ahead on some shapes, behind on
 // others), and leave one pool on the cores with results independent of the thread count.
+std::string gemm_library() {
+  // openblas_get_config(): "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64".
+  std::string config = openblas_get_config();
+  const std::size_t version_end = config.find(' ', config.find(' ') + 1);
+  return config.substr(0, version_end) + ", " + openblas_get_corename() + " kernels";
+}
+
 HostLinear::HostLinear(ThreadPool& pool, Elem type, int max_in) : pool_(pool), type_(type) {
   openblas_set_num_threads(1);
   // A GEMM tile's converted panel, or the one row linear_rows converts at a time.

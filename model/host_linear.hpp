@@ -12,12 +12,18 @@
 // each gets alone. Tiles and blocks depend on the shapes only, never on the thread count.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "model/numerics.hpp"
 #include "model/thread_pool.hpp"
 
 namespace kvo::model {
+
+// The BLAS the host path's GEMMs call and the kernels it picked for this CPU, e.g. "OpenBLAS
+// 0.3.21, Cooperlake kernels" (OpenBLAS picks them at load time; OPENBLAS_CORETYPE overrides its
+// choice).
+std::string gemm_library();
 
 class HostLinear {
  public:

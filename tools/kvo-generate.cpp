@@ -72,6 +72,7 @@ int run(const kvo::cli::GenerateRun& o) {
       kvo::format_bytes(decoder.activation_bytes()).c_str(),
       kvo::format_bytes(plan.host_bytes).c_str());
   std::printf("  attention       %s\n", decoder.attention_kernels().c_str());
+  std::printf("  gemm            %s\n", decoder.gemm_kernels().c_str());
   std::fflush(stdout);
 
   // The decoder draws the tokens on its backend (on CUDA only the ids come back), draw d of slot
@@ -208,6 +209,7 @@ int run(const kvo::cli::GenerateRun& o) {
     j["prefill_s"] = prefill_s;
     j["decode_s"] = decode_s;
     j["attention"] = decoder.attention_kernels();
+    j["gemm"] = decoder.gemm_kernels();
     if (text.active()) {
       nlohmann::json texts = nlohmann::json::array();
       for (int s = 0; s < slots; ++s) texts.push_back(nlohmann::json::parse(text.json_text(s)));
