@@ -2,7 +2,8 @@
 // portable version converts each block of K and V into an f32 buffer and spends its time on
 // horizontal sums and on re-reading that buffer from L2 for each query row; this one reads the
 // cache rows in place, lets 4 query rows of a group share each converted K and V vector, sums 16
-// dot products at once with one transposing tree, and prefetches two blocks of keys ahead.
+// dot products at once with one transposing tree, and prefetches the rows of the next block of
+// keys a few lines at a time between its multiply-adds.
 #include <algorithm>
 #include <cstring>
 
@@ -11,6 +12,8 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define KVO_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,f16c")))
+#define KVO_AVX512_INLINE \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,f16c"), always_inline)) inline
 
 namespace kvo::model::kernels {
 namespace {
@@ -72,14 +75,17 @@ KVO_AVX512 inline __m512 exp16(__m512 x) {
 }
 
 constexpr int kRows = 4;  // query rows of a group that share each K and V load
-// Each head's rows are prefetched one block of keys ahead, just before the same head's rows of
-// this block are used: measured best against 2, 4, 8 and 16 blocks ahead, against prefetching
-// whole blocks at once, and against prefetching in address order (model-sized keys, one thread:
-// 15-17 GB/s of K/V per CPU-second from DRAM, 11-15 for the others).
+// Each head's rows are prefetched one block of keys ahead, interleaved with the work on the same
+// head's rows of this block: the key rows of keys j..j+3 ahead as the scores of keys j..j+3 start,
+// the value row of key j ahead as value j is added. Issued all at once per head (128 lines), the
+// prefetches filled the line buffers and the core waited for them, so the memory time added to the
+// compute time instead of hiding behind it: 0.56-0.58 of the streaming read at 32K-128K keys (2
+// threads, Llama-3-8B layer), against 0.78-0.87 interleaved (bench/results/host-attention-*.json).
+// One block ahead measured best against 2 and 4, and _MM_HINT_T0 on par with T1.
 constexpr int kPrefetchBlocks = 1;
 
 // Prefetches keys [j0, j0 + nb) of kv head g, all of their lines.
-KVO_AVX512 inline void prefetch_rows(const KeyRows& from, int g, int d, int j0, int nb) {
+KVO_AVX512_INLINE void prefetch_rows(const KeyRows& from, int g, int d, int j0, int nb) {
   const std::int64_t elem = from.type == Elem::kF32 ? 4 : 2;
   const char* base = static_cast<const char*>(from.base);
   for (int j = 0; j < nb; ++j) {
@@ -88,17 +94,21 @@ KVO_AVX512 inline void prefetch_rows(const KeyRows& from, int g, int d, int j0, 
   }
 }
 
-KVO_AVX512 inline const char* row_at(const KeyRows& from, int j, int g) {
+KVO_AVX512_INLINE const char* row_at(const KeyRows& from, int j, int g) {
   const std::int64_t elem = from.type == Elem::kF32 ? 4 : 2;
   return static_cast<const char*>(from.base) +
          (j * from.token_stride + g * from.head_stride) * elem;
 }
 
-// scores [kRows][kKeyBlock] of query rows q [kRows][d] (kv head g) against keys [j0, j0 + 16)
-// (those past nb are not read; their scores are garbage the caller masks).
+// rows[r] = the scores of query row r (q [kRows][d], kv head g) against keys [j0, j0 + 16)
+// (those past nb are not read; their scores are garbage the caller masks). They stay in registers:
+// a vector stored and read back in pieces would wait for the store to reach the cache. Prefetches
+// the key rows of the first `ahead` keys of the block kPrefetchBlocks ahead.
 template <Elem T>
-KVO_AVX512 void block_scores(const float* const* q, const KeyRows& k, int g, int d, int j0, int nb,
-                             float* scores) {
+KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int g, int d, int j0,
+                                    int nb, int ahead, __m512 (&out)[kRows]) {
+  static_assert(kRows == 4, "4 rows x 4 keys a vector");
+  __m512 t[4];  // t[j4 / 4] lane r * 4 + jj: row r, key j4 + jj
   const std::int64_t elem = k.type == Elem::kF32 ? 4 : 2;
   for (int j4 = 0; j4 < kKeyBlock; j4 += 4) {
     __m512 acc[kRows * 4];
@@ -106,6 +116,8 @@ KVO_AVX512 void block_scores(const float* const* q, const KeyRows& k, int g, int
     for (int i = 0; i < kRows * 4; ++i) acc[i] = _mm512_setzero_ps();
     const char* rows[4];
     for (int jj = 0; jj < 4; ++jj) rows[jj] = row_at(k, j0 + std::min(j4 + jj, nb - 1), g);
+    prefetch_rows(k, g, d, j0 + kPrefetchBlocks * kKeyBlock + j4,
+                  std::max(0, std::min(4, ahead - j4)));
     for (int e = 0; e < d; e += 16) {
       __m512 kj[4];
 #pragma GCC unroll 4
@@ -118,18 +130,24 @@ KVO_AVX512 void block_scores(const float* const* q, const KeyRows& k, int g, int
           acc[r * 4 + jj] = _mm512_fmadd_ps(qr, kj[jj], acc[r * 4 + jj]);
       }
     }
-    alignas(64) float lanes[kRows * 4];
-    _mm512_store_ps(lanes, sum_each(acc));
-    for (int r = 0; r < kRows; ++r) {
-      for (int jj = 0; jj < 4; ++jj) scores[r * kKeyBlock + j4 + jj] = lanes[r * 4 + jj];
-    }
+    t[j4 / 4] = sum_each(acc);
   }
+  // A 4 x 4 transpose of 128-bit lanes: row r's keys j4 + jj from lane r of each t.
+  const __m512 u0 = _mm512_shuffle_f32x4(t[0], t[1], _MM_SHUFFLE(1, 0, 1, 0));
+  const __m512 u1 = _mm512_shuffle_f32x4(t[0], t[1], _MM_SHUFFLE(3, 2, 3, 2));
+  const __m512 u2 = _mm512_shuffle_f32x4(t[2], t[3], _MM_SHUFFLE(1, 0, 1, 0));
+  const __m512 u3 = _mm512_shuffle_f32x4(t[2], t[3], _MM_SHUFFLE(3, 2, 3, 2));
+  out[0] = _mm512_shuffle_f32x4(u0, u2, _MM_SHUFFLE(2, 0, 2, 0));
+  out[1] = _mm512_shuffle_f32x4(u0, u2, _MM_SHUFFLE(3, 1, 3, 1));
+  out[2] = _mm512_shuffle_f32x4(u1, u3, _MM_SHUFFLE(2, 0, 2, 0));
+  out[3] = _mm512_shuffle_f32x4(u1, u3, _MM_SHUFFLE(3, 1, 3, 1));
 }
 
 // acc[r] [e0, e0 + 16 W) += sum over keys j < nb of p[r][j] * value j of kv head g, r < rows.
+// Prefetches the same columns of the value rows of the first `ahead` keys a block ahead.
 template <Elem T, int W>
-KVO_AVX512 inline void accumulate_values(const float* p, int rows, const KeyRows& v, int g, int j0,
-                                         int nb, int e0, float* const* acc) {
+KVO_AVX512_INLINE void accumulate_values(const float* p, int rows, const KeyRows& v, int g, int j0,
+                                         int nb, int ahead, int e0, float* const* acc) {
   const std::int64_t elem = v.type == Elem::kF32 ? 4 : 2;
   __m512 sums[kRows][W];
 #pragma GCC unroll 4
@@ -138,6 +156,10 @@ KVO_AVX512 inline void accumulate_values(const float* p, int rows, const KeyRows
     for (int c = 0; c < W; ++c) sums[r][c] = _mm512_loadu_ps(acc[r] + e0 + 16 * c);
   }
   for (int j = 0; j < nb; ++j) {
+    if (j < ahead) {  // the same lines of the value row a block ahead
+      const char* later = row_at(v, j0 + kPrefetchBlocks * kKeyBlock + j, g) + e0 * elem;
+      for (std::int64_t b = 0; b < 16 * W * elem; b += 64) _mm_prefetch(later + b, _MM_HINT_T0);
+    }
     const char* row = row_at(v, j0 + j, g) + e0 * elem;
     __m512 vj[W];
 #pragma GCC unroll 4
@@ -163,14 +185,12 @@ KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const Key
   for (int j0 = 0; j0 < keys; j0 += kKeyBlock) {
     const int nb = std::min(kKeyBlock, keys - j0);
     const __mmask16 valid = static_cast<__mmask16>((1u << nb) - 1);
-    const int next = j0 + kPrefetchBlocks * kKeyBlock;
-    const int ahead = std::max(0, std::min(kKeyBlock, keys - next));
+    // Keys of the block kPrefetchBlocks ahead that exist.
+    const int ahead = std::max(0, std::min(kKeyBlock, keys - (j0 + kPrefetchBlocks * kKeyBlock)));
     for (int g = 0; g < kv_heads; ++g) {
-      // The same head's rows a block ahead: spread over the block, so that the prefetches do not
-      // all wait at once for the few line fill buffers.
-      prefetch_rows(k, g, d, next, ahead);
-      prefetch_rows(v, g, d, next, ahead);
       for (int r0 = 0; r0 < group; r0 += kRows) {
+        // The first pass over the head's rows prefetches the same head's rows a block ahead.
+        const int fetch = r0 == 0 ? ahead : 0;
         const int rows = std::min(kRows, group - r0);
         const float* qs[kRows];
         float* accs[kRows];
@@ -179,16 +199,16 @@ KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const Key
           qs[r] = q + static_cast<std::int64_t>(row) * d;
           accs[r] = acc + static_cast<std::int64_t>(row) * d;
         }
-        alignas(64) float s[kRows * kKeyBlock];
-        block_scores<T>(qs, k, g, d, j0, nb, s);
+        __m512 scores[kRows];
+        block_scores<T>(qs, k, g, d, j0, nb, fetch, scores);
+        alignas(64) float s[kRows * kKeyBlock];  // the weights, for the values' broadcasts
         for (int r = 0; r < rows; ++r) {
           SoftmaxState& st = state[g * group + r0 + r];
-          const __m512 sr = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid,
-                                               _mm512_load_ps(s + r * kKeyBlock));
+          const __m512 sr = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, scores[r]);
           const float factor = softmax_block_rescale(st, _mm512_reduce_max_ps(sr));
           const __m512 p = exp16(_mm512_sub_ps(sr, _mm512_set1_ps(st.max)));
           st.sum = st.sum * factor + _mm512_reduce_add_ps(p);
-          _mm512_storeu_ps(s + r * kKeyBlock, p);
+          _mm512_store_ps(s + r * kKeyBlock, p);
           if (factor != 1.0f) {
             const __m512 f = _mm512_set1_ps(factor);
             for (int e = 0; e < d; e += 16) {
@@ -197,11 +217,12 @@ KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const Key
           }
         }
         for (int r = rows; r < kRows; ++r) {  // padding rows: weight 0
-          _mm512_storeu_ps(s + r * kKeyBlock, _mm512_setzero_ps());
+          _mm512_store_ps(s + r * kKeyBlock, _mm512_setzero_ps());
         }
         int e0 = 0;
-        for (; e0 + 64 <= d; e0 += 64) accumulate_values<T, 4>(s, rows, v, g, j0, nb, e0, accs);
-        for (; e0 < d; e0 += 16) accumulate_values<T, 1>(s, rows, v, g, j0, nb, e0, accs);
+        for (; e0 + 64 <= d; e0 += 64)
+          accumulate_values<T, 4>(s, rows, v, g, j0, nb, fetch, e0, accs);
+        for (; e0 < d; e0 += 16) accumulate_values<T, 1>(s, rows, v, g, j0, nb, fetch, e0, accs);
       }
     }
   }
