@@ -1,6 +1,7 @@
 #include "offload/byte_io.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -87,6 +88,7 @@ FileSource::FileSource(const std::string& path) : path_(path) {
 }
 
 FileSource::~FileSource() {
+  if (mapping_ != nullptr) ::munmap(mapping_, size_);
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -98,6 +100,21 @@ std::size_t FileSource::read_ahead(void* data, std::size_t bytes, std::uint64_t 
   const off_t here = ::lseek(fd_, 0, SEEK_CUR);
   if (here < 0) throw io_error("cannot read", path_, errno);
   return read_all(data, bytes, here + static_cast<off_t>(offset));
+}
+
+const std::byte* FileSource::map_ahead(std::uint64_t offset, std::uint64_t bytes) {
+  const off_t here = ::lseek(fd_, 0, SEEK_CUR);
+  if (here < 0 || bytes == 0 || static_cast<std::uint64_t>(here) + offset > size_ ||
+      bytes > size_ - static_cast<std::uint64_t>(here) - offset) {
+    return nullptr;
+  }
+  if (mapping_ == nullptr) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED) return nullptr;  // the caller reads instead
+    ::madvise(p, size_, MADV_SEQUENTIAL);
+    mapping_ = p;
+  }
+  return static_cast<const std::byte*>(mapping_) + here + offset;
 }
 
 std::size_t FileSource::read_all(void* data, std::size_t bytes, off_t at) const {

@@ -43,6 +43,9 @@ class FileSource : public ByteSource {
   bool skip(std::uint64_t bytes) override;
   bool positional() const override { return true; }
   std::size_t read_ahead(void* data, std::size_t bytes, std::uint64_t offset) override;
+  // Maps the whole file once, on the first call (MADV_SEQUENTIAL). The file must not shrink
+  // while it is mapped: reading a page past its new end raises SIGBUS.
+  const std::byte* map_ahead(std::uint64_t offset, std::uint64_t bytes) override;
   std::uint64_t size() const { return size_; }
 
  private:
@@ -52,6 +55,7 @@ class FileSource : public ByteSource {
   std::string path_;
   int fd_ = -1;
   std::uint64_t size_ = 0;
+  void* mapping_ = nullptr;  // the whole file, once map_ahead has mapped it
 };
 
 class StreamSink : public ByteSink {

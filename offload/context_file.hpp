@@ -48,6 +48,11 @@ class ByteSource {
   // returns how many arrived (fewer only at the end of the input). Thread-safe.
   // REQUIRES: positional().
   virtual std::size_t read_ahead(void* data, std::size_t bytes, std::uint64_t offset);
+  // The `bytes` starting `offset` bytes past the current position, mapped read-only into memory
+  // for as long as the source lives, or nullptr when the source cannot map them (the default) or
+  // they are not all there. Lets a reader copy and hash in one pass, without a system call per
+  // piece. REQUIRES: positional().
+  virtual const std::byte* map_ahead(std::uint64_t offset, std::uint64_t bytes);
 };
 
 // Where one slot's rows live: K (kv 0) and V (kv 1) of each layer are rows [0, max_seq), each

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -16,6 +17,7 @@
 
 #include "expect_error.hpp"
 #include "kvoffload/kvoffload.hpp"
+#include "offload/byte_io.hpp"
 
 namespace kvo {
 namespace {
@@ -39,7 +41,7 @@ CacheConfig small_config(int resident) {
 }
 
 std::size_t row_bytes(const CacheConfig& c) {
-  return static_cast<std::size_t>(c.kv_heads) * c.head_dim * dtype_size(c.dtype);
+  return static_cast<std::size_t>(kv_row_bytes(c.dtype, c.kv_heads, c.head_dim));
 }
 
 // Appends `count` random rows to `slot` (every layer, K and V) in one step.
@@ -146,6 +148,60 @@ TEST_F(CacheContextTest, RoundTripAcrossResidentSplits) {
       EXPECT_EQ(snapshot(target), snapshot(source));
     }
   }
+}
+
+// Files are restored from a mapping with streaming stores that start at an aligned address and
+// end with a copy of the rest: rows of widths that are no multiple of 16 or 32 bytes, in place or
+// through a buffer at any offset, in blocks whose sizes leave every remainder, come back exactly.
+TEST_F(CacheContextTest, RowsOfAnyWidthAndAlignmentRoundTrip) {
+  std::mt19937 rng(11);
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kInt8, DType::kFP8E4M3}) {
+    for (int trial = 0; trial < 6; ++trial) {
+      CacheConfig c = small_config(static_cast<int>(rng() % 3));
+      c.kv_heads = 1 + static_cast<int>(rng() % 3);
+      c.head_dim = 1 + static_cast<int>(rng() % 13);
+      c.max_seq = 5 + static_cast<int>(rng() % 40);
+      c.dtype = dtype;
+      const int slot = static_cast<int>(rng() % 2);
+      const int length = 1 + static_cast<int>(rng() % c.max_seq);
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + " kv_heads " + std::to_string(c.kv_heads) +
+                   " head_dim " + std::to_string(c.head_dim) + " max_seq " +
+                   std::to_string(c.max_seq) + " slot " + std::to_string(slot) + " length " +
+                   std::to_string(length));
+      OffloadedStaticCache source(c);
+      fill(source, slot, length, rng());
+      source.save_slot(slot, path("ctx"));
+      OffloadedStaticCache target(c);
+      // Into an empty slot the rows go in place; into one that holds rows, through a buffer.
+      if (trial % 2 == 1) fill(target, slot, 1 + static_cast<int>(rng() % c.max_seq), rng());
+      target.load_slot(slot, path("ctx"));
+      EXPECT_EQ(snapshot(target), snapshot(source));
+    }
+  }
+}
+
+// FileSource::map_ahead: the bytes past the current position, or nothing when they are not all
+// in the file; the position does not move.
+TEST_F(CacheContextTest, AFileMapsTheBytesAheadOrNothing) {
+  std::mt19937_64 rng(3);
+  std::vector<std::uint8_t> bytes(300000);
+  for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
+  write_bytes(path("data"), bytes);
+  offload::FileSource source(path("data"));
+  ASSERT_TRUE(source.skip(1000));
+  const std::byte* p = source.map_ahead(24, 5000);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(std::memcmp(p, bytes.data() + 1024, 5000), 0);
+  const std::byte* all = source.map_ahead(0, bytes.size() - 1000);
+  ASSERT_NE(all, nullptr);
+  EXPECT_EQ(std::memcmp(all, bytes.data() + 1000, bytes.size() - 1000), 0);
+  EXPECT_EQ(source.map_ahead(0, bytes.size() - 999), nullptr);
+  EXPECT_EQ(source.map_ahead(bytes.size() - 1000, 1), nullptr);
+  EXPECT_EQ(source.map_ahead(bytes.size(), 1), nullptr);
+  EXPECT_EQ(source.map_ahead(0, 0), nullptr);
+  std::uint8_t next[4];
+  ASSERT_EQ(source.read(next, sizeof(next)), sizeof(next));
+  EXPECT_EQ(std::memcmp(next, bytes.data() + 1000, sizeof(next)), 0);
 }
 
 TEST_F(CacheContextTest, LoadIntoASlotThatHoldsRowsReplacesThem) {
