@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <istream>
 #include <ostream>
@@ -103,11 +104,12 @@ std::size_t FileSource::read_ahead(void* data, std::size_t bytes, std::uint64_t 
 }
 
 const std::byte* FileSource::map_ahead(std::uint64_t offset, std::uint64_t bytes) {
-  const off_t here = ::lseek(fd_, 0, SEEK_CUR);
-  if (here < 0 || bytes == 0 || static_cast<std::uint64_t>(here) + offset > size_ ||
-      bytes > size_ - static_cast<std::uint64_t>(here) - offset) {
-    return nullptr;
-  }
+  const char* allowed = std::getenv("KVO_MAP_CONTEXTS");
+  if (allowed != nullptr && std::strcmp(allowed, "0") == 0) return nullptr;
+  const off_t at = ::lseek(fd_, 0, SEEK_CUR);
+  if (at < 0 || static_cast<std::uint64_t>(at) > size_) return nullptr;
+  const std::uint64_t here = static_cast<std::uint64_t>(at);
+  if (bytes == 0 || offset > size_ - here || bytes > size_ - here - offset) return nullptr;
   if (mapping_ == nullptr) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_, 0);
     if (p == MAP_FAILED) return nullptr;  // the caller reads instead

@@ -43,8 +43,10 @@ class FileSource : public ByteSource {
   bool skip(std::uint64_t bytes) override;
   bool positional() const override { return true; }
   std::size_t read_ahead(void* data, std::size_t bytes, std::uint64_t offset) override;
-  // Maps the whole file once, on the first call (MADV_SEQUENTIAL). The file must not shrink
-  // while it is mapped: reading a page past its new end raises SIGBUS.
+  // Maps the whole file once, on the first call (MADV_SEQUENTIAL). Reading a mapped page that
+  // the system cannot deliver raises SIGBUS instead of an error: the file shrunk by another
+  // process, or a read error (a failing disk, a network file system gone). KVO_MAP_CONTEXTS=0 in
+  // the environment turns mapping off, and files are read with pread, which reports both.
   const std::byte* map_ahead(std::uint64_t offset, std::uint64_t bytes) override;
   std::uint64_t size() const { return size_; }
 

@@ -11,10 +11,7 @@
 #include "kvoffload/error.hpp"
 #include "kvoffload/plan.hpp"
 #include "offload/checked_math.hpp"
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
+#include "offload/stream_copy.hpp"
 
 // xxHash from its header alone (Debian libxxhash-dev): nothing to link, here or for consumers of
 // the installed library.
@@ -24,9 +21,7 @@
 namespace kvo::offload {
 
 #if defined(KVO_HASH_AVX2)
-// context_hash_avx2.cpp
-void xxh3_update_avx2(void* state, const void* data, std::size_t bytes);
-void copy_streaming_avx2(std::byte* dst, const std::byte* src, std::size_t bytes);
+void xxh3_update_avx2(void* state, const void* data, std::size_t bytes);  // context_hash_avx2.cpp
 #endif
 
 namespace {
@@ -345,7 +340,8 @@ void check_context_fits(const ContextHeader& file, const ContextShape& shape,
 
 namespace {
 
-// Pieces a reader thread copies and then hashes: small enough to be hashed from its core's cache.
+// Pieces a reader thread hashes and copies: small enough to stay in its core's cache between the
+// two.
 constexpr std::size_t kCachedBytes = 256u << 10;
 
 // Threads that read a record's layer blocks at once from a file: copying out of the page cache
@@ -356,58 +352,14 @@ int reader_threads(int layers) {
   return std::max(1, std::min({layers, cores == 0 ? 1 : static_cast<int>(cores), 4}));
 }
 
-// dst [bytes] = src [bytes], with stores that go around the cache where the CPU has them
-// (streaming stores, AVX2's or SSE2's, from dst's first aligned boundary on). Restored rows are
-// written once and read much later: ordinary stores would first read each destination line in, a
-// third stream of memory traffic beside reading the file and writing the rows. The caller fences
-// (release()) before anyone else reads dst.
-void copy_streaming_sse2(std::byte* dst, const std::byte* src, std::size_t bytes) {
-#if defined(__SSE2__)
-  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
-  std::memcpy(dst, src, head);
-  std::size_t i = head;
-  for (; i + 64 <= bytes; i += 64) {
-    const auto* from = reinterpret_cast<const __m128i*>(src + i);
-    auto* to = reinterpret_cast<__m128i*>(dst + i);
-    const __m128i a = _mm_loadu_si128(from), b = _mm_loadu_si128(from + 1);
-    const __m128i c = _mm_loadu_si128(from + 2), d = _mm_loadu_si128(from + 3);
-    _mm_stream_si128(to, a);
-    _mm_stream_si128(to + 1, b);
-    _mm_stream_si128(to + 2, c);
-    _mm_stream_si128(to + 3, d);
-  }
-  std::memcpy(dst + i, src + i, bytes - i);
-#else
-  std::memcpy(dst, src, bytes);
-#endif
-}
-
-using CopyFn = void (*)(std::byte* dst, const std::byte* src, std::size_t bytes);
-CopyFn copy_streaming() {
-#if defined(KVO_HASH_AVX2)
-  static const CopyFn copy =
-      __builtin_cpu_supports("avx2") ? copy_streaming_avx2 : copy_streaming_sse2;
-  return copy;
-#else
-  return copy_streaming_sse2;
-#endif
-}
-
-// Orders copy_streaming's stores before what the thread does next (a join publishes them).
-void release() {
-#if defined(__SSE2__)
-  _mm_sfence();
-#endif
-}
-
 // The blocks of every layer, read at their offsets by several threads into host memory
 // (dst[2 * layer + kv]), each checked against its checksum; then the source stands past them.
 // Errors as read_context_rows's, for the first failing layer. A source that maps its bytes (a
 // file) is copied from the mapping, each piece hashed and then copied with streaming stores: on
-// the 2-core development machine that restored at 0.82 of a sequential read (median of 7 runs)
-// where pread, which copies through the cache, reached 0.72
-// (bench/results/context-restore-host.json). Other sources, and a file shorter than the blocks, are
-// read with read_ahead.
+// the 2-core development machine that restored at 0.82 of a sequential read where pread, which
+// copies through the cache, reached 0.70 (medians of 7 alternating runs,
+// bench/results/context-restore-host.json). Other sources, a file shorter than the blocks, and
+// every file under KVO_MAP_CONTEXTS=0 are read with read_ahead.
 void read_blocks_in_parallel(ByteSource& source, const std::vector<std::byte*>& dst, int layers,
                              std::uint64_t bytes, const std::string& what) {
   const std::uint64_t block = 2 * bytes + 8;
@@ -418,6 +370,7 @@ void read_blocks_in_parallel(ByteSource& source, const std::vector<std::byte*>& 
   std::exception_ptr error;
   const std::uint64_t all = checked_mul(block, static_cast<std::uint64_t>(layers), "context");
   const std::byte* mapped = source.map_ahead(0, all);
+  const bool from_mapping = mapped != nullptr;
   // One layer's block from the mapping: each piece hashed, then copied around the cache.
   const CopyFn copy = copy_streaming();
   auto copy_layer = [&](int layer, Hash& hash) {
@@ -460,14 +413,14 @@ void read_blocks_in_parallel(ByteSource& source, const std::vector<std::byte*>& 
       for (int layer = next++; layer < layers; layer = next++) {
         Hash hash;
         problems[static_cast<std::size_t>(layer)] =
-            mapped != nullptr ? copy_layer(layer, hash) : read_layer(layer, hash);
+            from_mapping ? copy_layer(layer, hash) : read_layer(layer, hash);
       }
     } catch (...) {
       const std::lock_guard<std::mutex> lock(failed);
       if (!error) error = std::current_exception();
       next = layers;
     }
-    release();
+    fence_streaming_stores();
   };
   std::vector<std::thread> helpers;
   for (int t = 1; t < reader_threads(layers); ++t) helpers.emplace_back(work);

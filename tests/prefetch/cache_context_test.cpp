@@ -18,6 +18,7 @@
 #include "expect_error.hpp"
 #include "kvoffload/kvoffload.hpp"
 #include "offload/byte_io.hpp"
+#include "offload/stream_copy.hpp"
 
 namespace kvo {
 namespace {
@@ -202,6 +203,50 @@ TEST_F(CacheContextTest, AFileMapsTheBytesAheadOrNothing) {
   std::uint8_t next[4];
   ASSERT_EQ(source.read(next, sizeof(next)), sizeof(next));
   EXPECT_EQ(std::memcmp(next, bytes.data() + 1000, sizeof(next)), 0);
+}
+
+// KVO_MAP_CONTEXTS=0 turns mapping off: files are read with pread, and still restore exactly.
+TEST_F(CacheContextTest, MappingCanBeTurnedOff) {
+  OffloadedStaticCache source(small_config(0));
+  fill(source, 0, 21, 4);
+  source.save_slot(0, path("ctx"));
+  ASSERT_EQ(::setenv("KVO_MAP_CONTEXTS", "0", 1), 0);
+  {
+    offload::FileSource file(path("ctx"));
+    EXPECT_EQ(file.map_ahead(0, 1), nullptr);
+  }
+  OffloadedStaticCache target(small_config(0));
+  target.load_slot(0, path("ctx"));
+  ::unsetenv("KVO_MAP_CONTEXTS");
+  EXPECT_EQ(snapshot(target), snapshot(source));
+  offload::FileSource file(path("ctx"));
+  EXPECT_NE(file.map_ahead(0, 1), nullptr);
+}
+
+// Both streaming copies (where the CPU runs them) against memcpy, for every destination and
+// source alignment within 32 bytes and sizes around the 16-, 32-, 64- and 128-byte steps.
+TEST(StreamingCopy, CopiesEveryAlignmentAndSizeExactly) {
+  std::vector<offload::CopyFn> copies = {offload::copy_streaming_sse2};
+#if defined(KVO_HASH_AVX2)
+  if (__builtin_cpu_supports("avx2")) copies.push_back(offload::copy_streaming_avx2);
+#endif
+  std::mt19937 rng(8);
+  std::vector<std::byte> src(700), dst(700), want(700);
+  for (auto& b : src) b = static_cast<std::byte>(rng());
+  for (offload::CopyFn copy : copies) {
+    for (std::size_t d = 0; d < 32; ++d) {
+      for (std::size_t s : {0, 1, 7, 16, 31}) {
+        for (std::size_t n = 0; n <= 300; n += (n < 140 ? 1 : 37)) {
+          for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = want[i] = std::byte{0x5a};
+          std::memcpy(want.data() + d, src.data() + s, n);
+          copy(dst.data() + d, src.data() + s, n);
+          offload::fence_streaming_stores();
+          ASSERT_EQ(dst, want) << "dst offset " << d << ", src offset " << s << ", " << n
+                               << " bytes";
+        }
+      }
+    }
+  }
 }
 
 TEST_F(CacheContextTest, LoadIntoASlotThatHoldsRowsReplacesThem) {
