@@ -79,8 +79,9 @@ constexpr int kRows = 4;  // query rows of a group that share each K and V load
 // head's rows of this block: the key rows of keys j..j+3 ahead as the scores of keys j..j+3 start,
 // the value row of key j ahead as value j is added. Issued all at once per head (128 lines), the
 // prefetches filled the line buffers and the core waited for them, so the memory time added to the
-// compute time instead of hiding behind it: 0.56-0.58 of the streaming read at 32K-128K keys (2
-// threads, Llama-3-8B layer), against 0.78-0.87 interleaved (bench/results/host-attention-*.json).
+// compute time instead of hiding behind it: 0.61-0.64 of the streaming read at 32K-128K keys (2
+// threads, Llama-3-8B layer), against 0.75-0.84 interleaved (medians of 5 alternating runs,
+// bench/results/host-path-b170e22.md).
 // One block ahead measured best against 2 and 4, and _MM_HINT_T0 on par with T1.
 constexpr int kPrefetchBlocks = 1;
 
