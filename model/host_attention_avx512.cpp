@@ -12,8 +12,7 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define KVO_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,f16c")))
-#define KVO_AVX512_INLINE \
-  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,f16c"), always_inline)) inline
+#define KVO_AVX512_INLINE KVO_AVX512 __attribute__((always_inline)) inline
 
 namespace kvo::model::kernels {
 namespace {
@@ -85,13 +84,13 @@ constexpr int kRows = 4;  // query rows of a group that share each K and V load
 // One block ahead measured best against 2 and 4, and _MM_HINT_T0 on par with T1.
 constexpr int kPrefetchBlocks = 1;
 
-// Prefetches keys [j0, j0 + nb) of kv head g, all of their lines.
-KVO_AVX512_INLINE void prefetch_rows(const KeyRows& from, int g, int d, int j0, int nb) {
+// Prefetches elements [e0, e0 + n) of keys [j0, j0 + nb) of kv head g, all of their lines.
+KVO_AVX512_INLINE void prefetch_rows(const KeyRows& from, int g, int e0, int n, int j0, int nb) {
   const std::int64_t elem = from.type == Elem::kF32 ? 4 : 2;
   const char* base = static_cast<const char*>(from.base);
   for (int j = 0; j < nb; ++j) {
-    const char* row = base + ((j0 + j) * from.token_stride + g * from.head_stride) * elem;
-    for (std::int64_t b = 0; b < d * elem; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+    const char* row = base + ((j0 + j) * from.token_stride + g * from.head_stride + e0) * elem;
+    for (std::int64_t b = 0; b < n * elem; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
   }
 }
 
@@ -117,7 +116,7 @@ KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int
     for (int i = 0; i < kRows * 4; ++i) acc[i] = _mm512_setzero_ps();
     const char* rows[4];
     for (int jj = 0; jj < 4; ++jj) rows[jj] = row_at(k, j0 + std::min(j4 + jj, nb - 1), g);
-    prefetch_rows(k, g, d, j0 + kPrefetchBlocks * kKeyBlock + j4,
+    prefetch_rows(k, g, 0, d, j0 + kPrefetchBlocks * kKeyBlock + j4,
                   std::max(0, std::min(4, ahead - j4)));
     for (int e = 0; e < d; e += 16) {
       __m512 kj[4];
@@ -157,10 +156,8 @@ KVO_AVX512_INLINE void accumulate_values(const float* p, int rows, const KeyRows
     for (int c = 0; c < W; ++c) sums[r][c] = _mm512_loadu_ps(acc[r] + e0 + 16 * c);
   }
   for (int j = 0; j < nb; ++j) {
-    if (j < ahead) {  // the same lines of the value row a block ahead
-      const char* later = row_at(v, j0 + kPrefetchBlocks * kKeyBlock + j, g) + e0 * elem;
-      for (std::int64_t b = 0; b < 16 * W * elem; b += 64) _mm_prefetch(later + b, _MM_HINT_T0);
-    }
+    // The same columns of the value row a block ahead.
+    if (j < ahead) prefetch_rows(v, g, e0, 16 * W, j0 + kPrefetchBlocks * kKeyBlock + j, 1);
     const char* row = row_at(v, j0 + j, g) + e0 * elem;
     __m512 vj[W];
 #pragma GCC unroll 4

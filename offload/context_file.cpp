@@ -371,39 +371,32 @@ void read_blocks_in_parallel(ByteSource& source, const std::vector<std::byte*>& 
   const std::uint64_t all = checked_mul(block, static_cast<std::uint64_t>(layers), "context");
   const std::byte* mapped = source.map_ahead(0, all);
   const bool from_mapping = mapped != nullptr;
-  // One layer's block from the mapping: each piece hashed, then copied around the cache.
   const CopyFn copy = copy_streaming();
-  auto copy_layer = [&](int layer, Hash& hash) {
-    const std::byte* from = mapped + static_cast<std::uint64_t>(layer) * block;
+  // One layer's block, piece by piece: from the mapping, hashed there and then copied around the
+  // cache; or read with read_ahead into the rows and hashed there.
+  auto load_layer = [&](int layer) {
+    const std::uint64_t at = static_cast<std::uint64_t>(layer) * block;
+    Hash hash;
     for (int kv = 0; kv < 2; ++kv) {
       std::byte* rows = dst[2 * static_cast<std::size_t>(layer) + kv];
       for (std::uint64_t offset = 0; offset < bytes; offset += kCachedBytes) {
         const std::size_t piece =
             static_cast<std::size_t>(std::min<std::uint64_t>(kCachedBytes, bytes - offset));
-        const std::byte* in = from + kv * bytes + offset;
-        hash.update(in, piece);
-        copy(rows + offset, in, piece);
+        const std::uint64_t from = at + kv * bytes + offset;
+        if (from_mapping) {
+          hash.update(mapped + from, piece);
+          copy(rows + offset, mapped + from, piece);
+        } else if (source.read_ahead(rows + offset, piece, from) == piece) {
+          hash.update(rows + offset, piece);
+        } else {
+          return Problem::kTruncated;
+        }
       }
     }
     unsigned char sum[8];
-    std::memcpy(sum, from + 2 * bytes, sizeof(sum));
-    return get_u64(sum) != hash.digest() ? Problem::kCorrupted : Problem::kNone;
-  };
-  // One layer's block read with read_ahead, each piece hashed from the rows it landed in.
-  auto read_layer = [&](int layer, Hash& hash) {
-    const std::uint64_t at = static_cast<std::uint64_t>(layer) * block;
-    bool whole = true;
-    for (int kv = 0; kv < 2 && whole; ++kv) {
-      std::byte* rows = dst[2 * static_cast<std::size_t>(layer) + kv];
-      for (std::uint64_t offset = 0; offset < bytes && whole; offset += kCachedBytes) {
-        const std::size_t piece =
-            static_cast<std::size_t>(std::min<std::uint64_t>(kCachedBytes, bytes - offset));
-        whole = source.read_ahead(rows + offset, piece, at + kv * bytes + offset) == piece;
-        if (whole) hash.update(rows + offset, piece);
-      }
-    }
-    unsigned char sum[8];
-    if (!whole || source.read_ahead(sum, sizeof(sum), at + 2 * bytes) < sizeof(sum)) {
+    if (from_mapping) {
+      std::memcpy(sum, mapped + at + 2 * bytes, sizeof(sum));
+    } else if (source.read_ahead(sum, sizeof(sum), at + 2 * bytes) < sizeof(sum)) {
       return Problem::kTruncated;
     }
     return get_u64(sum) != hash.digest() ? Problem::kCorrupted : Problem::kNone;
@@ -411,9 +404,7 @@ void read_blocks_in_parallel(ByteSource& source, const std::vector<std::byte*>& 
   auto work = [&] {
     try {
       for (int layer = next++; layer < layers; layer = next++) {
-        Hash hash;
-        problems[static_cast<std::size_t>(layer)] =
-            from_mapping ? copy_layer(layer, hash) : read_layer(layer, hash);
+        problems[static_cast<std::size_t>(layer)] = load_layer(layer);
       }
     } catch (...) {
       const std::lock_guard<std::mutex> lock(failed);
