@@ -26,7 +26,9 @@ class Backend : public offload::MemoryResource {
   virtual BackendKind kind() const = 0;
 
   virtual StreamHandle create_stream() = 0;
-  virtual void destroy_stream(StreamHandle stream) noexcept = 0;
+  // Waits for the stream's work and frees it. nullptr is a no-op (true); false, and nothing done,
+  // for a handle this backend did not make or has destroyed already.
+  virtual bool destroy_stream(StreamHandle stream) noexcept = 0;
   virtual EventHandle create_event() = 0;
   virtual void destroy_event(EventHandle event) noexcept = 0;
   // Throws kvo::Error(kInvalidArgument) for a stream handle this backend cannot use: one it

@@ -361,7 +361,17 @@ kvo_status kvo_cache_options_init(kvo_cache_options* options, uint32_t struct_si
   return guarded(thread_message, "kvo_cache_options_init", [&] {
     require(options, "options is NULL");
     check_struct_size(struct_size, kOptionsBase, "options");
-    std::memset(options, 0, struct_size);  // fields past this library's struct: their defaults
+    // A larger struct is a newer header's, whose defaults this library cannot know.
+    if (struct_size > sizeof(kvo_cache_options)) {
+      throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                       "struct_size is " + std::to_string(struct_size) +
+                           ", more than this library's kvo_cache_options (" +
+                           std::to_string(sizeof(kvo_cache_options)) +
+                           " bytes): the program was built against a newer kvoffload than this "
+                           "library (" +
+                           kvo::version() + "); nothing was written");
+    }
+    std::memset(options, 0, struct_size);
     options->struct_size = struct_size;
     write_out(defaults(), options);
   });
@@ -389,8 +399,14 @@ kvo_status kvo_cache_backend(const kvo_cache_t* cache, kvo_backend* out_backend)
 
 kvo_status kvo_begin_step(kvo_cache_t* cache, const int32_t* new_tokens, int32_t count) {
   return on_cache(cache, "kvo_begin_step", [&](kvo_cache& c) {
-    if (count < 0) throw CallError{KVO_ERROR_INVALID_ARGUMENT, "count is negative"};
-    if (count > 0) require(new_tokens, "new_tokens is NULL");
+    // The count is checked before the array is read: it says how many ints may be read.
+    if (count != c.cache.config().slots) {
+      throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                       "begin_step needs one new-token count per slot: count is " +
+                           std::to_string(count) + ", the cache has " +
+                           std::to_string(c.cache.config().slots) + " slots");
+    }
+    require(new_tokens, "new_tokens is NULL");
     c.new_tokens.assign(new_tokens, new_tokens + count);
     c.cache.begin_step(c.new_tokens);
   });

@@ -376,9 +376,11 @@ void OffloadedStaticCache::append(int layer, int slot, const void* k_rows, const
   m.check_slot(slot);
   const auto s = static_cast<std::size_t>(slot);
   if (count < 0) throw invalid("append: negative row count " + std::to_string(count));
-  if (m.appended[s] + count > m.new_tokens[s]) {
+  // In 64 bits: appended + count can pass INT32_MAX.
+  const std::int64_t total = static_cast<std::int64_t>(m.appended[s]) + count;
+  if (total > m.new_tokens[s]) {
     throw invalid("append: slot " + std::to_string(slot) + " of layer " + std::to_string(layer) +
-                  " would get " + std::to_string(m.appended[s] + count) +
+                  " would get " + std::to_string(total) +
                   " rows this step, but begin_step declared " + std::to_string(m.new_tokens[s]));
   }
   if (count == 0) return;
@@ -554,8 +556,12 @@ void* OffloadedStaticCache::reserved(const std::string& name) const {
 void* OffloadedStaticCache::create_stream() {
   return impl_->backend->create_stream();
 }
-void OffloadedStaticCache::destroy_stream(void* stream) noexcept {
-  impl_->backend->destroy_stream(stream);
+void OffloadedStaticCache::destroy_stream(void* stream) {
+  if (!impl_->backend->destroy_stream(stream)) {
+    throw invalid(
+        "destroy_stream: the handle is not a stream this cache made (or it was "
+        "destroyed already); nothing was freed");
+  }
 }
 void OffloadedStaticCache::launch_host_func(void* stream, void (*fn)(void*), void* arg) {
   impl_->backend->check_stream(stream);

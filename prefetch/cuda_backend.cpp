@@ -167,13 +167,18 @@ StreamHandle CudaBackend::create_stream() {
   return stream;
 }
 
-void CudaBackend::destroy_stream(StreamHandle stream) noexcept {
-  if (stream == nullptr) return;
+bool CudaBackend::destroy_stream(StreamHandle stream) noexcept {
+  if (stream == nullptr) return true;
+  {
+    // Only streams made here: a caller's own stream (torch's, say) is never destroyed.
+    std::lock_guard<std::mutex> lock(streams_mutex_);
+    if (made_.erase(stream) == 0) return false;
+    destroyed_.insert(stream);
+  }
   DeviceGuard guard(device_, false);
   cudaStreamSynchronize(as_stream(stream));
   cudaStreamDestroy(as_stream(stream));
-  std::lock_guard<std::mutex> lock(streams_mutex_);
-  if (made_.erase(stream) > 0) destroyed_.insert(stream);
+  return true;
 }
 
 void CudaBackend::check_stream(StreamHandle stream) const {

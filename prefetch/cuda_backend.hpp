@@ -28,7 +28,7 @@ class CudaBackend final : public Backend {
   std::uint64_t default_budget() override;
 
   StreamHandle create_stream() override;
-  void destroy_stream(StreamHandle stream) noexcept override;
+  bool destroy_stream(StreamHandle stream) noexcept override;
   void check_stream(StreamHandle stream) const override;
   EventHandle create_event() override;
   void destroy_event(EventHandle event) noexcept override;

@@ -237,16 +237,18 @@ StreamHandle HostBackend::create_stream() {
   return stream;
 }
 
-void HostBackend::destroy_stream(StreamHandle stream) noexcept {
+bool HostBackend::destroy_stream(StreamHandle stream) noexcept {
+  if (stream == nullptr) return true;
   HostStream* host_stream = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = streams_.find(static_cast<HostStream*>(stream));
-    if (it == streams_.end()) return;
+    if (it == streams_.end()) return false;
     host_stream = *it;
     streams_.erase(it);
   }
   delete host_stream;  // drains what was enqueued, then joins
+  return true;
 }
 
 EventHandle HostBackend::create_event() {

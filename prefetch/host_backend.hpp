@@ -30,7 +30,7 @@ class HostBackend final : public Backend {
   std::uint64_t default_budget() override { return 0; }  // unlimited
 
   StreamHandle create_stream() override;
-  void destroy_stream(StreamHandle stream) noexcept override;
+  bool destroy_stream(StreamHandle stream) noexcept override;
   void check_stream(StreamHandle stream) const override { (void)async_stream(stream); }
   EventHandle create_event() override;
   void destroy_event(EventHandle event) noexcept override;

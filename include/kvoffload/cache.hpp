@@ -196,7 +196,9 @@ class KVO_API OffloadedStaticCache {
   // tests: create_stream gives a cudaStream_t on CUDA, an asynchronous worker on the host (see
   // CacheStream below for one that frees itself).
   void* create_stream();
-  void destroy_stream(void* stream) noexcept;
+  // Waits for the stream's work, then frees it; nullptr is a no-op. Throws kvo::Error
+  // (kInvalidArgument), and frees nothing, for a handle this cache did not make or has freed.
+  void destroy_stream(void* stream);
   // Runs fn(arg) on `stream` after the work enqueued before it (cudaLaunchHostFunc on CUDA).
   // fn must not call into the cache, its backend or CUDA.
   void launch_host_func(void* stream, void (*fn)(void*), void* arg);
@@ -243,7 +245,11 @@ class CacheStream {
     } catch (...) {
       // No caller to report to; the stream is destroyed regardless.
     }
-    cache_->destroy_stream(stream_);
+    try {
+      cache_->destroy_stream(stream_);
+    } catch (...) {
+      // Not reached: the stream is the cache's own.
+    }
     stream_ = nullptr;
   }
 

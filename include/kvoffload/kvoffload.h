@@ -221,7 +221,10 @@ KVO_API const char* kvo_last_error(const kvo_cache_t* cache);
  *   kvo_cache_options options;
  *   kvo_cache_options_init(&options, sizeof options);
  * REQUIRES: options != NULL; struct_size is sizeof(kvo_cache_options) as the caller was compiled
- * (at least that of 0.2, the first version with struct_size). */
+ * (at least that of 0.2, the first version with struct_size). A struct_size larger than this
+ * library's struct (a program built against a newer header) is refused with
+ * KVO_ERROR_INVALID_ARGUMENT and nothing is written: this library cannot know the newer defaults.
+ */
 KVO_API kvo_status kvo_cache_options_init(kvo_cache_options* options, uint32_t struct_size);
 
 /* Plans and allocates every device and host byte, and starts the copy streams. On KVO_OK,
@@ -234,7 +237,8 @@ KVO_API kvo_status kvo_cache_create(const kvo_cache_options* options, kvo_cache_
 
 /* Waits for the cache's in-flight copies, then frees everything it owns; views and the message
  * of kvo_last_error die with it. Streams made by kvo_stream_create must be destroyed first.
- * REQUIRES: no work the caller enqueued still reads a view. NULL is a no-op. Never fails. */
+ * REQUIRES: no work the caller enqueued still reads a view. NULL is a no-op. Never fails.
+ * Undefined (as free() twice is): destroying a cache twice, or any call on a destroyed cache. */
 KVO_API void kvo_cache_destroy(kvo_cache_t* cache);
 
 /* The backend the cache runs on (KVO_BACKEND_AUTO resolved). REQUIRES: out_backend != NULL. */
@@ -243,7 +247,8 @@ KVO_API kvo_status kvo_cache_backend(const kvo_cache_t* cache, kvo_backend* out_
 /* ---- the per-step protocol ------------------------------------------------------------------ */
 
 /* Opens a step that appends new_tokens[s] rows to each slot s. The array is copied.
- * REQUIRES: no step open; count == slots; new_tokens[s] >= 0;
+ * REQUIRES: no step open; count == slots (checked before the array is read, so a wrong count is
+ * refused without reading past what it says); new_tokens[s] >= 0;
  * kvo_length(s) + new_tokens[s] <= max_seq. */
 KVO_API kvo_status kvo_begin_step(kvo_cache_t* cache, const int32_t* new_tokens, int32_t count);
 
@@ -258,7 +263,8 @@ KVO_API kvo_status kvo_acquire(kvo_cache_t* cache, int32_t layer, kvo_layer_view
  * device memory, to the slot's next free rows of the held layer, ordered on `stream`. The
  * caller keeps ownership of k_rows and v_rows; they must stay valid until `stream` has executed
  * the copy. count == 0 is a no-op (the pointers may then be NULL).
- * REQUIRES: `layer` is held; rows appended to `slot` in this layer stay <= new_tokens[slot]. */
+ * REQUIRES: `layer` is held; count >= 0; rows appended to `slot` in this layer, this call's
+ * included, stay <= new_tokens[slot] (counted without overflow: any count past it is refused). */
 KVO_API kvo_status kvo_append(kvo_cache_t* cache, int32_t layer, int32_t slot, const void* k_rows,
                               const void* v_rows, int32_t count, void* stream);
 
@@ -320,7 +326,9 @@ KVO_API kvo_status kvo_stats(const kvo_cache_t* cache, kvo_cache_stats* out_stat
  * REQUIRES: out_stream != NULL. */
 KVO_API kvo_status kvo_stream_create(kvo_cache_t* cache, void** out_stream);
 
-/* Waits for the stream's work, then frees it. NULL is a no-op.
+/* Waits for the stream's work, then frees it. NULL is a no-op. A handle this cache did not make,
+ * or has already freed, is refused with KVO_ERROR_INVALID_ARGUMENT and nothing is freed (a
+ * caller's own cudaStream_t is never destroyed here).
  * REQUIRES: `stream` was made by kvo_stream_create on this cache. */
 KVO_API kvo_status kvo_stream_destroy(kvo_cache_t* cache, void* stream);
 

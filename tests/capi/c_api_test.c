@@ -3,6 +3,7 @@
  * step, and checks every acquired view against its own copy of what every layer and slot must
  * hold. It then provokes each error code and checks that the cache is still usable and its data
  * intact. Runs once with the synchronous NULL stream and once with an asynchronous stream. */
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -297,6 +298,15 @@ static void provoke_errors(engine* e) {
                 "one new-token count per slot");
   EXPECT_STATUS(cache, kvo_begin_step(cache, NULL, SLOTS), KVO_ERROR_INVALID_ARGUMENT,
                 "new_tokens is NULL");
+  /* A count far past the array: refused before a single int is read (AddressSanitizer catches a
+   * read past `one`). */
+  {
+    const int32_t one = 1;
+    EXPECT_STATUS(cache, kvo_begin_step(cache, &one, 1 << 20), KVO_ERROR_INVALID_ARGUMENT,
+                  "count is 1048576, the cache has 3 slots");
+    EXPECT_STATUS(cache, kvo_begin_step(cache, &one, -1), KVO_ERROR_INVALID_ARGUMENT,
+                  "count is -1");
+  }
   EXPECT_STATUS(cache, kvo_length(cache, 0, NULL), KVO_ERROR_INVALID_ARGUMENT,
                 "out_length is NULL");
   EXPECT_STATUS(cache, kvo_stats(cache, NULL), KVO_ERROR_INVALID_ARGUMENT, "out_stats is NULL");
@@ -330,6 +340,13 @@ static void provoke_errors(engine* e) {
                 "declared 1");
   EXPECT_STATUS(cache, kvo_append(cache, 0, 0, NULL, NULL, 1, e->stream),
                 KVO_ERROR_INVALID_ARGUMENT, "null");
+  /* One row, then INT32_MAX more: 1 + INT32_MAX overflows an int32 sum, and must still be
+   * refused (else about 2^31 rows would be copied past the layer). */
+  MUST(cache, kvo_append(cache, 0, 0, row, row, 1, e->stream));
+  EXPECT_STATUS(cache, kvo_append(cache, 0, 0, row, row, INT32_MAX, e->stream),
+                KVO_ERROR_INVALID_ARGUMENT, "would get 2147483648 rows");
+  EXPECT_STATUS(cache, kvo_append(cache, 0, 0, row, row, -1, e->stream), KVO_ERROR_INVALID_ARGUMENT,
+                "negative");
   EXPECT_STATUS(cache, kvo_end_step(cache), KVO_ERROR_PROTOCOL, "still held");
   MUST(cache, kvo_abort_step(cache, e->stream));              /* nothing of this step may stay */
   CHECK(strstr(kvo_last_error(cache), "still held") != NULL); /* success does not clear it */
@@ -369,6 +386,37 @@ static void provoke_errors(engine* e) {
     printf("a CUDA device is present: KVO_ERROR_DEVICE not provoked\n");
   }
   /* KVO_ERROR_INTERNAL is a broken invariant inside the library: no call can provoke it. */
+
+  /* Streams: a handle the cache never made, and one it made and freed, are refused. */
+  {
+    void* made = NULL;
+    EXPECT_STATUS(e->cache, kvo_stream_destroy(e->cache, (void*)&failures),
+                  KVO_ERROR_INVALID_ARGUMENT, "not a stream this cache made");
+    MUST(e->cache, kvo_stream_create(e->cache, &made));
+    MUST(e->cache, kvo_stream_destroy(e->cache, made));
+    EXPECT_STATUS(e->cache, kvo_stream_destroy(e->cache, made), KVO_ERROR_INVALID_ARGUMENT,
+                  "not a stream this cache made");
+    MUST(e->cache, kvo_stream_destroy(e->cache, NULL)); /* a no-op */
+  }
+
+  /* kvo_cache_options_init with a struct_size past this library's struct (a newer header's):
+   * refused, and not a byte of the caller's memory written. */
+  {
+    struct {
+      kvo_cache_options options;
+      unsigned char newer[64];
+    } big;
+    const unsigned char* bytes = (const unsigned char*)&big;
+    size_t i;
+    int untouched = 1;
+    memset(&big, 0xAB, sizeof big);
+    EXPECT_STATUS(NULL, kvo_cache_options_init(&big.options, (uint32_t)sizeof big),
+                  KVO_ERROR_INVALID_ARGUMENT, "more than this library's kvo_cache_options");
+    EXPECT_STATUS(NULL, kvo_cache_options_init(&big.options, UINT32_MAX),
+                  KVO_ERROR_INVALID_ARGUMENT, "newer kvoffload");
+    for (i = 0; i < sizeof big; ++i) untouched = untouched && bytes[i] == 0xAB;
+    CHECK(untouched);
+  }
 
   /* After all that, the engine's cache still works and holds what it held. */
   for (s = 0; s < SLOTS; ++s) {

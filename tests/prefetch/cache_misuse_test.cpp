@@ -221,6 +221,8 @@ TEST(BadStream, UnknownAndDestroyedHandlesAreRefusedAndChangeNothing) {
     expect_error([&] { cache.acquire(0, bad); }, ErrorCode::kInvalidArgument,
                  "not a stream of this host-backend cache");
     EXPECT_THROW(cache.synchronize_stream(bad), Error);
+    expect_error([&] { cache.destroy_stream(bad); }, ErrorCode::kInvalidArgument,
+                 "not a stream this cache made");
     EXPECT_THROW(cache.launch_host_func(
                      bad, [](void*) {}, nullptr),
                  Error);
