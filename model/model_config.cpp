@@ -21,104 +21,35 @@ const char* const kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", 
 // config.json is small; anything past this is not one.
 constexpr std::uint64_t kMaxConfigBytes = 16u << 20;
 
-// The fields of one JSON object, read with the types and ranges the decoder needs. null counts as
-// absent (transformers writes null for unset optional fields).
-class Fields {
- public:
-  Fields(const Json& object, const std::string& source) : object_(object), source_(source) {}
-
-  const Json* get(const char* key) const {
-    const auto it = object_.find(key);
-    return it != object_.end() && !it->is_null() ? &*it : nullptr;
-  }
-  // A JSON integer (no fraction, no exponent) in [min, max].
-  int integer(const char* key, int min, int max, int fallback, bool required) const {
-    const Json* v = get(key);
-    if (v == nullptr) {
-      if (required) throw invalid(source_ + ": missing field \"" + key + "\"");
-      return fallback;
-    }
-    // JSON integers arrive as int64 or, when positive, as uint64; a fraction or an exponent makes
-    // a float, which is refused rather than rounded.
-    bool in_range = false;
-    if (v->is_number_unsigned()) {
-      const auto u = v->get<std::uint64_t>();
-      in_range = u >= static_cast<std::uint64_t>(min) && u <= static_cast<std::uint64_t>(max);
-    } else if (v->is_number_integer()) {
-      const auto i = v->get<std::int64_t>();
-      in_range = i >= min && i <= max;
-    }
-    if (!in_range) {
-      throw invalid(source_ + ": field \"" + key + "\" must be an integer from " +
-                    std::to_string(min) + " to " + std::to_string(max) + ", got " +
-                    printable(v->dump()));
-    }
-    return static_cast<int>(v->get<std::int64_t>());
-  }
-  double real(const char* key, double fallback) const {
-    const Json* v = get(key);
-    if (v == nullptr) return fallback;
-    if (!v->is_number() || !std::isfinite(v->get<double>())) {
-      throw invalid(source_ + ": field \"" + key + "\" must be a finite number, got " +
-                    printable(v->dump()));
-    }
-    return v->get<double>();
-  }
-  bool boolean(const char* key, bool fallback) const {
-    const Json* v = get(key);
-    if (v == nullptr) return fallback;
-    if (!v->is_boolean()) {
-      throw invalid(source_ + ": field \"" + key + "\" must be true or false, got " +
-                    printable(v->dump()));
-    }
-    return v->get<bool>();
-  }
-  std::string text(const char* key, const std::string& fallback) const {
-    const Json* v = get(key);
-    if (v == nullptr) return fallback;
-    if (!v->is_string()) {
-      throw invalid(source_ + ": field \"" + key + "\" must be a string, got " +
-                    printable(v->dump()));
-    }
-    return v->get<std::string>();
-  }
-
- private:
-  const Json& object_;
-  const std::string& source_;
-};
-
-void parse_rope(const Fields& f, const std::string& source, ModelConfig& c) {
-  c.rope_theta = static_cast<float>(f.real("rope_theta", 10000.0));
+void parse_rope(const JsonField& f, ModelConfig& c) {
+  c.rope_theta = static_cast<float>(f.real_or("rope_theta", 10000.0));
   // Older configs: rope_theta + rope_scaling; newer ones: rope_parameters holding both.
-  const Json* scaling = f.get("rope_parameters");
-  if (scaling == nullptr) scaling = f.get("rope_scaling");
-  if (scaling == nullptr) return;
-  if (!scaling->is_object()) throw invalid(source + ": rope scaling must be an object");
-  const Fields s(*scaling, source);
-  c.rope_theta = static_cast<float>(s.real("rope_theta", c.rope_theta));
+  std::optional<JsonField> scaling = f.find("rope_parameters");
+  if (!scaling) scaling = f.find("rope_scaling");
+  if (!scaling) return;
+  const JsonField& s = *scaling;
+  s.require_object();
+  c.rope_theta = static_cast<float>(s.real_or("rope_theta", c.rope_theta));
   std::string type = "default";
-  for (const char* key : {"rope_type", "type"}) {
-    if (s.get(key) != nullptr) type = s.text(key, type);
-  }
+  for (const char* key : {"rope_type", "type"}) type = s.text_or(key, type);
   if (type == "default") return;
   if (type != "llama3") {
-    throw invalid(source + ": rope scaling type \"" + printable(type) +
+    throw s.error("rope scaling type \"" + printable(type) +
                   "\" is not supported (supported: default, llama3)");
   }
-  c.rope_scaling.factor = static_cast<float>(s.real("factor", 0));
-  c.rope_scaling.low_freq_factor = static_cast<float>(s.real("low_freq_factor", 1));
-  c.rope_scaling.high_freq_factor = static_cast<float>(s.real("high_freq_factor", 4));
+  c.rope_scaling.factor = static_cast<float>(s.real_or("factor", 0));
+  c.rope_scaling.low_freq_factor = static_cast<float>(s.real_or("low_freq_factor", 1));
+  c.rope_scaling.high_freq_factor = static_cast<float>(s.real_or("high_freq_factor", 4));
   c.rope_scaling.original_max_position =
-      static_cast<float>(s.real("original_max_position_embeddings", 8192));
+      static_cast<float>(s.real_or("original_max_position_embeddings", 8192));
   if (!(c.rope_scaling.factor > 0) ||
       !(c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor) ||
       !(c.rope_scaling.low_freq_factor > 0) || !(c.rope_scaling.original_max_position > 0) ||
       !std::isfinite(c.rope_scaling.factor) || !std::isfinite(c.rope_scaling.high_freq_factor) ||
       !std::isfinite(c.rope_scaling.original_max_position)) {
-    throw invalid(source +
-                  ": llama3 rope scaling needs finite factor > 0, high_freq_factor > "
-                  "low_freq_factor > 0 and original_max_position_embeddings > 0");
+    throw s.error(
+        "llama3 rope scaling needs finite factor > 0, high_freq_factor > low_freq_factor > 0 "
+        "and original_max_position_embeddings > 0");
   }
 }
 
@@ -136,19 +67,16 @@ double shortest(float value) {
 }  // namespace
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
-  const Json root = parse_json(json_text, source);
-  if (!root.is_object()) throw invalid(source + ": expected a JSON object");
-  const Fields f(root, source);
+  Json document;
+  const JsonField f = parse_json_object(json_text, source, document);
   using L = ModelLimits;
   ModelConfig c;
-  if (const Json* archs = f.get("architectures")) {
-    if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
-      throw invalid(source + ": \"architectures\" must be a list of names, got " +
-                    printable(archs->dump()));
-    }
-    c.architecture = (*archs)[0].get<std::string>();
+  if (const std::optional<JsonField> archs = f.find("architectures")) {
+    const std::vector<JsonField> names = archs->elements();
+    if (names.empty()) throw archs->error("must be a list of names, got []");
+    c.architecture = names[0].text();
   } else {
-    const std::string type = f.text("model_type", "");
+    const std::string type = f.text_or("model_type", "");
     if (type == "llama")
       c.architecture = "LlamaForCausalLM";
     else if (type == "mistral")
@@ -169,35 +97,40 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   c.model_type = c.architecture == "LlamaForCausalLM"     ? "llama"
                  : c.architecture == "MistralForCausalLM" ? "mistral"
                                                           : "qwen2";
-  const std::string act = f.text("hidden_act", "silu");
+  const std::string act = f.text_or("hidden_act", "silu");
   if (act != "silu") {
-    throw invalid(source + ": hidden_act \"" + printable(act) +
-                  "\" is not supported (supported: silu)");
+    throw f.at("hidden_act").error("\"" + printable(act) + "\" is not supported (supported: silu)");
   }
-  if (f.boolean("mlp_bias", false)) throw invalid(source + ": mlp_bias is not supported");
-  c.vocab_size = f.integer("vocab_size", 1, L::kVocab, 0, true);
-  c.hidden_size = f.integer("hidden_size", 1, L::kHidden, 0, true);
-  c.intermediate_size = f.integer("intermediate_size", 1, L::kIntermediate, 0, true);
-  c.layers = f.integer("num_hidden_layers", 1, L::kLayers, 0, true);
-  c.heads = f.integer("num_attention_heads", 1, L::kHeads, 0, true);
-  c.kv_heads = f.integer("num_key_value_heads", 1, L::kHeads, c.heads, false);
-  c.head_dim = f.integer("head_dim", 2, L::kHeadDim, c.hidden_size / c.heads, false);
-  c.rms_norm_eps = static_cast<float>(f.real("rms_norm_eps", 1e-6));
-  c.max_position_embeddings = f.integer("max_position_embeddings", 1, L::kPositions, 4096, false);
-  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
-  parse_rope(f, source, c);
+  if (f.boolean_or("mlp_bias", false)) throw f.at("mlp_bias").error("true is not supported");
+  const auto required = [&](const char* key, int min, int max) {
+    return static_cast<int>(f.at(key).integer(min, max));
+  };
+  const auto optional = [&](const char* key, int min, int max, int fallback) {
+    return static_cast<int>(f.integer_or(key, fallback, min, max));
+  };
+  c.vocab_size = required("vocab_size", 1, L::kVocab);
+  c.hidden_size = required("hidden_size", 1, L::kHidden);
+  c.intermediate_size = required("intermediate_size", 1, L::kIntermediate);
+  c.layers = required("num_hidden_layers", 1, L::kLayers);
+  c.heads = required("num_attention_heads", 1, L::kHeads);
+  c.kv_heads = optional("num_key_value_heads", 1, L::kHeads, c.heads);
+  c.head_dim = optional("head_dim", 2, L::kHeadDim, c.hidden_size / c.heads);
+  c.rms_norm_eps = static_cast<float>(f.real_or("rms_norm_eps", 1e-6));
+  c.max_position_embeddings = optional("max_position_embeddings", 1, L::kPositions, 4096);
+  c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
+  parse_rope(f, c);
   if (c.model_type == "qwen2") {
     c.qkv_bias = true;
-    if (f.boolean("use_sliding_window", false)) {
-      throw invalid(source + ": Qwen2 use_sliding_window is not supported");
+    if (f.boolean_or("use_sliding_window", false)) {
+      throw f.at("use_sliding_window").error("true is not supported for Qwen2");
     }
   } else {
-    c.qkv_bias = c.o_bias = f.boolean("attention_bias", false);
+    c.qkv_bias = c.o_bias = f.boolean_or("attention_bias", false);
   }
   if (c.model_type == "mistral") {
-    c.sliding_window = f.integer("sliding_window", 1, L::kPositions, 0, false);
+    c.sliding_window = optional("sliding_window", 1, L::kPositions, 0);
   }
-  std::string dtype = f.text("torch_dtype", f.text("dtype", "bfloat16"));
+  std::string dtype = f.text_or("torch_dtype", f.text_or("dtype", "bfloat16"));
   try {
     c.dtype = parse_dtype(dtype);
     if (is_quantized(c.dtype)) throw invalid("quantized");

@@ -12,6 +12,7 @@
 #include "kvoffload/error.hpp"
 #include "model/strict_json.hpp"
 #include "offload/checked_math.hpp"
+#include "offload/input_file.hpp"
 #include "offload/printable.hpp"
 
 namespace kvo::model {
@@ -232,27 +233,14 @@ ShardIndex parse_safetensors_index(const std::string& text, const std::string& p
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw invalid("cannot open " + path + ": " + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw invalid("cannot stat " + path + ": " + std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw invalid(path + " is not a regular file");
-  }
-  size_ = static_cast<std::size_t>(st.st_size);
+  const offload::InputFile file(path, kMaxSafetensorsFileBytes);
+  size_ = static_cast<std::size_t>(file.size());
   if (size_ < 8) {
-    ::close(fd);
     throw invalid(path + ": truncated safetensors file (" + std::to_string(size_) +
                   " bytes, not even the 8-byte header length)");
   }
-  mapping_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  mapping_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, file.fd(), 0);
   const int map_errno = errno;
-  ::close(fd);
   if (mapping_ == MAP_FAILED) {
     mapping_ = nullptr;
     throw invalid("cannot map " + path + ": " + std::strerror(map_errno));

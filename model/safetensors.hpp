@@ -33,6 +33,9 @@ struct TensorInfo {
   std::string file;  // for messages
 };
 
+// The largest file this reader maps (1 TiB: a 400B model in bf16 is 0.8 TiB, in shards).
+inline constexpr std::uint64_t kMaxSafetensorsFileBytes = std::uint64_t{1} << 40;
+
 // The largest header the format allows (as its reference implementation does).
 inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 

@@ -2,10 +2,9 @@
 // model directory.
 #include "model/tokenizer.hpp"
 
-#include <sys/stat.h>
-
 #include "kvoffload/error.hpp"
 #include "model/tokenizer_bpe.hpp"
+#include "model/tokenizer_settings.hpp"
 #include "model/tokenizer_spm.hpp"
 
 namespace kvo::model {
@@ -42,11 +41,6 @@ int utf8_step(const std::string& bytes, std::size_t i) {
     if (next < min || next > max) return -k;
   }
   return need + 1;
-}
-
-bool is_file(const std::string& path) {
-  struct stat info {};
-  return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
 }
 
 }  // namespace
@@ -117,11 +111,24 @@ std::string TextStream::finish() {
   return out;
 }
 
+void check_tokenizer_fits(const Tokenizer& tokenizer, int model_vocab,
+                          const std::string& model_dir) {
+  if (tokenizer.vocab_size() > model_vocab) {
+    throw Error(ErrorCode::kInvalidArgument,
+                model_dir + ": the tokenizer (" + tokenizer.kind() + ") has ids up to " +
+                    std::to_string(tokenizer.vocab_size() - 1) +
+                    " but config.json's vocab_size is " + std::to_string(model_vocab) +
+                    ": the model cannot embed every id the tokenizer writes (the tokenizer and the "
+                    "weights are not of one model)");
+  }
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   const std::string json = model_dir + "/tokenizer.json";
   const std::string spm = model_dir + "/tokenizer.model";
-  if (is_file(json)) return load_bpe_tokenizer(model_dir);
-  if (is_file(spm)) return load_spm_tokenizer(model_dir);
+  // One that exists is read (and refused when it is not a regular file), never passed over.
+  if (path_exists(json)) return load_bpe_tokenizer(model_dir);
+  if (path_exists(spm)) return load_spm_tokenizer(model_dir);
   throw Error(ErrorCode::kInvalidArgument,
               "the model directory " + model_dir +
                   " has no tokenizer.json or tokenizer.model, so text cannot be tokenized (give "

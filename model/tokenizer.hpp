@@ -27,10 +27,13 @@ class Tokenizer {
   virtual std::vector<std::int32_t> encode(const std::string& text, bool add_special) const = 0;
   // The bytes token `id` puts into decoded text; they may be part of a UTF-8 character.
   // `first`: the token starts the decoded text (SentencePiece drops its leading space there).
+  // An id past vocab_size(), or one no token has (a model's padded embedding rows), decodes to
+  // nothing, as Hugging Face tokenizers' decode does; a negative id throws kvo::Error.
   virtual std::string token_bytes(std::int32_t id, bool first) const = 0;
   virtual bool is_special(std::int32_t id) const = 0;
   // The id of an added or special token written exactly as `content`, if there is one.
   virtual std::optional<std::int32_t> special_id(const std::string& content) const = 0;
+  // One past the largest id a token has: the rows of the model's embedding it may index.
   virtual int vocab_size() const = 0;
   // What it is, for messages: "byte-level BPE (tokenizer.json)".
   virtual std::string kind() const = 0;
@@ -45,6 +48,12 @@ class Tokenizer {
 // Throws kvo::Error(kInvalidArgument) saying why there is none (no file, or a kind, normalizer
 // or pre-tokenizer this code does not implement, named).
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
+
+// Refuses (kvo::Error kInvalidArgument) a tokenizer that writes ids the model cannot embed: its
+// vocab_size() above the model's vocab_size (`model_vocab`). A model with more rows than the
+// tokenizer has ids (padding) is fine: those ids decode to nothing.
+void check_tokenizer_fits(const Tokenizer& tokenizer, int model_vocab,
+                          const std::string& model_dir);
 
 // Text of generated ids as they come: push() returns the text that is complete so far (a
 // character split across tokens waits for its last byte); finish() returns what is left, any

@@ -15,13 +15,14 @@
 #include <vector>
 
 #include "kvoffload/error.hpp"
+#include "model/model_config.hpp"
+#include "model/strict_json.hpp"
 #include "model/tokenizer_settings.hpp"
+#include "offload/printable.hpp"
 
 namespace kvo::model {
 
 namespace {
-
-using Json = nlohmann::json;
 
 Error unsupported(const std::string& path, const std::string& what) {
   return Error(ErrorCode::kInvalidArgument, path + ": " + what);
@@ -78,7 +79,7 @@ std::vector<std::uint32_t> code_points(const std::string& text) {
 // A compiled PCRE2 pattern with Unicode classes (UTF + UCP), JIT-compiled where possible.
 class Regex {
  public:
-  Regex(const std::string& pattern, const std::string& source) {
+  Regex(const std::string& pattern, const std::string& source) : source_(source) {
     int error = 0;
     PCRE2_SIZE offset = 0;
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
@@ -86,17 +87,24 @@ class Regex {
     if (code_ == nullptr) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(error, message, sizeof(message));
-      throw unsupported(source, "PCRE2 cannot compile the pre-tokenizer pattern '" + pattern +
-                                    "' at offset " + std::to_string(offset) + ": " +
+      throw unsupported(source, "PCRE2 cannot compile the pre-tokenizer pattern '" +
+                                    printable(pattern, 120) + "' at offset " +
+                                    std::to_string(offset) + ": " +
                                     reinterpret_cast<const char*>(message));
     }
     pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // an interpreter fallback if JIT is absent
     match_ = pcre2_match_data_create_from_pattern(code_, nullptr);
+    // Long runs of one character class (a million spaces) need more than the JIT's default 32
+    // KiB of stack; past 64 MiB a match fails with an error, never silently.
+    context_ = pcre2_match_context_create(nullptr);
+    jit_stack_ = pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, nullptr);
+    if (match_ == nullptr || context_ == nullptr || jit_stack_ == nullptr) {
+      free();
+      throw std::bad_alloc();
+    }
+    pcre2_jit_stack_assign(context_, nullptr, jit_stack_);
   }
-  ~Regex() {
-    pcre2_match_data_free(match_);
-    pcre2_code_free(code_);
-  }
+  ~Regex() { free(); }
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
 
@@ -106,8 +114,18 @@ class Regex {
     std::size_t at = 0;
     while (at <= text.size()) {
       const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at,
-                                 PCRE2_NO_UTF_CHECK, match_, nullptr);
-      if (rc < 0) break;
+                                 PCRE2_NO_UTF_CHECK, match_, context_);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        // A match or depth limit, or the JIT's stack: the text cannot be split as the
+        // tokenizer says, and a partial split would be a wrong one.
+        PCRE2_UCHAR message[256];
+        pcre2_get_error_message(rc, message, sizeof(message));
+        throw Error(ErrorCode::kInvalidArgument,
+                    "the pre-tokenizer pattern of " + source_ + " failed on the text at byte " +
+                        std::to_string(at) + " of a piece of " + std::to_string(text.size()) +
+                        " bytes: " + reinterpret_cast<const char*>(message));
+      }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match_);
       if (ov[1] > ov[0]) {
         out.emplace_back(ov[0], ov[1]);
@@ -121,8 +139,17 @@ class Regex {
   }
 
  private:
+  void free() {
+    if (jit_stack_ != nullptr) pcre2_jit_stack_free(jit_stack_);
+    if (context_ != nullptr) pcre2_match_context_free(context_);
+    if (match_ != nullptr) pcre2_match_data_free(match_);
+    pcre2_code_free(code_);
+  }
+  std::string source_;
   pcre2_code* code_ = nullptr;
   pcre2_match_data* match_ = nullptr;
+  pcre2_match_context* context_ = nullptr;
+  pcre2_jit_stack* jit_stack_ = nullptr;
 };
 
 std::string quote_regex(const std::string& literal) {
@@ -230,15 +257,15 @@ bool is_space(unsigned char c) {
 
 class BpeTokenizer : public Tokenizer {
  public:
-  explicit BpeTokenizer(const std::string& model_dir);
+  BpeTokenizer(std::string_view json_text, const TokenizerSettings& settings,
+               const std::string& path);
 
   std::vector<std::int32_t> encode(const std::string& text, bool add_special) const override;
   std::string token_bytes(std::int32_t id, bool /*first*/) const override {
-    if (id < 0 || static_cast<std::size_t>(id) >= bytes_of_.size()) {
-      throw Error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
-                                                   " is outside the tokenizer's vocabulary (" +
-                                                   std::to_string(bytes_of_.size()) + " ids)");
-    }
+    if (id < 0) throw Error(ErrorCode::kInvalidArgument, "negative token id " + std::to_string(id));
+    // An id without a token (a model's padded embedding rows) decodes to nothing, as Hugging
+    // Face tokenizers' decode does.
+    if (static_cast<std::size_t>(id) >= bytes_of_.size()) return {};
     return bytes_of_[static_cast<std::size_t>(id)];
   }
   bool is_special(std::int32_t id) const override { return special_ids_.count(id) != 0; }
@@ -253,14 +280,15 @@ class BpeTokenizer : public Tokenizer {
   std::optional<std::int32_t> eos_id() const override { return eos_; }
 
  private:
-  void load_pre_tokenizer(const Json& node, const std::string& path);
-  void load_post_processor(const Json& node, const std::string& path);
-  std::int32_t id_of_token(const std::string& content, const std::string& path) const;
+  void load_pre_tokenizer(const JsonField& node);
+  void load_post_processor(const JsonField& node);
+  std::int32_t id_of_token(const std::string& content, const std::string& what) const;
   void encode_segment(const std::string& text, std::vector<std::int32_t>& ids) const;
   void bpe(const std::string& piece, std::vector<std::int32_t>& ids) const;
 
   std::unordered_map<std::string, std::int32_t> vocab_;
   std::vector<std::string> bytes_of_;  // id -> the bytes it decodes to
+  std::vector<bool> known_;            // id -> whether the vocabulary or an added token has it
   std::int32_t byte_id_[256] = {};
   // (left id << 32 | right id) -> (rank, merged id)
   std::unordered_map<std::uint64_t, std::pair<std::uint32_t, std::int32_t>> merges_;
@@ -275,57 +303,63 @@ class BpeTokenizer : public Tokenizer {
   mutable std::unordered_map<std::string, std::vector<std::int32_t>> cache_;
 };
 
-BpeTokenizer::BpeTokenizer(const std::string& model_dir) {
-  const std::string path = model_dir + "/tokenizer.json";
-  Json root;
-  try {
-    root = Json::parse(read_text_file(path));
-  } catch (const Json::exception& e) {
-    throw unsupported(path, std::string("not valid JSON: ") + e.what());
-  }
-  const Json& model = root.at("model");
-  const std::string type = model.value("type", "");
+BpeTokenizer::BpeTokenizer(std::string_view json_text, const TokenizerSettings& settings,
+                           const std::string& path) {
+  Json document;
+  const JsonField root = parse_json_object(json_text, path, document);
+  const JsonField model = root.at("model");
+  const std::string type = model.text_or("type", "");
   if (type != "BPE") {
-    throw unsupported(path, "a '" + type + "' model; only BPE (byte-level) is implemented");
+    throw model.error("a '" + printable(type) + "' model; only BPE (byte-level) is implemented");
   }
-  if (model.contains("byte_fallback") && model["byte_fallback"].is_boolean() &&
-      model["byte_fallback"].get<bool>()) {
-    throw unsupported(path, "a BPE with byte_fallback (SentencePiece style) is not implemented");
+  if (model.boolean_or("byte_fallback", false)) {
+    throw model.error("a BPE with byte_fallback (SentencePiece style) is not implemented");
   }
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty()) {
-      throw unsupported(path, std::string("a BPE with a ") + key + " is not implemented");
+    if (!model.text_or(key, "").empty()) {
+      throw model.at(key).error("a BPE with one is not implemented");
     }
   }
-  ignore_merges_ = model.value("ignore_merges", false);
+  ignore_merges_ = model.boolean_or("ignore_merges", false);
 
+  // Ids index tables: each one is checked to be an integer id the decoder can embed.
+  const auto token_id = [](const JsonField& f) {
+    return static_cast<std::int32_t>(f.integer(0, ModelLimits::kVocab - 1));
+  };
+  const JsonField vocab = model.at("vocab");
   std::int32_t max_id = -1;
-  for (const auto& [token, id] : model.at("vocab").items()) {
-    vocab_[token] = id.get<std::int32_t>();
-    max_id = std::max(max_id, vocab_[token]);
+  for (const auto& [token, id] : vocab.members()) {
+    const std::int32_t value = token_id(id);
+    vocab_[token] = value;
+    max_id = std::max(max_id, value);
   }
-  for (const Json& t : root.value("added_tokens", Json::array())) {
-    AddedToken added;
-    added.content = t.at("content").get<std::string>();
-    added.id = t.at("id").get<std::int32_t>();
-    added.special = t.value("special", false);
-    added.lstrip = t.value("lstrip", false);
-    added.rstrip = t.value("rstrip", false);
-    if (t.value("single_word", false)) {
-      throw unsupported(
-          path, "the added token '" + added.content + "' is single_word, which is not implemented");
+  if (vocab_.empty()) throw vocab.error("is empty: a BPE needs at least its byte tokens");
+  if (const std::optional<JsonField> added_tokens = root.find("added_tokens")) {
+    for (const JsonField& t : added_tokens->elements()) {
+      AddedToken added;
+      added.content = t.at("content").text();
+      added.id = token_id(t.at("id"));
+      added.special = t.boolean_or("special", false);
+      added.lstrip = t.boolean_or("lstrip", false);
+      added.rstrip = t.boolean_or("rstrip", false);
+      if (t.boolean_or("single_word", false)) {
+        throw t.error("the added token '" + printable(added.content) +
+                      "' is single_word, which is not implemented");
+      }
+      max_id = std::max(max_id, added.id);
+      if (added.special) special_ids_.insert(added.id);
+      added_.push_back(added);
     }
-    max_id = std::max(max_id, added.id);
-    if (added.special) special_ids_.insert(added.id);
-    added_.push_back(added);
   }
 
   // Decoding: ByteLevel maps each character of a token back to its byte; a token with a
   // character outside the map (an added token such as "<|im_start|>" maps entirely, but one
   // with other characters might not) is taken as its own UTF-8.
   const ByteMap& map = byte_map();
-  bytes_of_.assign(static_cast<std::size_t>(max_id + 1), std::string());
+  bytes_of_.assign(static_cast<std::size_t>(max_id) + 1, std::string());
+  known_.assign(static_cast<std::size_t>(max_id) + 1, false);
   auto decoded = [&](const std::string& token) {
+    if (invalid_utf8_at(token) != std::string::npos) return token;
     std::string bytes;
     for (std::uint32_t cp : code_points(token)) {
       const auto it = map.byte_of.find(cp);
@@ -334,8 +368,14 @@ BpeTokenizer::BpeTokenizer(const std::string& model_dir) {
     }
     return bytes;
   };
-  for (const auto& [token, id] : vocab_) bytes_of_[static_cast<std::size_t>(id)] = decoded(token);
-  for (const AddedToken& t : added_) bytes_of_[static_cast<std::size_t>(t.id)] = decoded(t.content);
+  for (const auto& [token, id] : vocab_) {
+    bytes_of_[static_cast<std::size_t>(id)] = decoded(token);
+    known_[static_cast<std::size_t>(id)] = true;
+  }
+  for (const AddedToken& t : added_) {
+    bytes_of_[static_cast<std::size_t>(t.id)] = decoded(t.content);
+    known_[static_cast<std::size_t>(t.id)] = true;
+  }
   // A byte whose character is not in the vocabulary (SmolLM2 lacks 21 of them) has no symbol:
   // with no unk_token, Hugging Face tokenizers drops it, and so does bpe().
   for (int b = 0; b < 256; ++b) {
@@ -343,26 +383,29 @@ BpeTokenizer::BpeTokenizer(const std::string& model_dir) {
     byte_id_[b] = it == vocab_.end() ? -1 : it->second;
   }
   std::uint32_t rank = 0;
-  for (const Json& m : model.at("merges")) {
+  for (const JsonField& m : model.at("merges").elements()) {
     std::string left;
     std::string right;
-    if (m.is_string()) {
-      const std::string s = m.get<std::string>();
-      const std::size_t space = s.find(' ');
-      if (space == std::string::npos)
-        throw unsupported(path, "a merge without a space: '" + s + "'");
-      left = s.substr(0, space);
-      right = s.substr(space + 1);
+    if (m.json().is_string()) {
+      const std::string& text = m.text();
+      const std::size_t space = text.find(' ');
+      if (space == std::string::npos) {
+        throw m.error("a merge without a space: '" + printable(text) + "'");
+      }
+      left = text.substr(0, space);
+      right = text.substr(space + 1);
     } else {
-      left = m.at(0).get<std::string>();
-      right = m.at(1).get<std::string>();
+      const std::vector<JsonField> pair = m.elements();
+      if (pair.size() != 2) throw m.error("a merge must be two tokens, got " + m.shown());
+      left = pair[0].text();
+      right = pair[1].text();
     }
     const auto a = vocab_.find(left);
     const auto b = vocab_.find(right);
     const auto ab = vocab_.find(left + right);
     if (a == vocab_.end() || b == vocab_.end() || ab == vocab_.end()) {
-      throw unsupported(
-          path, "the merge '" + left + " " + right + "' names a token not in the vocabulary");
+      throw m.error("the merge '" + printable(left) + " " + printable(right) +
+                    "' names a token not in the vocabulary");
     }
     const std::uint64_t key =
         (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a->second)) << 32) |
@@ -370,59 +413,59 @@ BpeTokenizer::BpeTokenizer(const std::string& model_dir) {
     merges_.emplace(key, std::make_pair(rank++, ab->second));
   }
 
-  const Json& normalizer = root.value("normalizer", Json());
-  if (!normalizer.is_null()) {
-    const std::string kind = normalizer.value("type", "");
+  if (const std::optional<JsonField> normalizer = root.find("normalizer")) {
+    const std::string kind = normalizer->text_or("type", "");
     if (kind != "NFC") {
-      throw unsupported(path,
-                        "the normalizer '" + kind + "' is not implemented (none and NFC are)");
+      throw normalizer->error("the normalizer '" + printable(kind) +
+                              "' is not implemented (none and NFC are)");
     }
     nfc_ = true;
   }
-  load_pre_tokenizer(root.value("pre_tokenizer", Json()), path);
-  const Json& decoder = root.value("decoder", Json());
-  if (decoder.is_null() || decoder.value("type", "") != "ByteLevel") {
-    throw unsupported(path, "the decoder is not ByteLevel: not a byte-level BPE");
+  if (const std::optional<JsonField> pre = root.find("pre_tokenizer")) load_pre_tokenizer(*pre);
+  const std::optional<JsonField> decoder = root.find("decoder");
+  if (!decoder || decoder->text_or("type", "") != "ByteLevel") {
+    throw(decoder ? *decoder : root).error("the decoder is not ByteLevel: not a byte-level BPE");
   }
 
   // BOS/EOS come from tokenizer.json's post-processor alone: transformers 5 (checked with 5.24)
   // builds a byte-level tokenizer.json as TokenizersBackend, which leaves add_bos_token and
   // add_eos_token of tokenizer_config.json unapplied; tokenizer_equality.py checks it.
-  const TokenizerSettings settings = read_tokenizer_settings(model_dir);
-  if (settings.eos_token)
-    eos_ = id_of_token(*settings.eos_token, model_dir + "/tokenizer_config.json");
-  const Json& post = root.value("post_processor", Json());
-  if (!post.is_null()) load_post_processor(post, path);
+  if (settings.eos_token) {
+    eos_ = id_of_token(*settings.eos_token, settings.source + ": eos_token");
+  }
+  if (const std::optional<JsonField> post = root.find("post_processor")) {
+    load_post_processor(*post);
+  }
 }
 
-std::int32_t BpeTokenizer::id_of_token(const std::string& content, const std::string& path) const {
+std::int32_t BpeTokenizer::id_of_token(const std::string& content, const std::string& what) const {
   if (const auto id = special_id(content)) return *id;
   const auto it = vocab_.find(content);
   if (it != vocab_.end()) return it->second;
-  throw unsupported(path, "the token '" + content + "' is not in the vocabulary");
+  throw unsupported(what, "the token '" + printable(content) + "' is not in the vocabulary");
 }
 
-void BpeTokenizer::load_pre_tokenizer(const Json& node, const std::string& path) {
-  if (node.is_null()) return;
-  const std::string type = node.value("type", "");
+void BpeTokenizer::load_pre_tokenizer(const JsonField& node) {
+  const std::string type = node.text_or("type", "");
   if (type == "Sequence") {
-    for (const Json& step : node.at("pretokenizers")) load_pre_tokenizer(step, path);
+    for (const JsonField& step : node.at("pretokenizers").elements()) load_pre_tokenizer(step);
     return;
   }
+  const std::string& path = node.file();
   PreTokenizer step;
   if (type == "ByteLevel") {
     step.kind = PreTokenizer::Kind::kByteLevel;
-    step.add_prefix_space = node.value("add_prefix_space", false);
-    if (node.value("use_regex", true)) step.regex = std::make_unique<Regex>(kGpt2Pattern, path);
+    step.add_prefix_space = node.boolean_or("add_prefix_space", false);
+    if (node.boolean_or("use_regex", true))
+      step.regex = std::make_unique<Regex>(kGpt2Pattern, path);
   } else if (type == "Split") {
-    const Json& pattern = node.at("pattern");
-    if (pattern.contains("Regex")) {
-      step.regex = std::make_unique<Regex>(pattern["Regex"].get<std::string>(), path);
+    const JsonField pattern = node.at("pattern");
+    if (const std::optional<JsonField> regex = pattern.find("Regex")) {
+      step.regex = std::make_unique<Regex>(regex->text(), path);
     } else {
-      step.regex =
-          std::make_unique<Regex>(quote_regex(pattern.at("String").get<std::string>()), path);
+      step.regex = std::make_unique<Regex>(quote_regex(pattern.at("String").text()), path);
     }
-    const std::string behavior = node.value("behavior", "Isolated");
+    const std::string behavior = node.text_or("behavior", "Isolated");
     using B = PreTokenizer::Behavior;
     if (behavior == "Removed") {
       step.behavior = B::kRemoved;
@@ -435,40 +478,49 @@ void BpeTokenizer::load_pre_tokenizer(const Json& node, const std::string& path)
     } else if (behavior == "Contiguous") {
       step.behavior = B::kContiguous;
     } else {
-      throw unsupported(path, "the Split behavior '" + behavior + "' is unknown");
+      throw node.at("behavior")
+          .error("the Split behavior '" + printable(behavior) + "' is unknown");
     }
-    step.invert = node.value("invert", false);
+    step.invert = node.boolean_or("invert", false);
   } else if (type == "Digits") {
     step.regex = std::make_unique<Regex>(
-        node.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)", path);
+        node.boolean_or("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)", path);
   } else {
-    throw unsupported(path, "the pre-tokenizer '" + type +
-                                "' is not implemented (ByteLevel, Split, Digits and Sequence are)");
+    throw node.error("the pre-tokenizer '" + printable(type) +
+                     "' is not implemented (ByteLevel, Split, Digits and Sequence are)");
   }
   pre_.push_back(std::move(step));
 }
 
-void BpeTokenizer::load_post_processor(const Json& node, const std::string& path) {
-  const std::string type = node.value("type", "");
+void BpeTokenizer::load_post_processor(const JsonField& node) {
+  const std::string type = node.text_or("type", "");
   if (type == "Sequence") {
-    for (const Json& step : node.at("processors")) load_post_processor(step, path);
+    for (const JsonField& step : node.at("processors").elements()) load_post_processor(step);
     return;
   }
   if (type == "ByteLevel") return;  // offsets only
   if (type != "TemplateProcessing") {
-    throw unsupported(path,
-                      "the post-processor '" + type +
-                          "' is not implemented (TemplateProcessing, ByteLevel, Sequence are)");
+    throw node.error("the post-processor '" + printable(type) +
+                     "' is not implemented (TemplateProcessing, ByteLevel, Sequence are)");
   }
   bool after = false;
-  for (const Json& item : node.at("single")) {
-    if (item.contains("Sequence")) {
+  const JsonField special_tokens = node.at("special_tokens");
+  for (const JsonField& item : node.at("single").elements()) {
+    item.require_object();
+    if (item.find("Sequence")) {
       after = true;
       continue;
     }
-    const std::string name = item.at("SpecialToken").at("id").get<std::string>();
-    for (const Json& id : node.at("special_tokens").at(name).at("ids")) {
-      (after ? suffix_ : prefix_).push_back(id.get<std::int32_t>());
+    const std::string& name = item.at("SpecialToken").at("id").text();
+    for (const JsonField& id : special_tokens.at(name).at("ids").elements()) {
+      // An id the tokenizer does not know would reach the model as a token nobody wrote.
+      const std::int64_t value = id.integer(0, ModelLimits::kVocab - 1);
+      if (static_cast<std::size_t>(value) >= known_.size() ||
+          !known_[static_cast<std::size_t>(value)]) {
+        throw id.error("token id " + std::to_string(value) +
+                       " is not in the tokenizer's vocabulary or added tokens");
+      }
+      (after ? suffix_ : prefix_).push_back(static_cast<std::int32_t>(value));
     }
   }
 }
@@ -517,12 +569,20 @@ void BpeTokenizer::encode_segment(const std::string& segment,
                                   std::vector<std::int32_t>& ids) const {
   std::string text = segment;
   if (nfc_) {
-    utf8proc_uint8_t* normalized =
-        utf8proc_NFC(reinterpret_cast<const utf8proc_uint8_t*>(text.c_str()));
-    if (normalized != nullptr) {
-      text = reinterpret_cast<const char*>(normalized);
-      std::free(normalized);
+    // With the length, not NUL-terminated: a NUL byte is a character like any other, and the
+    // text after it is normalized too.
+    utf8proc_uint8_t* normalized = nullptr;
+    const utf8proc_ssize_t n =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                     static_cast<utf8proc_ssize_t>(text.size()), &normalized,
+                     static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    if (n < 0) {
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          std::string("the NFC normalizer cannot normalize the text: ") + utf8proc_errmsg(n));
     }
+    text.assign(reinterpret_cast<const char*>(normalized), static_cast<std::size_t>(n));
+    std::free(normalized);
   }
   std::vector<std::string> pieces = {text};
   for (const PreTokenizer& step : pre_) {
@@ -614,14 +674,16 @@ void BpeTokenizer::bpe(const std::string& piece, std::vector<std::int32_t>& ids)
 
 }  // namespace
 
+std::unique_ptr<Tokenizer> parse_bpe_tokenizer(std::string_view tokenizer_json,
+                                               const TokenizerSettings& settings,
+                                               const std::string& path) {
+  return std::make_unique<BpeTokenizer>(tokenizer_json, settings, path);
+}
+
 std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& model_dir) {
-  try {
-    return std::make_unique<BpeTokenizer>(model_dir);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        model_dir + "/tokenizer.json: a field is missing or of the wrong type (" + e.what() + ")");
-  }
+  const std::string path = model_dir + "/tokenizer.json";
+  return parse_bpe_tokenizer(read_regular_file(path, kMaxTokenizerJsonBytes),
+                             read_tokenizer_settings(model_dir), path);
 }
 
 }  // namespace kvo::model

@@ -7,14 +7,29 @@
 // end-of-sequence token that stops generation from tokenizer_config.json's eos_token.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "model/tokenizer.hpp"
+#include "model/tokenizer_settings.hpp"
 
 namespace kvo::model {
 
-// Throws kvo::Error(kInvalidArgument) naming the file and the part it cannot follow.
+// The largest tokenizer.json read (the largest in use, Gemma 3's, is about 33 MB).
+inline constexpr std::uint64_t kMaxTokenizerJsonBytes = 512u << 20;
+
+// model_dir/tokenizer.json with model_dir/tokenizer_config.json. Throws kvo::Error
+// (kInvalidArgument) naming the file, the field and the part it cannot follow: an id outside
+// [0, ModelLimits::kVocab) or not an integer, an empty vocabulary, a post-processor id the
+// tokenizer lacks, a kind of model, normalizer or pre-tokenizer that is not implemented.
 std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& model_dir);
+
+// The same from the text of a tokenizer.json (`path` names it in errors) and settings already
+// read.
+std::unique_ptr<Tokenizer> parse_bpe_tokenizer(std::string_view tokenizer_json,
+                                               const TokenizerSettings& settings,
+                                               const std::string& path);
 
 }  // namespace kvo::model

@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "kvoffload/error.hpp"
+#include "model/strict_json.hpp"
 #include "model/tokenizer_settings.hpp"
+#include "offload/printable.hpp"
 
 namespace kvo::model {
 
@@ -14,11 +16,25 @@ namespace {
 // U+2581, SentencePiece's stand-in for a space.
 constexpr const char* kSpaceMark = "\xE2\x96\x81";
 
+// The byte of a byte piece "<0xAB>", or -1 when it is not one.
+int byte_piece(const std::string& piece) {
+  const auto hex = [](char c) {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                  : -1;
+  };
+  if (piece.size() != 6 || piece.compare(0, 3, "<0x") != 0 || piece[5] != '>') return -1;
+  const int hi = hex(piece[3]);
+  const int lo = hex(piece[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
 class SpmTokenizer : public Tokenizer {
  public:
   explicit SpmTokenizer(const std::string& model_dir) {
     const std::string path = model_dir + "/tokenizer.model";
-    const std::string model = read_text_file(path);
+    const std::string model = read_regular_file(path, kMaxTokenizerModelBytes);
     // The stretches of text are encoded without SentencePiece's own dummy prefix (the
     // Metaspace rule above decides where one goes): a second normalizer_spec (field 3) holding
     // add_dummy_prefix (its field 3) = false is appended, and protobuf merges it into the first.
@@ -34,7 +50,13 @@ class SpmTokenizer : public Tokenizer {
       const std::string& piece = processor_.IdToPiece(id);
       std::string bytes;
       if (processor_.IsByte(id)) {  // "<0xAB>"
-        bytes.push_back(static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+        const int byte = byte_piece(piece);
+        if (byte < 0) {
+          throw Error(ErrorCode::kInvalidArgument, path + ": piece " + std::to_string(id) +
+                                                       " is a byte piece but reads '" +
+                                                       printable(piece) + "', not <0xNN>");
+        }
+        bytes.push_back(static_cast<char>(byte));
       } else if (processor_.IsControl(id) || processor_.IsUnknown(id)) {
         bytes = piece;
         specials_.push_back({piece, id});
@@ -55,7 +77,14 @@ class SpmTokenizer : public Tokenizer {
     add_eos_ = settings.add_eos_token.value_or(false);
     bos_ = processor_.bos_id();
     if (settings.eos_token) {
-      eos_ = processor_.PieceToId(*settings.eos_token);
+      // PieceToId gives the unknown token's id for a piece it lacks: that is no end of sequence.
+      const int id = processor_.PieceToId(*settings.eos_token);
+      if (id < 0 || processor_.IdToPiece(id) != *settings.eos_token) {
+        throw Error(ErrorCode::kInvalidArgument, settings.source + ": eos_token: the token '" +
+                                                     printable(*settings.eos_token) +
+                                                     "' is not in " + path);
+      }
+      eos_ = id;
     } else if (processor_.eos_id() >= 0) {
       eos_ = processor_.eos_id();
     }
@@ -92,16 +121,15 @@ class SpmTokenizer : public Tokenizer {
   }
 
   std::string token_bytes(std::int32_t id, bool first) const override {
-    if (id < 0 || static_cast<std::size_t>(id) >= bytes_of_.size()) {
-      throw Error(ErrorCode::kInvalidArgument, "token id " + std::to_string(id) +
-                                                   " is outside the tokenizer's vocabulary (" +
-                                                   std::to_string(bytes_of_.size()) + " ids)");
-    }
+    if (id < 0) throw Error(ErrorCode::kInvalidArgument, "negative token id " + std::to_string(id));
+    // An id past the pieces (a model's padded embedding rows) decodes to nothing.
+    if (static_cast<std::size_t>(id) >= bytes_of_.size()) return {};
     const std::string& bytes = bytes_of_[static_cast<std::size_t>(id)];
     if (first && !bytes.empty() && bytes[0] == ' ') return bytes.substr(1);
     return bytes;
   }
   bool is_special(std::int32_t id) const override {
+    if (id < 0 || static_cast<std::size_t>(id) >= bytes_of_.size()) return false;
     return processor_.IsControl(id) || processor_.IsUnknown(id);
   }
   std::optional<std::int32_t> special_id(const std::string& content) const override {

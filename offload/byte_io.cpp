@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "kvoffload/error.hpp"
+#include "offload/input_file.hpp"
+#include "offload/partial_files.hpp"
 
 namespace kvo::offload {
 
@@ -22,28 +24,54 @@ Error io_error(const std::string& what, const std::string& path, int err) {
   return Error(ErrorCode::kInvalidArgument, what + " " + path + ": " + std::strerror(err));
 }
 
-std::string directory_of(const std::string& path) {
-  const std::size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
+// A save replaces a regular file or creates one; anything else at the path (a device, a FIFO, a
+// directory, a symbolic link) is refused, so that "--save-context /dev/null" never turns the
+// device into a file.
+void check_replaceable(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return;
+    throw io_error("cannot save to", path, errno);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "cannot save to " + path + ": it is " + file_kind(st.st_mode) +
+                    ", and a save only ever replaces a regular file (give a file's path)");
+  }
 }
 
 }  // namespace
 
-AtomicFileSink::AtomicFileSink(const std::string& path) : path_(path), temp_(path + ".XXXXXX") {
-  std::vector<char> name(temp_.begin(), temp_.end());
+void AtomicFileSink::check_path(const std::string& path) {
+  if (path.empty()) throw Error(ErrorCode::kInvalidArgument, "cannot save to an empty path");
+  check_replaceable(path);
+  // The directory: a partial file made and removed says it exists and takes files.
+  std::string name = partial_pattern(path);
+  std::vector<char> buffer(name.begin(), name.end());
+  buffer.push_back('\0');
+  const int fd = ::mkstemp(buffer.data());
+  if (fd < 0) throw io_error("cannot write files beside", path, errno);
+  ::close(fd);
+  ::unlink(buffer.data());
+}
+
+AtomicFileSink::AtomicFileSink(const std::string& path) : path_(path) {
+  if (path.empty()) throw Error(ErrorCode::kInvalidArgument, "cannot save to an empty path");
+  check_replaceable(path_);
+  remove_stale_partials(directory_of(path_));
+  const std::string pattern = partial_pattern(path_);
+  std::vector<char> name(pattern.begin(), pattern.end());
   name.push_back('\0');
   fd_ = ::mkstemp(name.data());
   if (fd_ < 0) throw io_error("cannot create a temporary file beside", path_, errno);
   temp_ = name.data();
+  registration_ = PartialRegistration(temp_, false);
   ::fchmod(fd_, 0644);
 }
 
 AtomicFileSink::~AtomicFileSink() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    ::unlink(temp_.c_str());
-  }
+  if (fd_ >= 0) ::close(fd_);
+  if (!temp_.empty()) ::unlink(temp_.c_str());
 }
 
 void AtomicFileSink::write(const void* data, std::size_t bytes) {
@@ -61,17 +89,15 @@ void AtomicFileSink::write(const void* data, std::size_t bytes) {
 
 void AtomicFileSink::commit() {
   if (::fsync(fd_) != 0) throw io_error("cannot sync", temp_, errno);
-  if (::close(fd_) != 0) {
-    fd_ = -1;
-    ::unlink(temp_.c_str());
-    throw io_error("cannot close", temp_, errno);
-  }
+  const int fd = fd_;
   fd_ = -1;
+  if (::close(fd) != 0) throw io_error("cannot close", temp_, errno);
+  check_replaceable(path_);  // again: the path may have changed while the file was written
   if (::rename(temp_.c_str(), path_.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(temp_.c_str());
-    throw io_error("cannot rename the temporary file to", path_, err);
+    throw io_error("cannot rename the temporary file to", path_, errno);
   }
+  temp_.clear();
+  registration_.release();
   // The rename itself is durable once the directory is synced.
   const int dir = ::open(directory_of(path_).c_str(), O_RDONLY | O_DIRECTORY);
   if (dir >= 0) {
@@ -80,17 +106,19 @@ void AtomicFileSink::commit() {
   }
 }
 
-FileSource::FileSource(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY);
-  if (fd_ < 0) throw io_error("cannot open", path, errno);
-  struct stat info {};
-  if (::fstat(fd_, &info) == 0) size_ = static_cast<std::uint64_t>(info.st_size);
+FileSource::FileSource(const std::string& path)
+    : path_(path), file_(path, kMaxContextFileBytes, "the saved context") {
+  fd_ = file_.fd();
+  size_ = file_.size();
   ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
 }
 
 FileSource::~FileSource() {
   if (mapping_ != nullptr) ::munmap(mapping_, size_);
-  if (fd_ >= 0) ::close(fd_);
+}
+
+void FileSource::rewind() {
+  if (::lseek(fd_, 0, SEEK_SET) != 0) throw io_error("cannot read", path_, errno);
 }
 
 std::size_t FileSource::read(void* data, std::size_t bytes) {

@@ -9,16 +9,22 @@
 #include <string>
 
 #include "offload/context_file.hpp"
+#include "offload/input_file.hpp"
+#include "offload/partial_files.hpp"
 
 namespace kvo::offload {
 
-// Writes `path` atomically: the bytes go to a temporary file beside it, which commit() syncs to
-// disk and renames over `path` (then syncs the directory). Destroyed without commit(), it
-// removes the temporary file and `path` is as it was. Errors name the path and the system's
-// reason.
+// Writes `path` atomically: the bytes go to a partial file beside it (offload/partial_files.hpp),
+// which commit() syncs to disk and renames over `path` (then syncs the directory). Destroyed
+// without commit(), it removes the partial file and `path` is as it was. `path` must be absent
+// or a regular file: a device, a FIFO, a directory or a symbolic link there is refused, never
+// replaced. Errors name the path and the system's reason.
 class AtomicFileSink : public ByteSink {
  public:
   explicit AtomicFileSink(const std::string& path);
+  // What the constructor checks, and that a file can be made in the directory, without writing
+  // anything: for a program to refuse a save before the work whose result it saves.
+  static void check_path(const std::string& path);
   ~AtomicFileSink() override;
   AtomicFileSink(const AtomicFileSink&) = delete;
   AtomicFileSink& operator=(const AtomicFileSink&) = delete;
@@ -30,8 +36,13 @@ class AtomicFileSink : public ByteSink {
   std::string path_;
   std::string temp_;
   int fd_ = -1;
+  PartialRegistration registration_;
 };
 
+// The largest saved context read (Llama-3-8B at 8M tokens in bf16 is 1 TiB).
+inline constexpr std::uint64_t kMaxContextFileBytes = std::uint64_t{1} << 42;
+
+// A saved context opened once (offload/input_file.hpp: a regular file, never blocking).
 class FileSource : public ByteSource {
  public:
   explicit FileSource(const std::string& path);  // throws naming the path and the reason
@@ -49,12 +60,15 @@ class FileSource : public ByteSource {
   // the environment turns mapping off, and files are read with pread, which reports both.
   const std::byte* map_ahead(std::uint64_t offset, std::uint64_t bytes) override;
   std::uint64_t size() const { return size_; }
+  // Back to the first byte, for reading the file again (its headers were inspected).
+  void rewind();
 
  private:
   // Up to `bytes` from where the file stands (at < 0, moving it) or from offset `at` (not).
   std::size_t read_all(void* data, std::size_t bytes, off_t at) const;
 
   std::string path_;
+  InputFile file_;
   int fd_ = -1;
   std::uint64_t size_ = 0;
   void* mapping_ = nullptr;  // the whole file, once map_ahead has mapped it

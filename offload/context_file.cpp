@@ -11,6 +11,7 @@
 #include "kvoffload/error.hpp"
 #include "kvoffload/plan.hpp"
 #include "offload/checked_math.hpp"
+#include "offload/printable.hpp"
 #include "offload/stream_copy.hpp"
 
 // xxHash from its header alone (Debian libxxhash-dev): nothing to link, here or for consumers of
@@ -147,10 +148,14 @@ bool ByteSource::skip(std::uint64_t bytes) {
 }
 
 void skip_context_rows(ByteSource& source, const ContextHeader& header, const std::string& what) {
-  const std::uint64_t block = 2 * tensor_bytes(header) + 8;
-  if (!source.skip(
-          checked_mul(block, static_cast<std::uint64_t>(header.shape.layers), "context"))) {
-    throw bad_file(what, "truncated in the layer blocks");
+  const std::uint64_t block =
+      checked_add(checked_mul(2, tensor_bytes(header), "context"), 8, "context");
+  // Block by block, so that a truncation names its layer as a read would.
+  for (int layer = 0; layer < header.shape.layers; ++layer) {
+    if (!source.skip(block)) {
+      throw bad_file(what, "truncated in the block of " + layer_name(layer, header.shape.layers) +
+                               "; the cache was left as it was");
+    }
   }
 }
 
@@ -332,8 +337,9 @@ void check_context_fits(const ContextHeader& file, const ContextShape& shape,
   const std::vector<std::string> b = lines(model);
   std::size_t i = 0;
   while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
-  const std::string in_file = i < a.size() ? "'" + a[i] + "'" : "nothing more";
-  const std::string here = i < b.size() ? "'" + b[i] + "'" : "nothing more";
+  // The file's line is escaped: a crafted file may hold any bytes there.
+  const std::string in_file = i < a.size() ? "'" + printable(a[i], 200) + "'" : "nothing more";
+  const std::string here = i < b.size() ? "'" + printable(b[i], 200) + "'" : "nothing more";
   throw bad_file(what, "saved for another model: its fingerprint has " + in_file +
                            " where this model's has " + here + "; nothing was loaded");
 }

@@ -258,9 +258,16 @@ std::vector<SlotContext> OffloadedStaticCache::Impl::load(const std::vector<int>
   return contexts;
 }
 
-SavedContextInfo inspect_saved_context(const std::string& path) {
-  offload::FileSource source(path);
+struct __attribute__((visibility("hidden"))) SavedContextFile::Impl {
+  explicit Impl(const std::string& p) : path(p), source(p) {}
+  std::string path;
+  offload::FileSource source;
   SavedContextInfo info;
+};
+
+SavedContextFile::SavedContextFile(const std::string& path) : impl_(std::make_unique<Impl>(path)) {
+  offload::FileSource& source = impl_->source;
+  SavedContextInfo& info = impl_->info;
   const std::string what = "saved context " + path;
   std::uint64_t offset = 0;
   do {
@@ -281,7 +288,25 @@ SavedContextInfo inspect_saved_context(const std::string& path) {
     offset += offload::context_record_bytes(header);
     info.contexts.push_back({std::move(header.tokens), std::move(header.model)});
   } while (offset < source.size());
-  return info;
+}
+
+SavedContextFile::~SavedContextFile() = default;
+SavedContextFile::SavedContextFile(SavedContextFile&&) noexcept = default;
+SavedContextFile& SavedContextFile::operator=(SavedContextFile&&) noexcept = default;
+
+const SavedContextInfo& SavedContextFile::info() const {
+  return impl_->info;
+}
+const std::string& SavedContextFile::path() const {
+  return impl_->path;
+}
+
+SavedContextInfo inspect_saved_context(const std::string& path) {
+  return SavedContextFile(path).info();
+}
+
+void check_save_path(const std::string& path) {
+  offload::AtomicFileSink::check_path(path);
 }
 
 OffloadedStaticCache::OffloadedStaticCache(const CacheConfig& config)
@@ -505,8 +530,17 @@ std::vector<SlotContext> OffloadedStaticCache::load_slots(const std::vector<int>
                                                           const std::string& path,
                                                           const std::string& model) {
   impl_->check_slots(slots, "load_slot");
-  offload::FileSource source(path);
-  return impl_->load(slots, source, model, "saved context " + path, /*whole_input=*/true);
+  SavedContextFile file(path);
+  return load_slots(slots, file, model);
+}
+
+std::vector<SlotContext> OffloadedStaticCache::load_slots(const std::vector<int>& slots,
+                                                          SavedContextFile& file,
+                                                          const std::string& model) {
+  impl_->check_slots(slots, "load_slot");
+  offload::FileSource& source = file.impl_->source;
+  source.rewind();
+  return impl_->load(slots, source, model, "saved context " + file.path(), /*whole_input=*/true);
 }
 
 SlotContext OffloadedStaticCache::load_slot(int slot, std::istream& in, const std::string& model) {

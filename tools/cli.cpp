@@ -1,13 +1,20 @@
 #include "tools/cli.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <new>
 
 #include "kvoffload/error.hpp"
 #include "kvoffload/types.hpp"
+#include "offload/byte_io.hpp"
+#include "offload/partial_files.hpp"
 #include "offload/printable.hpp"
 
 namespace kvo::cli {
@@ -244,6 +251,82 @@ CLI::Option* add_flag(CLI::App& app, const std::string& name, bool& value,
   return app.add_flag(name, value, help)->disable_flag_override();
 }
 
+namespace {
+
+// A path that is not a regular file but takes writes, opened for them; -1 with errno otherwise.
+int open_special(const std::string& path) {
+  // Non-blocking: a FIFO without a reader fails at once (ENXIO) instead of waiting for one.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return -1;
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+bool is_special(const std::string& path, struct stat& st) {
+  return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
+}
+
+Error output_error(const std::string& option, const std::string& path, const std::string& what) {
+  return Error(ErrorCode::kInvalidArgument, option + " " + printable(path, 200) + ": " + what);
+}
+
+}  // namespace
+
+void check_output_path(const std::string& path, const std::string& option) {
+  if (path.empty()) throw UsageError(option + ": an empty path");
+  struct stat st {};
+  if (is_special(path, st)) {
+    if (S_ISDIR(st.st_mode))
+      throw UsageError(option + " " + printable(path, 200) + " is a directory");
+    const int fd = open_special(path);
+    if (fd < 0) {
+      throw UsageError(option + " " + printable(path, 200) +
+                       ": cannot write it: " + std::strerror(errno));
+    }
+    ::close(fd);
+    return;
+  }
+  try {
+    offload::AtomicFileSink::check_path(path);
+  } catch (const Error& e) {
+    throw UsageError(option + ": " + e.what());
+  }
+}
+
+void write_output_file(const std::string& path, const std::string& text,
+                       const std::string& option) {
+  struct stat st {};
+  if (!is_special(path, st)) {
+    try {
+      offload::AtomicFileSink sink(path);
+      sink.write(text.data(), text.size());
+      sink.commit();
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kInvalidArgument, option + ": " + e.what());
+    }
+    return;
+  }
+  if (S_ISDIR(st.st_mode)) throw output_error(option, path, "is a directory");
+  const int fd = open_special(path);
+  if (fd < 0)
+    throw output_error(option, path, std::string("cannot write it: ") + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      throw output_error(option, path, std::string("failed writing it: ") + std::strerror(err));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::close(fd) != 0) {
+    throw output_error(option, path, std::string("failed writing it: ") + std::strerror(errno));
+  }
+}
+
 void describe(CLI::App& app, const std::string& description) {
   app.description(description);
   app.footer(kExitStatusHelp);
@@ -251,6 +334,8 @@ void describe(CLI::App& app, const std::string& description) {
 }
 
 int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
+  // An interrupted tool leaves no partial file behind; a write past ulimit -f is an error.
+  offload::install_partial_cleanup();
   const std::string tool = app.get_name();
   const auto usage = [&](const std::string& message) {
     std::cerr << tool << ": " << message << "\nRun '" << tool << " --help' for the options.\n";

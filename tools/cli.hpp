@@ -63,6 +63,16 @@ CLI::Option* add_text(CLI::App& app, const std::string& name, std::string& value
                       const std::string& type, const std::string& help);
 CLI::Option* add_flag(CLI::App& app, const std::string& name, bool& value, const std::string& help);
 
+// Files a tool writes besides its output (--json, --csv, --svg). A path that is absent or a
+// regular file is written whole or not at all (a partial file beside it, renamed when complete);
+// anything else that takes writes (/dev/stdout, a FIFO with a reader) is written in place; a
+// directory, or a FIFO nobody reads, is refused. check_output_path() refuses, before the work,
+// a path that could not be written (its directory missing or read-only, say); write_output_file()
+// reports every write error ("/dev/full: No space left on device") as kvo::Error. `option`
+// names the option in messages.
+void check_output_path(const std::string& path, const std::string& option);
+void write_output_file(const std::string& path, const std::string& text, const std::string& option);
+
 // Prepares `app` as a tool: its description and the exit-status footer.
 void describe(CLI::App& app, const std::string& description);
 

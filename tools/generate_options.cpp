@@ -131,7 +131,8 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
 
   tools::TextOptions text = a.text;
   text.read_given(app);
-  r.text = std::make_shared<tools::TextSession>(text, r.source.checkpoint_dir, d.slots);
+  r.text = std::make_shared<tools::TextSession>(text, r.source.checkpoint_dir, d.slots,
+                                                r.config.vocab_size);
   std::int64_t longest = 0;
   std::int64_t prefilled = 0;  // the longest prompt prefilled at once
   if (r.text->active()) {

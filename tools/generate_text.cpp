@@ -1,14 +1,16 @@
 #include "tools/generate_text.hpp"
 
 #include <chrono>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "kvoffload/error.hpp"
 #include "model/chat_format.hpp"
+#include "model/fingerprint.hpp"
 #include "model/tokenizer_settings.hpp"
 #include "model/weights.hpp"
+#include "offload/input_file.hpp"
 
 namespace kvo::tools {
 
@@ -19,35 +21,14 @@ constexpr const char* kQuestionSeparator = "\n\n";
 
 using Clock = std::chrono::steady_clock;
 
-// eos_token_id of generation_config.json (a number or a list), if the file gives one.
-std::vector<std::int32_t> generation_eos(const std::string& model_dir) {
-  std::ifstream in(model_dir + "/generation_config.json");
-  if (!in) return {};
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorCode::kInvalidArgument,
-                model_dir + "/generation_config.json: " + std::string(e.what()));
-  }
-  std::vector<std::int32_t> ids;
-  if (!config.is_object() || !config.contains("eos_token_id")) return ids;
-  const nlohmann::json& eos = config["eos_token_id"];
-  if (eos.is_number_integer()) ids.push_back(eos.get<std::int32_t>());
-  if (eos.is_array()) {
-    for (const auto& id : eos) {
-      if (id.is_number_integer()) ids.push_back(id.get<std::int32_t>());
-    }
-  }
-  return ids;
-}
-
 }  // namespace
 
 void TextOptions::read_given(const CLI::App& app) {
   has_prompt = app.count("--prompt") != 0;
   has_prompt_file = app.count("--prompt-file") != 0;
   has_system = app.count("--system") != 0;
+  has_save_context = app.count("--save-context") != 0;
+  has_load_context = app.count("--load-context") != 0;
   ids_given = app.count("--prompt-tokens") != 0 || app.count("--prompt-len") != 0;
 }
 
@@ -57,7 +38,7 @@ void declare_text_options(CLI::App& app, TextOptions& o) {
                 "the prompt as text; after --prompt-file or --load-context, a question about "
                 "the document, joined to it by a blank line");
   cli::add_text(app, "--prompt-file", o.prompt_file, "FILE",
-                "the prompt (a document) as UTF-8 text");
+                "the prompt (a document) as UTF-8 text: a regular file of at most 1 GiB");
   cli::add_flag(app, "--chat", o.chat,
                 "wrap the prompt in the model's chat format (ChatML, as SmolLM2 writes it; other "
                 "templates are refused)");
@@ -67,13 +48,16 @@ void declare_text_options(CLI::App& app, TextOptions& o) {
   cli::add_text(app, "--save-context", o.save_context, "FILE",
                 "after the prefill, save every slot's K/V rows, tokens and a model fingerprint "
                 "to FILE (--max-seq defaults to the prompt + --max-new + 4096, room for "
-                "questions)");
+                "questions); FILE must be absent or a regular file, and its directory writable, "
+                "which is checked before the prefill");
   cli::add_text(app, "--load-context", o.load_context, "FILE",
-                "restore the slots from FILE instead of a prefill, then prefill --prompt (the "
+                "restore the slots from FILE (a regular file, saved by --save-context from the "
+                "same weights and tokenizer) instead of a prefill, then prefill --prompt (the "
                 "question) and generate; --max-seq defaults to the file's");
 }
 
-TextSession::TextSession(const TextOptions& options, const std::string& model_dir, int slots)
+TextSession::TextSession(const TextOptions& options, const std::string& model_dir, int slots,
+                         int model_vocab)
     : model_dir_(model_dir), slots_(slots) {
   active_ = options.any();
   if (!active_) return;
@@ -88,9 +72,23 @@ TextSession::TextSession(const TextOptions& options, const std::string& model_di
         "other");
   }
   if (options.has_system && !options.chat) throw cli::UsageError("--system needs --chat");
+  for (const auto& [given, path, name] :
+       {std::tuple(options.has_save_context, options.save_context, "--save-context"),
+        std::tuple(options.has_load_context, options.load_context, "--load-context")}) {
+    if (given && path.empty()) throw cli::UsageError(std::string(name) + ": an empty path");
+  }
   tokenizer_ = model::load_tokenizer(model_dir);
+  model::check_tokenizer_fits(*tokenizer_, model_vocab, model_dir);
   save_path_ = options.save_context;
   load_path_ = options.load_context;
+  // Refused now, not after the prefill whose rows it would hold.
+  if (saves()) {
+    try {
+      check_save_path(save_path_);
+    } catch (const Error& e) {
+      throw cli::UsageError(std::string("--save-context: ") + e.what());
+    }
+  }
 
   std::optional<model::ChatFormat> chat;
   if (options.chat) {
@@ -102,7 +100,14 @@ TextSession::TextSession(const TextOptions& options, const std::string& model_di
   const std::string after = chat ? chat->after : "";
   const bool add_special = !chat;  // a chat format writes its own special tokens
   std::optional<std::string> document;
-  if (options.has_prompt_file) document = model::read_text_file(options.prompt_file);
+  if (options.has_prompt_file) {
+    try {
+      document =
+          offload::read_input_file(options.prompt_file, kMaxPromptFileBytes, "--prompt-file");
+    } catch (const Error& e) {
+      throw cli::UsageError(e.what());
+    }
+  }
   std::optional<std::string> question;
   if (options.has_prompt) question = options.prompt;
 
@@ -112,7 +117,9 @@ TextSession::TextSession(const TextOptions& options, const std::string& model_di
           "--prompt-file and --load-context exclude each other: the document "
           "comes from the saved context; ask with --prompt");
     }
-    const SavedContextInfo info = inspect_saved_context(load_path_);
+    // Opened once: the headers now, the rows from the same open file after the plan.
+    load_file_ = std::make_unique<SavedContextFile>(load_path_);
+    const SavedContextInfo& info = load_file_->info();
     if (static_cast<int>(info.lengths.size()) != slots) {
       throw cli::UsageError("--load-context " + load_path_ + " holds " +
                             std::to_string(info.lengths.size()) + " saved context(s), for " +
@@ -142,7 +149,7 @@ TextSession::TextSession(const TextOptions& options, const std::string& model_di
   if (prompt_.empty() && !loads()) throw cli::UsageError("the prompt has no tokens");
 
   if (!options.ignore_eos) {
-    stop_ids_ = generation_eos(model_dir);
+    stop_ids_ = model::read_generation_eos(model_dir);
     if (stop_ids_.empty()) {
       if (const auto eos = tokenizer_->eos_id()) stop_ids_.push_back(*eos);
     }
@@ -159,7 +166,7 @@ std::vector<std::int32_t> TextSession::load_context(model::Decoder& decoder,
   for (int s = 0; s < slots_; ++s) slots.push_back(s);
   const auto start = Clock::now();
   std::vector<SlotContext> contexts =
-      decoder.cache().load_slots(slots, load_path_, fingerprint(decoder, source));
+      decoder.cache().load_slots(slots, *load_file_, fingerprint(decoder, source));
   load_s_ = std::chrono::duration<double>(Clock::now() - start).count();
   std::uint64_t bytes = 0;
   const CachePlan plan = decoder.cache().stats().plan;
@@ -256,6 +263,11 @@ std::string TextSession::fingerprint(const model::Decoder& decoder,
       << "\no_bias=" << c.o_bias << "\ntie_word_embeddings=" << c.tie_word_embeddings
       << "\ndtype=" << dtype_name(dtype) << "\nweights="
       << (source.checkpoint_dir.empty() ? "seed " + std::to_string(source.seed) : "checkpoint");
+  if (!source.checkpoint_dir.empty()) {
+    // The weights' and the tokenizer's bytes: another model of the same shape is refused.
+    out << "\nweights_xxh3=" << model::weights_digest(source.checkpoint_dir)
+        << "\ntokenizer_xxh3=" << model::tokenizer_digest(source.checkpoint_dir);
+  }
   const model::WeightLayout layout(c, dtype);
   for (const model::WeightEntry& e : layout.entries()) {
     out << "\ntensor " << e.name << " [";

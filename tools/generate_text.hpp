@@ -16,11 +16,15 @@
 #include <string>
 #include <vector>
 
+#include "kvoffload/cache.hpp"
 #include "model/decoder.hpp"
 #include "model/tokenizer.hpp"
 #include "tools/cli.hpp"
 
 namespace kvo::tools {
+
+// The largest --prompt-file read.
+inline constexpr std::uint64_t kMaxPromptFileBytes = std::uint64_t{1} << 30;
 
 // The options this adds to kvo-generate: their values, and which were given.
 struct TextOptions {
@@ -33,11 +37,12 @@ struct TextOptions {
   bool ignore_eos = false;
   // Filled by read_given() once the command line is read:
   bool has_prompt = false, has_prompt_file = false, has_system = false;
+  bool has_save_context = false, has_load_context = false;
   bool ids_given = false;  // --prompt-tokens or --prompt-len
 
   bool any() const {
-    return has_prompt || has_prompt_file || has_system || chat || ignore_eos ||
-           !save_context.empty() || !load_context.empty();
+    return has_prompt || has_prompt_file || has_system || chat || ignore_eos || has_save_context ||
+           has_load_context;
   }
   void read_given(const CLI::App& app);
 };
@@ -48,8 +53,10 @@ void declare_text_options(CLI::App& app, TextOptions& options);
 class TextSession {
  public:
   // Reads the options; loads the tokenizer when text goes in or out (model_dir empty: a preset,
-  // which has none, so text options are refused saying why).
-  TextSession(const TextOptions& options, const std::string& model_dir, int slots);
+  // which has none, so text options are refused saying why) and checks that the model's
+  // vocabulary (model_vocab rows) holds every id it writes. Opens --load-context and checks
+  // --save-context's path, so that neither fails after the work.
+  TextSession(const TextOptions& options, const std::string& model_dir, int slots, int model_vocab);
 
   // Text options were given: prompts come from here, the output is text.
   bool active() const { return active_; }
@@ -83,7 +90,8 @@ class TextSession {
   std::int64_t loaded_tokens() const { return loaded_tokens_; }
 
   // The model fingerprint a saved context carries: architecture, shapes, K/V dtype, where the
-  // weights come from and the tensor table, as "key=value" lines.
+  // weights come from (a seed, or a checkpoint with the digests of its weights and tokenizer
+  // files, model/fingerprint.hpp) and the tensor table, as "key=value" lines.
   static std::string fingerprint(const model::Decoder& decoder, const model::WeightSource& source);
 
  private:
@@ -95,6 +103,7 @@ class TextSession {
   std::vector<std::int32_t> document_;  // the ids a saved context holds (what was prefilled)
   std::string save_path_;
   std::string load_path_;
+  std::unique_ptr<SavedContextFile> load_file_;  // --load-context, opened once
   std::optional<int> saved_max_seq_;
   std::vector<std::int32_t> stop_ids_;
   std::vector<model::TextStream> streams_;

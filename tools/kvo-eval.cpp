@@ -24,6 +24,7 @@
 #include "kvoffload/quant.hpp"
 #include "model/decoder.hpp"
 #include "model/tokenizer.hpp"
+#include "offload/input_file.hpp"
 #include "offload/printable.hpp"
 #include "tools/cli.hpp"
 #include "tools/progress_bar.hpp"
@@ -40,8 +41,12 @@ struct EvalArgs {
   int threads = 0;
   std::string backend = "auto";
   std::string json;
+  bool json_given = false;
   bool targets = false;
 };
+
+// The largest --text read.
+constexpr std::uint64_t kMaxTextBytes = std::uint64_t{1} << 30;
 
 void declare(CLI::App& app, EvalArgs& a) {
   kvo::cli::describe(app,
@@ -51,7 +56,9 @@ void declare(CLI::App& app, EvalArgs& a) {
   kvo::cli::add_text(app, "--model", a.model, "DIR",
                      "Hugging Face model directory: config.json, safetensors, tokenizer")
       ->required();
-  kvo::cli::add_text(app, "--text", a.text, "FILE", "the text to read (UTF-8)")->required();
+  kvo::cli::add_text(app, "--text", a.text, "FILE",
+                     "the text to read (UTF-8): a regular file of at most 1 GiB")
+      ->required();
   kvo::cli::add_tokens(app, "--tokens", a.tokens, 2, 1 << 20,
                        "tokens of the text to score (its first ones; default 4096)");
   kvo::cli::add_integer(app, "--generate", a.generate, 0, 1 << 16,
@@ -63,7 +70,9 @@ void declare(CLI::App& app, EvalArgs& a) {
                         "host backend: threads (0, the default: the cores this process may use)");
   kvo::cli::add_choice(app, "--backend", a.backend, {"auto", "cuda", "host"},
                        "where the model runs (auto: cuda when there is a GPU)");
-  kvo::cli::add_text(app, "--json", a.json, "FILE", "also write the figures as JSON");
+  kvo::cli::add_text(app, "--json", a.json, "FILE",
+                     "also write the figures as JSON (checked before the evaluation)")
+      ->each([&a](const std::string&) { a.json_given = true; });
   kvo::cli::add_flag(app, "--targets", a.targets,
                      "exit 1 unless int8 and fp8 meet their targets against bf16");
 }
@@ -189,11 +198,20 @@ int run(const EvalArgs& a) {
     }
   }
   if (dtypes.empty()) throw kvo::cli::UsageError("--kv-dtypes names no dtype");
-  std::ifstream in(a.text, std::ios::binary);
-  if (!in) throw kvo::cli::UsageError("--text: cannot open " + kvo::printable(a.text));
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  // Everything that can be refused is refused before the evaluation, not after it.
+  if (a.targets && std::find(dtypes.begin(), dtypes.end(), kvo::DType::kBF16) == dtypes.end()) {
+    throw kvo::cli::UsageError("--targets compares against bf16: add bf16 to --kv-dtypes");
+  }
+  if (!a.json.empty() || a.json_given) kvo::cli::check_output_path(a.json, "--json");
+  std::string text;
+  try {
+    text = kvo::offload::read_input_file(a.text, kMaxTextBytes, "--text");
+  } catch (const kvo::Error& e) {
+    throw kvo::cli::UsageError(e.what());
+  }
   const kvo::model::ModelConfig config = kvo::model::load_model_config(a.model + "/config.json");
   const auto tokenizer = kvo::model::load_tokenizer(a.model);
+  kvo::model::check_tokenizer_fits(*tokenizer, config.vocab_size, a.model);
   std::vector<std::int32_t> tokens = tokenizer->encode(text, true);
   if (static_cast<int>(tokens.size()) < a.tokens) {
     throw kvo::cli::UsageError("--text holds " + std::to_string(tokens.size()) +
@@ -265,17 +283,12 @@ int run(const EvalArgs& a) {
                 greedy_bf16.c_str(), target.c_str());
     rows.push_back(row);
   }
-  if (!a.json.empty()) {
+  if (a.json_given) {
     nlohmann::json j = {{"model", a.model},        {"text", a.text},
                         {"tokens", tokens.size()}, {"generate", a.generate},
                         {"chunk", a.chunk},        {"reference", kvo::dtype_name(ref.dtype)},
                         {"readings", rows}};
-    std::ofstream out(a.json);
-    out << j.dump(2) << "\n";
-    if (!out) throw kvo::Error(kvo::ErrorCode::kInvalidArgument, "cannot write " + a.json);
-  }
-  if (a.targets && bf16 == nullptr) {
-    throw kvo::cli::UsageError("--targets compares against bf16: add bf16 to --kv-dtypes");
+    kvo::cli::write_output_file(a.json, j.dump(2) + "\n", "--json");
   }
   if (a.targets && !all_met) {
     std::fprintf(stderr, "kvo-eval: a quantized K/V dtype missed its target against bf16\n");

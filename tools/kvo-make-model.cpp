@@ -26,6 +26,7 @@
 #include "model/model_config.hpp"
 #include "model/safetensors.hpp"
 #include "model/weights.hpp"
+#include "offload/partial_files.hpp"
 #include "tools/cli.hpp"
 #include "tools/progress_bar.hpp"
 
@@ -152,18 +153,19 @@ std::string parent_of(const std::string& path) {
   return slash == 0 ? "/" : p.substr(0, slash);
 }
 
-// A directory of files being written; removed with its files unless committed.
+// A directory of files being written (offload/partial_files.hpp: a partial, removed if the tool
+// is interrupted, or by the next run once this one is gone); removed with its files unless
+// committed.
 class PartialDir {
  public:
   explicit PartialDir(const std::string& out) {
-    std::string pattern = out;
-    while (pattern.size() > 1 && pattern.back() == '/') pattern.pop_back();
-    pattern += ".partial-XXXXXX";
+    const std::string pattern = kvo::offload::partial_pattern(out);
     std::vector<char> buffer(pattern.begin(), pattern.end());
     buffer.push_back('\0');
     if (::mkdtemp(buffer.data()) == nullptr)
       throw io_error("cannot create a directory beside " + out);
     path_ = buffer.data();
+    registration_ = kvo::offload::PartialRegistration(path_, true);
   }
   ~PartialDir() {
     if (path_.empty()) return;
@@ -184,11 +186,13 @@ class PartialDir {
       throw io_error("cannot move the model to " + out);
     }
     path_.clear();
+    registration_.release();
   }
 
  private:
   std::string path_;
   std::vector<std::string> files_;
+  kvo::offload::PartialRegistration registration_;
 };
 
 void write_text(const std::string& path, const std::string& text) {
@@ -221,6 +225,9 @@ int make_model(const Args& args, const CLI::App& app) {
                                                        kvo::format_bytes(free_bytes) + " free");
   }
 
+  for (const std::string& stale : kvo::offload::remove_stale_partials(parent_of(args.out))) {
+    std::cerr << "kvo-make-model: removed " << stale << ", left by a run that was killed\n";
+  }
   PartialDir partial(args.out);
   write_text(partial.file("config.json"), kvo::model::to_config_json(config));
   const std::size_t shards = static_cast<std::size_t>(args.shards);

@@ -3,8 +3,8 @@
 // 24 GB card, and how does that compare with what I use today?"
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -152,6 +152,10 @@ int run(const Args& a, const CLI::App& app) {
     q.kv_dtype = kvo::parse_dtype(a.kv_dtype);
   }
   q.backend = kvo::parse_backend(a.backend);
+  const bool csv_given = app.count("--csv") != 0;
+  const bool svg_given = app.count("--svg") != 0;
+  if (csv_given) kvo::cli::check_output_path(a.csv, "--csv");
+  if (svg_given) kvo::cli::check_output_path(a.svg, "--svg");
   const bool do_measure = a.measure;
   if (do_measure && kvo::cuda_device_count() == 0) {
     throw kvo::Error(kvo::ErrorCode::kDevice,
@@ -220,9 +224,8 @@ int run(const Args& a, const CLI::App& app) {
                 gib(rows.front().plan.host_available_bytes).c_str());
   }
 
-  if (!a.csv.empty()) {
-    std::ofstream csv(a.csv);
-    if (!csv) throw kvo::Error(kvo::ErrorCode::kInvalidArgument, "cannot write " + a.csv);
+  if (csv_given) {
+    std::ostringstream csv;
     csv << "context,strategy,weights_bytes,kv_device_bytes,activation_bytes,workspace_bytes,"
            "total_bytes,host_bytes,fits,resident_layers,host_fits"
         << (do_measure ? ",measured_bytes" : "") << "\n";
@@ -235,8 +238,9 @@ int run(const Args& a, const CLI::App& app) {
       if (do_measure) csv << ',' << (r.measured < 0 ? std::string() : std::to_string(r.measured));
       csv << "\n";
     }
+    kvo::cli::write_output_file(a.csv, csv.str(), "--csv");
   }
-  if (!a.svg.empty()) {
+  if (svg_given) {
     kvo::tools::Chart chart;
     chart.title = q.model + ": device memory against context (" + std::to_string(q.slots) +
                   (q.slots == 1 ? " sequence)" : " sequences)");
@@ -262,9 +266,7 @@ int run(const Args& a, const CLI::App& app) {
     }
     chart.lines.push_back({"budget " + gib_tick(static_cast<double>(q.budget) / (1ull << 30)),
                            static_cast<double>(q.budget) / (1ull << 30)});
-    std::ofstream svg(a.svg);
-    if (!svg) throw kvo::Error(kvo::ErrorCode::kInvalidArgument, "cannot write " + a.svg);
-    svg << kvo::tools::render_svg(chart);
+    kvo::cli::write_output_file(a.svg, kvo::tools::render_svg(chart), "--svg");
   }
   return 0;
 }

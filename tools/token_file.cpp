@@ -1,12 +1,7 @@
 #include "tools/token_file.hpp"
 
-#include <sys/stat.h>
-
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <sstream>
-
+#include "kvoffload/error.hpp"
+#include "offload/input_file.hpp"
 #include "offload/printable.hpp"
 #include "tools/cli.hpp"
 
@@ -104,20 +99,14 @@ std::vector<std::vector<std::int32_t>> parse_token_ids(std::string_view text,
 }
 
 std::vector<std::vector<std::int32_t>> read_token_file(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    throw UsageError("cannot open the token file " + path + ": " + std::strerror(errno));
+  std::string text;
+  try {
+    // Eleven bytes per id at most ("2147483647,"): a larger file cannot be a valid one.
+    text = offload::read_input_file(path, kMaxTokenFileBytes, "the token file");
+  } catch (const Error& e) {
+    throw UsageError(e.what());
   }
-  if (!S_ISREG(st.st_mode)) throw UsageError("the token file " + path + " is not a regular file");
-  // Eleven bytes per id at most ("2147483647,"): a larger file cannot be a valid one.
-  if (static_cast<std::uint64_t>(st.st_size) > 11 * static_cast<std::uint64_t>(kMaxTokenFileIds)) {
-    throw UsageError("the token file " + path + " is larger than any valid one");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError("cannot open the token file " + path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_token_ids(text.str(), path);
+  return parse_token_ids(text, path);
 }
 
 }  // namespace kvo::cli

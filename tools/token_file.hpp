@@ -11,14 +11,18 @@
 
 namespace kvo::cli {
 
-// The most ids one file may hold in all.
+// The most ids one file may hold in all, and so its largest size: eleven bytes per id at most
+// ("2147483647,"), 11 GiB.
 inline constexpr std::int64_t kMaxTokenFileIds = std::int64_t{1} << 30;
+inline constexpr std::uint64_t kMaxTokenFileBytes =
+    11 * static_cast<std::uint64_t>(kMaxTokenFileIds);
 
 // [prompts][ids]. Throws UsageError "<source>:<line>:<column>: <problem>".
 std::vector<std::vector<std::int32_t>> parse_token_ids(std::string_view text,
                                                        const std::string& source);
 
-// Reads `path` (a regular file) and parses it. Throws UsageError naming the path.
+// Reads `path` (a regular file of at most kMaxTokenFileBytes, opened once without blocking) and
+// parses it. Throws UsageError naming the path.
 std::vector<std::vector<std::int32_t>> read_token_file(const std::string& path);
 
 }  // namespace kvo::cli

@@ -117,6 +117,34 @@ struct SavedContextInfo {
 // Throws kvo::Error(kInvalidArgument) for a file that cannot be read or is not a saved context.
 KVO_API SavedContextInfo inspect_saved_context(const std::string& path);
 
+// A saved-context file opened once, with its headers read (no rows): its info() is what
+// inspect_saved_context reports, and OffloadedStaticCache::load_slots reads the rows from the
+// same open file, so that the path is opened and checked one time. Only a regular file is opened
+// (never blocking on a FIFO or a device). Throws as inspect_saved_context. Move-only.
+class KVO_API SavedContextFile {
+ public:
+  explicit SavedContextFile(const std::string& path);
+  ~SavedContextFile();
+  SavedContextFile(SavedContextFile&&) noexcept;
+  SavedContextFile& operator=(SavedContextFile&&) noexcept;
+  SavedContextFile(const SavedContextFile&) = delete;
+  SavedContextFile& operator=(const SavedContextFile&) = delete;
+
+  const SavedContextInfo& info() const;
+  const std::string& path() const;
+
+ private:
+  friend class OffloadedStaticCache;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Refuses (kvo::Error kInvalidArgument, naming the path and the reason), before any work whose
+// result would be saved, a path save_slots could not write: one that exists and is not a regular
+// file (a save never replaces a device, a FIFO, a directory or a symbolic link), or whose
+// directory is missing or takes no new files. Writes nothing.
+KVO_API void check_save_path(const std::string& path);
+
 class KVO_API OffloadedStaticCache {
  public:
   // Plans, allocates every device and host byte, and starts the copy streams.
@@ -166,9 +194,13 @@ class KVO_API OffloadedStaticCache {
   // Both calls first wait until every copy in flight and the work on the callers' streams have
   // finished (the whole device, on CUDA).
   //
-  // save: a file holds one record per slot, in the order given; it is written to a temporary
-  // file beside `path`, synced and renamed, so `path` is either the old file or the whole new
-  // one. REQUIRES: contexts.size() == slots.size(); each tokens list empty or length(slot) long.
+  // save: a file holds one record per slot, in the order given; it is written to a partial file
+  // beside `path` ("<path>.kvo-partial-<pid>-XXXXXX"), synced and renamed, so `path` is either
+  // the old file or the whole new one. A path that exists and is not a regular file is refused
+  // (check_save_path); the partial file is removed on every failure, and partial files of killed
+  // processes in that directory are removed by the next save there. A write past a file-size
+  // limit is reported as EFBIG only where SIGXFSZ is ignored (else the system ends the process).
+  // REQUIRES: contexts.size() == slots.size(); each tokens list empty or length(slot) long.
   void save_slot(int slot, const std::string& path, const SlotContext& context = {});
   void save_slots(const std::vector<int>& slots, const std::string& path,
                   const std::vector<SlotContext>& contexts);
@@ -183,6 +215,8 @@ class KVO_API OffloadedStaticCache {
   // REQUIRES: the slots are distinct. Prefetches are re-issued as after truncate_slot.
   SlotContext load_slot(int slot, const std::string& path, const std::string& model = "");
   std::vector<SlotContext> load_slots(const std::vector<int>& slots, const std::string& path,
+                                      const std::string& model = "");
+  std::vector<SlotContext> load_slots(const std::vector<int>& slots, SavedContextFile& file,
                                       const std::string& model = "");
   SlotContext load_slot(int slot, std::istream& in, const std::string& model = "");
 

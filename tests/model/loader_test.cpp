@@ -113,7 +113,7 @@ TEST(ModelConfig, ErrorsNameTheProblem) {
         parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10})",
                            "cfg.json");
       },
-      {"missing field \"hidden_size\""});
+      {"hidden_size: missing (a required field)"});
   expect_error(
       [] {
         parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10,

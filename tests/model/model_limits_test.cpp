@@ -66,22 +66,21 @@ TEST(ModelLimits, IntegerFieldsStateTheirBounds) {
     const char* needle;
   } cases[] = {
       {"vocab_size", "1099511627776",
-       "\"vocab_size\" must be an integer from 1 to 4194304, got 1099511627776"},
+       "vocab_size: must be an integer from 1 to 4194304, got 1099511627776"},
       {"intermediate_size", "1099511627776",
-       "\"intermediate_size\" must be an integer from 1 to 1048576"},
+       "intermediate_size: must be an integer from 1 to 1048576"},
       {"num_hidden_layers", "100000",
-       "\"num_hidden_layers\" must be an integer from 1 to 1024, got 100000"},
-      {"hidden_size", "0", "\"hidden_size\" must be an integer from 1 to 65536, got 0"},
+       "num_hidden_layers: must be an integer from 1 to 1024, got 100000"},
+      {"hidden_size", "0", "hidden_size: must be an integer from 1 to 65536, got 0"},
       {"num_attention_heads", "-4",
-       "\"num_attention_heads\" must be an integer from 1 to 1024, got -4"},
-      {"head_dim", "4096", "\"head_dim\" must be an integer from 2 to 1024"},
+       "num_attention_heads: must be an integer from 1 to 1024, got -4"},
+      {"head_dim", "4096", "head_dim: must be an integer from 2 to 1024"},
       // A float is not an integer, even a whole one: 1e9 and 2.0 are refused, not rounded.
-      {"vocab_size", "1e9",
-       "\"vocab_size\" must be an integer from 1 to 4194304, got 1000000000.0"},
-      {"num_hidden_layers", "2.0", "\"num_hidden_layers\" must be an integer"},
-      {"num_hidden_layers", "\"3\"", "\"num_hidden_layers\" must be an integer"},
-      {"rms_norm_eps", "\"small\"", "\"rms_norm_eps\" must be a finite number"},
-      {"tie_word_embeddings", "1", "\"tie_word_embeddings\" must be true or false"},
+      {"vocab_size", "1e9", "vocab_size: must be an integer from 1 to 4194304, got 1000000000.0"},
+      {"num_hidden_layers", "2.0", "num_hidden_layers: must be an integer"},
+      {"num_hidden_layers", "\"3\"", "num_hidden_layers: must be an integer"},
+      {"rms_norm_eps", "\"small\"", "rms_norm_eps: must be a finite number"},
+      {"tie_word_embeddings", "1", "tie_word_embeddings: must be true or false"},
   };
   for (const auto& c : cases) {
     expect_error([&] { parse_model_config(config_with(c.field, c.value), "config.json"); },
@@ -99,7 +98,7 @@ TEST(ModelLimits, IntegerFieldsStateTheirBounds) {
   const std::string dir = temp_dir("config_dir");
   ::mkdir((dir + "/config.json").c_str(), 0755);
   expect_error([&] { load_model_config(dir + "/config.json"); }, ErrorCode::kInvalidArgument,
-               "is not a regular file");
+               "is a directory, not a regular file");
 }
 
 TEST(ModelLimits, AConfigThatDoesNotMatchItsCheckpointIsRefusedBeforeAllocating) {

@@ -140,7 +140,7 @@ TEST(SafetensorsStrict, OnlyRegularFilesAreOpened) {
   const std::string dir = temp_dir("directory");
   ::mkdir((dir + "/model.safetensors").c_str(), 0755);
   expect_error([&] { Checkpoint c(dir); }, ErrorCode::kInvalidArgument,
-               "model.safetensors is not a regular file");
+               "model.safetensors is a directory, not a regular file");
   expect_error([&] { Checkpoint c(dir + "/model.safetensors/nothing"); },
                ErrorCode::kInvalidArgument, "cannot open the model directory");
   write_file(dir + "/file", "x");

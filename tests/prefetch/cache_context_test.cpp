@@ -448,7 +448,7 @@ TEST_F(CacheContextTest, ATruncatedFileIsRefusedNamingTheBlock) {
   expect_error([&] { target.load_slot(0, path("empty")); }, ErrorCode::kInvalidArgument,
                "empty: no saved context in it");
   expect_error([&] { target.load_slot(0, path("missing")); }, ErrorCode::kInvalidArgument,
-               "cannot open " + path("missing") + ": No such file or directory");
+               path("missing") + ": cannot open it: No such file or directory");
 }
 
 TEST_F(CacheContextTest, SaveIsAtomicAndChecksItsArguments) {

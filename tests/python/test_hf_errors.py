@@ -163,6 +163,26 @@ class Mismatches(unittest.TestCase):
         self.assertIn("6 would pass max_cache_len=5", str(raised.exception))
         self.assertEqual(cache.get_seq_length(), 0)
 
+    def test_layer_idx_out_of_range(self):
+        # A negative index would read another layer's rows (Python lists index from the end); one
+        # past the model, or not an int, is refused too, before anything changes.
+        cache = cpu_cache(self.model)
+        layers = self.model.config.num_hidden_layers
+        heads = self.model.config.num_key_value_heads
+        head_dim = self.model.config.hidden_size // self.model.config.num_attention_heads
+        states = torch.zeros(1, heads, 2, head_dim)
+        for bad in (-3, -1, layers, 2**40):
+            with self.assertRaises(IndexError, msg=str(bad)) as raised:
+                cache.update(states, states, bad)
+            self.assertIn(f"layer_idx {bad} is out of range", str(raised.exception))
+            self.assertIn(f"the model has {layers} layers", str(raised.exception))
+            with self.assertRaises(IndexError):
+                cache.get_mask_sizes(2, bad)
+        for bad in (1.0, "0", True, None):
+            with self.assertRaises(TypeError, msg=repr(bad)):
+                cache.update(states, states, bad)
+        self.assert_untouched(cache)
+
     def test_beam_search(self):
         # Beam search makes batch * num_beams rows and reorders them: refused.
         cache = cpu_cache(self.model, batch=2)

@@ -293,6 +293,7 @@ class OffloadedStaticCache(Cache):
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         """Stores this forward's keys and values of layer ``layer_idx`` and returns the ones to
         attend over (see the module docstring)."""
+        layer_idx = self._layer_index(layer_idx)
         if layer_idx == self._first_kv_layer:
             self._begin_forward(key_states, value_states, layer_idx)
         slot = self._slot[layer_idx]
@@ -384,7 +385,7 @@ class OffloadedStaticCache(Cache):
         return self.max_cache_len
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
-        layer = self.layers[layer_idx]
+        layer = self.layers[self._layer_index(layer_idx)]
         if isinstance(layer, WindowLayer):
             return layer.get_mask_sizes(query_length)
         if self._slot[layer_idx] < 0:  # no keys and values: as transformers, the first such layer
@@ -414,8 +415,20 @@ class OffloadedStaticCache(Cache):
     def set_linear_cache(self, layer_idx: int, linear_cache) -> None:
         self._state_layer(layer_idx).set_linear_state(linear_cache)
 
+    def _layer_index(self, layer_idx) -> int:
+        """``layer_idx`` checked: an int naming one of the model's layers. A negative one would
+        index from the end (Python's lists do) and so alias another layer's rows."""
+        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int):
+            raise TypeError(f"layer_idx must be an int, not {type(layer_idx).__name__}")
+        if not 0 <= layer_idx < len(self.layers):
+            raise IndexError(
+                f"layer_idx {layer_idx} is out of range: the model has {len(self.layers)} layers "
+                f"(0 to {len(self.layers) - 1})"
+            )
+        return layer_idx
+
     def _state_layer(self, layer_idx: int) -> StateLayer:
-        layer = self.layers[layer_idx]
+        layer = self.layers[self._layer_index(layer_idx)]
         if not isinstance(layer, StateLayer):
             raise ValueError(
                 f"layer {layer_idx} ({self._specs[layer_idx].layer_type}) keeps no state in this "
