@@ -9,6 +9,7 @@
 #include <cmath>
 #include <vector>
 
+#include "model/cublas_loader.hpp"
 #include "model/cuda_check.hpp"
 #include "model/flashinfer_attention.hpp"
 #include "model/kernels.hpp"
@@ -42,10 +43,10 @@ class CudaOps final : public Ops {
     kv_block_ = reinterpret_cast<float*>(base_ + layout_.prefill_kv);
     try {
       if (layout_.kernels.any_flashinfer()) setup_flashinfer();
-      KVO_MODEL_CUBLAS_CHECK(cublasCreate(&handle_));
-      KVO_MODEL_CUBLAS_CHECK(cublasSetStream(handle_, stream_));
-      KVO_MODEL_CUBLAS_CHECK(cublasSetWorkspace(handle_, base_, kCublasWorkspaceBytes));
-      KVO_MODEL_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+      KVO_MODEL_CUBLAS_CHECK(cublas::api().create(&handle_));
+      KVO_MODEL_CUBLAS_CHECK(cublas::api().set_stream(handle_, stream_));
+      KVO_MODEL_CUBLAS_CHECK(cublas::api().set_workspace(handle_, base_, kCublasWorkspaceBytes));
+      KVO_MODEL_CUBLAS_CHECK(cublas::api().set_math_mode(handle_, CUBLAS_DEFAULT_MATH));
     } catch (...) {
       release();
       throw;
@@ -88,9 +89,9 @@ class CudaOps final : public Ops {
     const float beta = accumulate ? 1.0f : 0.0f;
     const cudaDataType_t type = cuda_type(shape_.weight_dtype);
     // Row-major y [n][out] = x [n][in] W^T is column-major y^T [out][n] = W^T [out][in] x^T.
-    KVO_MODEL_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w,
-                                        type, in, input, type, in, &beta, y, CUDA_R_32F, out,
-                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    KVO_MODEL_CUBLAS_CHECK(cublas::api().gemm_ex(
+        handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, type, in, input, type, in, &beta,
+        y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     if (bias != nullptr) cuda::add_bias(y, n, out, bias, elem_, stream_);
   }
   void rope(float* q, float* k, int n, const std::int32_t* positions, int first_position) override {
@@ -245,7 +246,7 @@ class CudaOps final : public Ops {
       // Row-major S_h [n][B] = Q_h [n][d] K^T is column-major S_h^T [keys][n] = K [keys][d]
       // (stored d x keys, ld) transposed times Q_h^T (d x n, ld heads * d).
       for (int g = 0; g < c.kv_heads; ++g) {
-        KVO_MODEL_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        KVO_MODEL_CUBLAS_CHECK(cublas::api().gemm_strided_batched_ex(
             handle_, CUBLAS_OP_T, CUBLAS_OP_N, keys, n, d, &scale, k_rows + g * head_offset,
             CUDA_R_32F, static_cast<int>(ld), 0, q + static_cast<std::int64_t>(g) * group * d,
             CUDA_R_32F, c.heads * d, d, &zero, scores_ + g * group * score_stride, CUDA_R_32F, B,
@@ -258,7 +259,7 @@ class CudaOps final : public Ops {
       // Row-major O_h [n][d] += P_h [n][keys] V [keys][d] is column-major O_h^T (d x n, ld
       // heads * d) += V^T (d x keys, ld) P_h^T (keys x n, ld B).
       for (int g = 0; g < c.kv_heads; ++g) {
-        KVO_MODEL_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        KVO_MODEL_CUBLAS_CHECK(cublas::api().gemm_strided_batched_ex(
             handle_, CUBLAS_OP_N, CUBLAS_OP_N, d, n, keys, &one, v_rows + g * head_offset,
             CUDA_R_32F, static_cast<int>(ld), 0, scores_ + g * group * score_stride, CUDA_R_32F, B,
             score_stride, &one, out + static_cast<std::int64_t>(g) * group * d, CUDA_R_32F,
@@ -313,7 +314,7 @@ class CudaOps final : public Ops {
   }
   // Frees what the constructor made; safe on a half-built object. Never throws.
   void release() noexcept {
-    if (handle_ != nullptr) cublasDestroy(handle_);
+    if (handle_ != nullptr) cublas::api().destroy(handle_);
     handle_ = nullptr;
     if (decode_ws_.mirrors_copied != nullptr) {
       cudaEventSynchronize(decode_ws_.mirrors_copied);  // no copy may still read the mirrors

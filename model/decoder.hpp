@@ -139,8 +139,9 @@ class Decoder {
   // Which kernels attend: "host" on the host backend; on CUDA, FlashInfer's or the built-in
   // ones with the reason (AttentionKernels::describe).
   std::string attention_kernels() const;
-  // What runs the GEMMs: on the host, the BLAS, the kernels it picked for this CPU and the threads
-  // ("OpenBLAS 0.3.21, Haswell kernels, 2 threads"); on CUDA, "cuBLAS".
+  // What runs the GEMMs: on the host, the BLAS, the kernels chosen for this CPU and why, and the
+  // threads ("OpenBLAS 0.3.21, SkylakeX kernels (chosen for AVX-512), 2 threads",
+  // model/blas.hpp); on CUDA, "cuBLAS".
   std::string gemm_kernels() const;
 
  private:

@@ -1,6 +1,6 @@
 #include "model/host_attention.hpp"
 
-#include <cblas.h>
+#include "model/blas.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -142,14 +142,14 @@ void HostAttention::prefill_block(const float* q, int n, int slot, int first_pos
                           kv_head * view.head_stride, view.v_scale_offset, kv_head};
     int ldk = 0;
     const float* k = key_block(k_rows, keys, d, type_, s.k.data(), &ldk);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, scale_, s.q.data(), d, k,
-                ldk, 0.0f, s.scores.data(), kPrefillKeyBlock);
+    blas::sgemm(true, rows, keys, d, scale_, s.q.data(), d, k, ldk, 0.0f, s.scores.data(),
+                kPrefillKeyBlock);
     kernels::softmax_block(s.scores.data(), rows, keys, kPrefillKeyBlock, key0, s.first.data(),
                            s.last.data(), s.state.data(), s.out.data(), d);
     int ldv = 0;
     const float* v = key_block(v_rows, keys, d, type_, s.v.data(), &ldv);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, keys, 1.0f, s.scores.data(),
-                kPrefillKeyBlock, v, ldv, 1.0f, s.out.data(), d);
+    blas::sgemm(false, rows, d, keys, 1.0f, s.scores.data(), kPrefillKeyBlock, v, ldv, 1.0f,
+                s.out.data(), d);
   }
   for (int t = 0; t < tokens; ++t) {
     for (int r = 0; r < group_; ++r) {

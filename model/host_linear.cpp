@@ -1,28 +1,25 @@
 #include "model/host_linear.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
+#include "model/blas.hpp"
 
 #include "model/host_kernels.hpp"
 
 namespace kvo::model {
 
-// BLAS: OpenBLAS (Debian's libopenblas-dev, its pthread build), chosen over BLIS by measurement
+// BLAS: OpenBLAS (Debian's libopenblas-dev, its pthread build; model/blas.hpp loads it with the
+// kernels chosen for the CPU), chosen over BLIS by measurement
 // on this project's GEMM shapes (bench/results/blas-choice.md): on the 2-core AMD EPYC (Zen 5)
 // development machine OpenBLAS 0.3.21 ran the prefill shapes at 140-220 GFLOP/s, while BLIS 0.9.0
 // does not know that CPU and falls back to its generic kernels (1-75 GFLOP/s). Single-threaded
 // calls on our own pool ran on par with OpenBLAS's own threads (ahead on some shapes, behind on
 // others), and leave one pool on the cores with results independent of the thread count.
 std::string gemm_library() {
-  // openblas_get_config(): "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64".
-  std::string config = openblas_get_config();
-  const std::size_t version_end = config.find(' ', config.find(' ') + 1);
-  return config.substr(0, version_end) + ", " + openblas_get_corename() + " kernels";
+  return blas::description();
 }
 
 HostLinear::HostLinear(ThreadPool& pool, Elem type, int max_in) : pool_(pool), type_(type) {
-  openblas_set_num_threads(1);
+  blas::description();  // loads OpenBLAS now (single-threaded), not in the first GEMM
   // A GEMM tile's converted panel, or the one row linear_rows converts at a time.
   const std::size_t floats =
       static_cast<std::size_t>(type_ == Elem::kF32 ? 1 : kGemmColBlock) * max_in;
@@ -73,8 +70,8 @@ void HostLinear::gemm(const float* x, int n, int in, const void* w, const void* 
       }
       beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, in, 1.0f,
-                x + static_cast<std::int64_t>(r0) * in, in, panel, in, beta, y_block, out);
+    blas::sgemm(true, rows, cols, in, 1.0f, x + static_cast<std::int64_t>(r0) * in, in, panel, in,
+                beta, y_block, out);
   });
 }
 

@@ -20,9 +20,8 @@
 
 namespace kvo::model {
 
-// The BLAS the host path's GEMMs call and the kernels it picked for this CPU, e.g. "OpenBLAS
-// 0.3.21, Cooperlake kernels" (OpenBLAS picks them at load time; OPENBLAS_CORETYPE overrides its
-// choice).
+// The BLAS the host path's GEMMs call and the kernels chosen for this CPU, e.g. "OpenBLAS
+// 0.3.21, SkylakeX kernels (chosen for AVX-512)" (model/blas.hpp).
 std::string gemm_library();
 
 class HostLinear {
@@ -32,7 +31,7 @@ class HostLinear {
   static constexpr int kGemmColBlock = 128;
   static constexpr int kDotColBlock = 32;
 
-  // max_in: the widest input of any call. Makes the process's OpenBLAS single-threaded.
+  // max_in: the widest input of any call. Loads OpenBLAS (single-threaded) if need be.
   HostLinear(ThreadPool& pool, Elem type, int max_in);
 
   // y [n][out] = x [n][in] W^T + bias (bias [out] or null); y += instead with `accumulate`.

@@ -1,5 +1,7 @@
 #include "model/host_ops.hpp"
 
+#include "model/blas.hpp"
+
 #include <algorithm>
 #include <cmath>
 
@@ -31,6 +33,9 @@ HostOps::HostOps(const OpsShape& shape)
   norm_weight_.resize(static_cast<std::size_t>(shape_.config.hidden_size));
   rope_angles_.assign(static_cast<std::size_t>(pool_.threads()),
                       std::vector<float>(static_cast<std::size_t>(shape_.config.head_dim)));
+  // Everything else is mapped by now; OpenBLAS maps a buffer in each thread's first GEMM, and
+  // retries forever when it cannot.
+  blas::check_address_space(pool_.threads(), 0);
 }
 
 void HostOps::embed(const std::int32_t* tokens, int n, const void* table, float* out) {
