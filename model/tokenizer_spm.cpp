@@ -41,8 +41,12 @@ class SpmTokenizer : public Tokenizer {
     const std::string no_dummy_prefix("\x1a\x02\x18\x00", 4);
     const auto status = processor_.LoadFromSerializedProto(model + no_dummy_prefix);
     if (!status.ok()) {
+      // The library's message names its own source lines; what the user needs is that the
+      // file is not a model it can read.
       throw Error(ErrorCode::kInvalidArgument,
-                  path + ": the SentencePiece library cannot load it: " + status.ToString());
+                  path +
+                      ": not a SentencePiece model the library can read (a protobuf "
+                      "ModelProto; this one is corrupt, truncated or something else)");
     }
     const int n = processor_.GetPieceSize();
     bytes_of_.resize(static_cast<std::size_t>(n));

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -89,29 +90,32 @@ std::string InputFile::name() const {
 }
 
 std::string InputFile::read_all() const {
-  std::string text(static_cast<std::size_t>(size_), '\0');
+  // A file whose size says 0 may still hold bytes (/proc and /sys report 0): it is read to its
+  // end, up to the bound. Any other is read to its size, and must not have grown since.
+  const bool sized = size_ > 0;
+  const std::uint64_t want = sized ? size_ : max_bytes_;
+  std::string text;
   std::uint64_t got = 0;
-  while (got < size_) {
-    const ssize_t n = ::pread(fd_, text.data() + got, static_cast<std::size_t>(size_ - got),
-                              static_cast<off_t>(got));
+  while (got <= want) {
+    const std::uint64_t step = std::min<std::uint64_t>(want - got + 1, std::uint64_t{1} << 20);
+    if (text.size() < got + step) text.resize(static_cast<std::size_t>(got + step));
+    const ssize_t n =
+        ::pread(fd_, text.data() + got, static_cast<std::size_t>(step), static_cast<off_t>(got));
     if (n < 0) {
       if (errno == EINTR) continue;
       throw Error(ErrorCode::kInvalidArgument,
                   name() + ": cannot read it: " + std::string(std::strerror(errno)));
     }
-    if (n == 0) break;  // shrunk since it was opened: what is there is what it holds
+    if (n == 0) break;  // the end (a file shrunk since it was opened ends where it ends)
     got += static_cast<std::uint64_t>(n);
   }
-  text.resize(static_cast<std::size_t>(got));
-  char more = 0;
-  ssize_t n = 0;
-  do {
-    n = ::pread(fd_, &more, 1, static_cast<off_t>(got));
-  } while (n < 0 && errno == EINTR);
-  if (n > 0) {
+  if (got > want) {
     throw Error(ErrorCode::kInvalidArgument,
-                name() + ": it grew while it was read (another program is writing it)");
+                sized ? name() + ": it grew while it was read (another program is writing it)"
+                      : name() + ": holds more than the " + std::to_string(max_bytes_) +
+                            " bytes such a file may hold");
   }
+  text.resize(static_cast<std::size_t>(got));
   return text;
 }
 

@@ -327,6 +327,25 @@ void write_output_file(const std::string& path, const std::string& text,
   }
 }
 
+std::string read_standard_input(std::uint64_t max_bytes) {
+  std::string text;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(STDIN_FILENO, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  std::string("cannot read standard input: ") + std::strerror(errno));
+    }
+    if (n == 0) return text;
+    if (text.size() + static_cast<std::size_t>(n) > max_bytes) {
+      throw UsageError("standard input holds more than " + std::to_string(max_bytes) +
+                       " bytes, the most this tool reads");
+    }
+    text.append(buffer, static_cast<std::size_t>(n));
+  }
+}
+
 void describe(CLI::App& app, const std::string& description) {
   app.description(description);
   app.footer(kExitStatusHelp);
@@ -354,7 +373,14 @@ int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) 
     return usage(e.what());
   }
   try {
-    return body();
+    const int status = body();
+    // What the tool printed must have reached its destination.
+    std::cout.flush();
+    if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      std::cerr << tool << ": cannot write the output: " << std::strerror(errno) << "\n";
+      return kExitFailure;
+    }
+    return status;
   } catch (const UsageError& e) {
     return usage(e.what());
   } catch (const Error& e) {

@@ -73,13 +73,17 @@ CLI::Option* add_flag(CLI::App& app, const std::string& name, bool& value, const
 void check_output_path(const std::string& path, const std::string& option);
 void write_output_file(const std::string& path, const std::string& text, const std::string& option);
 
+// All of standard input, at most `max_bytes` (a UsageError beyond: /dev/zero is not a prompt).
+std::string read_standard_input(std::uint64_t max_bytes);
+
 // Prepares `app` as a tool: its description and the exit-status footer.
 void describe(CLI::App& app, const std::string& description);
 
 // Reads the command line into `app`'s options, then runs `body`, and turns what happens into
 // the exit status: --help prints the help (0); a parse error or a UsageError prints
 // "<tool>: <message>" and where to find the options (2); any other error prints
-// "<tool>: <message>" (1).
+// "<tool>: <message>" (1). Output that could not be written (a full disk, a closed pipe) is an
+// error too.
 int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body);
 
 }  // namespace kvo::cli

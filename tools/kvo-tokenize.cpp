@@ -18,6 +18,9 @@
 
 namespace {
 
+// The most text (or ids) read from standard input.
+constexpr std::uint64_t kMaxInputBytes = std::uint64_t{1} << 30;
+
 struct TokenizeArgs {
   std::string model;
   std::string system;
@@ -29,9 +32,9 @@ struct TokenizeArgs {
 
 void declare(CLI::App& app, TokenizeArgs& a) {
   kvo::cli::describe(app,
-                     "The tokenizer of a model directory on its own: text on stdin -> token ids "
-                     "on stdout (one line, spaces between: kvo-generate --prompt-tokens reads "
-                     "it); with --decode, ids on stdin -> text.");
+                     "The tokenizer of a model directory on its own: text on stdin (at most 1 "
+                     "GiB) -> token ids on stdout (one line, spaces between: kvo-generate "
+                     "--prompt-tokens reads it); with --decode, ids on stdin -> text.");
   kvo::cli::add_text(app, "--model", a.model, "DIR",
                      "model directory with tokenizer.json (byte-level BPE) or tokenizer.model "
                      "(SentencePiece), and tokenizer_config.json")
@@ -50,8 +53,7 @@ void declare(CLI::App& app, TokenizeArgs& a) {
 
 int run(const TokenizeArgs& a, const CLI::App& app) {
   const auto tokenizer = kvo::model::load_tokenizer(a.model);
-  const std::string input{std::istreambuf_iterator<char>(std::cin),
-                          std::istreambuf_iterator<char>()};
+  const std::string input = kvo::cli::read_standard_input(kMaxInputBytes);
   if (a.decode) {
     std::string words = input;
     for (char& c : words) {

@@ -1,18 +1,33 @@
 # Runs a tool and checks its exit status and what it printed (stdout and stderr together):
 #   cmake -DCOMMAND="tool|arg|arg..." -DEXIT=N [-DMATCH=regex] [-DNO_MATCH=regex]
 #         [-DABSENT=path] [-DEMPTY_DIR=path] [-DPRINTABLE=1] [-DFILE_SIZE_LIMIT=blocks]
-#         [-DNO_REPORT=regex]
+#         [-DADDRESS_LIMIT=KiB] [-DFIFO=path] [-DNO_REPORT=regex]
 #         -P expect_exit.cmake
 # Arguments are separated by '|'. ABSENT names a path that must not exist afterwards, EMPTY_DIR
 # a directory that must hold nothing; NO_REPORT is what a sanitizer's report looks like;
 # PRINTABLE=1 requires that nothing but printable ASCII, tabs and newlines was printed;
-# FILE_SIZE_LIMIT runs the tool with files limited to that many 512-byte blocks (writes past it
-# fail).
+# FILE_SIZE_LIMIT runs the tool with files limited to that many 512-byte blocks (a write past it
+# raises SIGXFSZ, which the tool must ignore to report EFBIG); ADDRESS_LIMIT under ulimit -v;
+# FIFO makes a FIFO with no writer at that path first, which must still be one afterwards (a
+# tool that opened it for reading without O_NONBLOCK would hang: give the test a TIMEOUT).
 string(REPLACE "|" ";" command "${COMMAND}")
+if(DEFINED FIFO)
+  file(REMOVE "${FIFO}")
+  execute_process(COMMAND mkfifo "${FIFO}" RESULT_VARIABLE made)
+  if(NOT made EQUAL 0)
+    message(FATAL_ERROR "cannot make the FIFO ${FIFO}")
+  endif()
+endif()
+set(limits "")
 if(DEFINED FILE_SIZE_LIMIT)
-  # Writes past the limit fail with EFBIG instead of killing the tool (SIGXFSZ ignored).
+  string(APPEND limits "ulimit -f ${FILE_SIZE_LIMIT} && ")
+endif()
+if(DEFINED ADDRESS_LIMIT)
+  string(APPEND limits "ulimit -v ${ADDRESS_LIMIT} && ")
+endif()
+if(limits)
   list(JOIN command "' '" quoted)
-  set(command sh -c "trap '' XFSZ && ulimit -f ${FILE_SIZE_LIMIT} && exec '${quoted}'")
+  set(command sh -c "${limits}exec '${quoted}'")
 endif()
 execute_process(COMMAND ${command} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 set(all "${out}${err}")
@@ -37,6 +52,13 @@ if(DEFINED EMPTY_DIR)
   if(left)
     message(FATAL_ERROR "left behind in ${EMPTY_DIR}: ${left}")
   endif()
+endif()
+if(DEFINED FIFO)
+  execute_process(COMMAND test -p "${FIFO}" RESULT_VARIABLE still)
+  if(NOT still EQUAL 0)
+    message(FATAL_ERROR "${FIFO} is no longer a FIFO: the tool replaced it")
+  endif()
+  file(REMOVE "${FIFO}")
 endif()
 if(PRINTABLE AND all MATCHES "[^\t\n -~]")
   message(FATAL_ERROR "unprintable bytes were printed:\n${all}")

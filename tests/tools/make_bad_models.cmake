@@ -39,3 +39,37 @@ file(WRITE "${DIR}/escape/model.safetensors.index.json"
 file(WRITE "${DIR}/empty_id.txt" "1,2,,3\n")
 string(ASCII 137 27 png)
 file(WRITE "${DIR}/binary.txt" "${png}PNG\r\n${png}[2J 1 2\n")
+
+# Text: the good model with a small byte-level BPE tokenizer (tests/tools/data), and a model of the
+# same shape and tokenizer whose weights come from another seed (a saved context of one must not
+# load into the other).
+get_filename_component(_data "${CMAKE_CURRENT_LIST_DIR}/data" ABSOLUTE)
+foreach(name text text_other)
+  set(seed 1)
+  if(name STREQUAL "text_other")
+    set(seed 2)
+  endif()
+  execute_process(COMMAND "${MAKE_MODEL}" --out "${DIR}/${name}" --layers 2 --hidden 64
+                          --intermediate 128 --heads 4 --kv-heads 2 --head-dim 16 --vocab 300
+                          --seed ${seed}
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "kvo-make-model failed (${rc})")
+  endif()
+  file(COPY "${_data}/tokenizer.json" "${_data}/tokenizer_config.json" DESTINATION "${DIR}/${name}")
+endforeach()
+# The same weights with a tokenizer of more ids than the model's 300.
+file(MAKE_DIRECTORY "${DIR}/text_small_vocab")
+file(READ "${DIR}/text/config.json" text_config)
+string(REPLACE "\"vocab_size\": 300" "\"vocab_size\": 200" small "${text_config}")
+file(WRITE "${DIR}/text_small_vocab/config.json" "${small}")
+execute_process(COMMAND "${MAKE_MODEL}" --out "${DIR}/text_small_vocab_weights" --layers 2
+                        --hidden 64 --intermediate 128 --heads 4 --kv-heads 2 --head-dim 16
+                        --vocab 200 RESULT_VARIABLE rc)
+file(RENAME "${DIR}/text_small_vocab_weights/model.safetensors"
+     "${DIR}/text_small_vocab/model.safetensors")
+file(REMOVE_RECURSE "${DIR}/text_small_vocab_weights")
+file(COPY "${_data}/tokenizer.json" "${_data}/tokenizer_config.json"
+     DESTINATION "${DIR}/text_small_vocab")
+# A document for --prompt-file.
+file(WRITE "${DIR}/document.txt" "hello there, the small model reads this text\n")
