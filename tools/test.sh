@@ -8,6 +8,11 @@
 #   tools/test.sh --tsan [ctest options]   build-tsan/ (ThreadSanitizer): the tests of the host
 #                                          backend's threads, the cache's schedule and the host
 #                                          path's thread pool
+#   tools/test.sh --blas-kernels           the numeric tests of build/ (ctest -L numeric) under
+#                                          each of OpenBLAS's Prescott, Haswell and SkylakeX
+#                                          kernels this CPU can run (KVO_BLAS_CORETYPE), with
+#                                          OPENBLAS_CORETYPE set to the same name in the
+#                                          environment, which must change nothing
 # A sanitizer's report fails the test it happens in.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,6 +33,24 @@ case "${1:-}" in
     build=${KVO_BUILD_DIR:-$root/build-tsan}
     export TSAN_OPTIONS=halt_on_error=1:exitcode=66:second_deadlock_stack=1
     labels="schedule"
+    ;;
+  --blas-kernels)
+    shift
+    build=${KVO_BUILD_DIR:-$root/build}
+    [ -f "$build/CTestTestfile.cmake" ] || "$root/tools/setup.sh" --python
+    flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+    has() { for f in "$@"; do [[ " $flags " == *" $f "* ]] || return 1; done; }
+    cores=(Prescott)
+    has avx2 fma && cores+=(Haswell)
+    has avx512f avx512bw avx512dq avx512vl && cores+=(SkylakeX)
+    status=0
+    for core in "${cores[@]}"; do
+      echo "== numeric tests, OpenBLAS $core kernels (OPENBLAS_CORETYPE=$core in the environment)"
+      KVO_BLAS_CORETYPE=$core OPENBLAS_CORETYPE=$core \
+        ctest --test-dir "$build" --output-on-failure -j "$jobs" -L numeric "$@" || status=1
+    done
+    [ ${#cores[@]} -lt 3 ] && echo "== this CPU runs no AVX-512: SkylakeX's kernels were not run"
+    exit $status
     ;;
   *)
     "$root/tools/setup.sh" --python

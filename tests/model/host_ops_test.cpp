@@ -57,6 +57,14 @@ ModelConfig attention_config(int heads, int kv_heads, int head_dim, int window) 
   return c;
 }
 
+// Float32's unit roundoff, and Higham's gamma_n = n u / (1 - n u): the relative error of a sum or
+// dot product of n terms, in any order of summation (any BLAS kernel, blocked or not, FMA or not).
+// Every bound below is derived from them, operation by operation.
+constexpr double kU = 1.0 / 16777216.0;
+double gamma(std::int64_t n) {
+  return static_cast<double>(n) * kU / (1 - static_cast<double>(n) * kU);
+}
+
 OpsShape shape_of(const ModelConfig& c, Elem type, int max_rows, int slots, int max_seq,
                   int threads) {
   OpsShape s;
@@ -100,9 +108,11 @@ TEST(HostLinear, MatchesFloat64) {
                 sum += term;
                 magnitude += std::fabs(term);
               }
-              if (with_bias) sum += bias.exact[o];
-              if (accumulate) sum += y0[t * out + o];
-              ASSERT_NEAR(y[t * out + o], sum, 1e-6 * (magnitude + 2))
+              if (with_bias) sum += bias.exact[o], magnitude += std::fabs(bias.exact[o]);
+              if (accumulate) sum += y0[t * out + o], magnitude += std::fabs(y0[t * out + o]);
+              // A dot product of `in` terms plus the bias and the accumulated value: gamma_(in+2)
+              // of the terms' magnitudes, in any order (f16/bf16 weights are widened exactly).
+              ASSERT_NEAR(y[t * out + o], sum, gamma(in + 2) * magnitude)
                   << "dtype " << static_cast<int>(type) << " n " << n << " t " << t << " o " << o;
             }
           }
@@ -157,40 +167,93 @@ Layer random_layer(const ModelConfig& c, Elem type, int slots, int max_seq, std:
   return l;
 }
 
-// out [heads][head_dim] of one query row at `pos` of `slot`, in double.
-std::vector<double> reference_attention(const ModelConfig& c, const Layer& l, const float* q,
-                                        int slot, int pos) {
+// Softmax-weighted values in double, and the float32 bound of each, for n keys:
+//   score j = scale q.k_j: off by scale (gamma_(d+1) sum |q||k| + sum |q| e_k) (e_k: a quantized
+//             key's dequantization, u |k|);
+//   weight j = exp(s_j - max) / sum: a score error moves it by pi_j (e_s_j + E_s), E_s =
+//             sum pi_l e_s_l; its own rounding is at most u (10 + 2 blocks + 2 |s_j - max|)
+//             relative (expf to 2 ulp, its argument, one rescale per key block or decode part);
+//   out = sum pi_j v_j: gamma_n for the weighted sum and gamma_n for the normalising sum, each of
+//             |pi| |v|; the value's own dequantization, pi_j e_v_j; the last divide, u |out|.
+struct Attended {
+  std::vector<double> value, bound;
+};
+
+Attended softmax_weighted(const std::vector<double>& dots, const std::vector<double>& dot_errors,
+                          double scale, const std::vector<const float*>& values,
+                          const std::vector<double>& value_errors_scale, int d) {
+  const int n = static_cast<int>(dots.size());
+  const int blocks = n / 64 + 3;
+  std::vector<double> s(dots.size()), es(dots.size()), p(dots.size());
+  double m = -INFINITY;
+  for (int j = 0; j < n; ++j) {
+    s[j] = scale * dots[j];
+    es[j] = scale * dot_errors[j];
+    m = std::max(m, s[j]);
+  }
+  double sum = 0;
+  for (int j = 0; j < n; ++j) sum += p[j] = std::exp(s[j] - m);
+  double score_error = 0;
+  for (int j = 0; j < n; ++j) {
+    p[j] /= sum;
+    score_error += p[j] * es[j];
+  }
+  Attended a;
+  a.value.assign(static_cast<std::size_t>(d), 0);
+  a.bound.assign(static_cast<std::size_t>(d), 0);
+  for (int e = 0; e < d; ++e) {
+    double weighted = 0;
+    for (int j = 0; j < n; ++j) {
+      const double v = values[j][e];
+      a.value[e] += p[j] * v;
+      weighted += p[j] * std::fabs(v);
+      const double rounding = kU * (10 + 2 * blocks + 2 * std::fabs(s[j] - m));
+      a.bound[e] += p[j] * std::fabs(v) * (es[j] + score_error + rounding) +
+                    p[j] * value_errors_scale[j] * std::fabs(v);
+    }
+    a.bound[e] += 2 * gamma(n) * weighted + 2 * kU * std::fabs(a.value[e]);
+  }
+  return a;
+}
+
+// out [heads][head_dim] of one query row at `pos` of `slot`, in double, with its float32 bound.
+// `dequantized`: K and V are quantized rows, whose values the kernels compute as code * scale (u
+// relative each).
+Attended reference_attention(const ModelConfig& c, const Layer& l, const float* q, int slot,
+                             int pos, bool dequantized = false) {
   const int d = c.head_dim, group = c.heads / c.kv_heads;
-  std::vector<double> out(static_cast<std::size_t>(c.heads) * d, 0.0);
+  Attended out;
   const int first = first_key(c, pos);
+  const double scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   for (int h = 0; h < c.heads; ++h) {
     const int g = h / group;
-    std::vector<double> scores;
-    double m = -INFINITY;
+    std::vector<double> dots, errors, value_errors;
+    std::vector<const float*> values;
     for (int j = first; j <= pos; ++j) {
       const std::int64_t at =
           slot * l.view.slot_stride + j * l.view.token_stride + g * l.view.head_stride;
-      double s = 0;
-      for (int e = 0; e < d; ++e) s += static_cast<double>(q[h * d + e]) * l.k.exact[at + e];
-      s /= std::sqrt(static_cast<double>(d));
-      scores.push_back(s);
-      m = std::max(m, s);
+      double dot = 0, magnitude = 0, dequantization = 0;
+      for (int e = 0; e < d; ++e) {
+        const double term = static_cast<double>(q[h * d + e]) * l.k.exact[at + e];
+        dot += term;
+        magnitude += std::fabs(term);
+        if (dequantized) dequantization += kU * std::fabs(term);
+      }
+      dots.push_back(dot);
+      errors.push_back(gamma(d + 1) * magnitude + dequantization);
+      values.push_back(l.v.exact.data() + at);
+      value_errors.push_back(dequantized ? kU : 0);
     }
-    double sum = 0;
-    for (double& s : scores) sum += (s = std::exp(s - m));
-    for (int j = first; j <= pos; ++j) {
-      const std::int64_t at =
-          slot * l.view.slot_stride + j * l.view.token_stride + g * l.view.head_stride;
-      const double p = scores[static_cast<std::size_t>(j - first)] / sum;
-      for (int e = 0; e < d; ++e) out[h * d + e] += p * l.v.exact[at + e];
-    }
+    const Attended a = softmax_weighted(dots, errors, scale, values, value_errors, d);
+    out.value.insert(out.value.end(), a.value.begin(), a.value.end());
+    out.bound.insert(out.bound.end(), a.bound.begin(), a.bound.end());
   }
   return out;
 }
 
-void expect_near(const float* got, const std::vector<double>& want, const std::string& what) {
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    ASSERT_NEAR(got[i], want[i], 2e-5) << what << " element " << i;
+void expect_near(const float* got, const Attended& want, const std::string& what) {
+  for (std::size_t i = 0; i < want.value.size(); ++i) {
+    ASSERT_NEAR(got[i], want.value[i], want.bound[i]) << what << " element " << i;
   }
 }
 
@@ -310,9 +373,10 @@ TEST(HostAttention, QuantizedRowsAttendAsTheirValues) {
       std::vector<float> out(q.size());
       ops.attention_prefill(q.data(), n, 1, first_position, l.view, out.data());
       for (int i = 0; i < n; i += 9) {
-        expect_near(out.data() + i * c.q_dim(),
-                    reference_attention(c, l, q.data() + i * c.q_dim(), 1, first_position + i),
-                    what + " prefill row " + std::to_string(i));
+        expect_near(
+            out.data() + i * c.q_dim(),
+            reference_attention(c, l, q.data() + i * c.q_dim(), 1, first_position + i, true),
+            what + " prefill row " + std::to_string(i));
       }
       // decode: three rows, one long enough to split into parts
       const std::vector<std::int32_t> row_slots = {1, 0, 1};
@@ -323,9 +387,10 @@ TEST(HostAttention, QuantizedRowsAttendAsTheirValues) {
       std::vector<float> dout(3 * static_cast<std::size_t>(c.q_dim()));
       ops.attention_decode(q.data(), 3, rows, l.view, dout.data());
       for (int i = 0; i < 3; ++i) {
-        expect_near(dout.data() + i * c.q_dim(),
-                    reference_attention(c, l, q.data() + i * c.q_dim(), row_slots[i], positions[i]),
-                    what + " decode row " + std::to_string(i));
+        expect_near(
+            dout.data() + i * c.q_dim(),
+            reference_attention(c, l, q.data() + i * c.q_dim(), row_slots[i], positions[i], true),
+            what + " decode row " + std::to_string(i));
       }
     }
   }
@@ -378,23 +443,26 @@ TEST(HostAttention, DecodeKernelsAgree) {
       }
       return acc;
     };
-    // float64: softmax(q k^T) v per row.
-    std::vector<double> want(q.size(), 0.0);
+    // float64: softmax(q k^T) v per row, with its float32 bound (the keys' scale is 1 here).
+    Attended want;
     for (int row = 0; row < kv_heads * group; ++row) {
       const int g = row / group;
-      std::vector<double> s(keys);
-      double m = -INFINITY, sum = 0;
+      std::vector<double> dots(keys), errors(keys), value_errors(keys, 0);
+      std::vector<const float*> values(keys);
       for (int j = 0; j < keys; ++j) {
-        s[j] = 0;
-        for (int e = 0; e < d; ++e)
-          s[j] += static_cast<double>(q[row * d + e]) * k.exact[(j * kv_heads + g) * d + e];
-        m = std::max(m, s[j]);
+        double magnitude = 0;
+        for (int e = 0; e < d; ++e) {
+          const double term =
+              static_cast<double>(q[row * d + e]) * k.exact[(j * kv_heads + g) * d + e];
+          dots[j] += term;
+          magnitude += std::fabs(term);
+        }
+        errors[j] = gamma(d) * magnitude;
+        values[j] = v.exact.data() + (j * kv_heads + g) * d;
       }
-      for (int j = 0; j < keys; ++j) sum += (s[j] = std::exp(s[j] - m));
-      for (int j = 0; j < keys; ++j) {
-        for (int e = 0; e < d; ++e)
-          want[row * d + e] += s[j] / sum * v.exact[(j * kv_heads + g) * d + e];
-      }
+      const Attended a = softmax_weighted(dots, errors, 1.0, values, value_errors, d);
+      want.value.insert(want.value.end(), a.value.begin(), a.value.end());
+      want.bound.insert(want.bound.end(), a.bound.begin(), a.bound.end());
     }
     expect_near(run(kernels::attend_keys).data(), want, "portable");
     if (kernels::have_avx512())

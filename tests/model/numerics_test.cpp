@@ -12,6 +12,15 @@
 namespace kvo::model {
 namespace {
 
+// Float32's unit roundoff, and Higham's gamma_n = n u / (1 - n u): the relative error of a sum or
+// dot product of n terms, in any order. The bounds below are derived from them, operation by
+// operation, and do not depend on the machine: libm's expf, sinf, cosf and powf are taken to
+// 2 ulp (4u relative), correctly rounded basic operations to u.
+constexpr double kU = 1.0 / 16777216.0;
+double gamma(int n) {
+  return n * kU / (1 - n * kU);
+}
+
 // The nearest value of a format with `mantissa` stored bits to x, ties to even, by brute
 // force over the two neighbours (x normal, in range).
 double nearest(double x, int mantissa) {
@@ -70,18 +79,28 @@ TEST(Numerics, Llama3RopeScalingMatchesTheFormula) {
     const double inv = 1.0 / std::pow(theta, 2.0 * i / head_dim);
     const double wavelen = 2 * M_PI / inv;
     double expected = inv;
+    bool in_smoothed_band = false;
     if (wavelen > 8192.0 / 1.0) {
       expected = inv / 8, ++scaled;
     } else if (wavelen >= 8192.0 / 4.0) {
       const double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
       expected = (1 - smooth) * inv / 8 + smooth * inv, ++smoothed;
+      in_smoothed_band = true;
     } else {
       ++kept;
     }
-    EXPECT_NEAR(rope_inv_freq(i, head_dim, static_cast<float>(theta), s), expected, 2e-6 * expected)
+    // powf to 4u and a divide: 5u for the unscaled frequency (2i / head_dim is exact), one more
+    // divide for the scaled band. The smoothed band also computes the wavelength (2 more
+    // operations, so the frequency's 5u become 8u in it) and smooth = (original / wavelength
+    // - 1) / 3, whose error is at most (original / wavelength) 10u / 3 <= 14u absolute (the
+    // ratio is at most 4); smooth weighs 7/8 of inv against at least inv / 8 of the result: 98u,
+    // and the blend's 4 operations: 4u; 112u in all, relative to the result.
+    const double bound = (in_smoothed_band ? 112 : 6) * kU;
+    EXPECT_NEAR(rope_inv_freq(i, head_dim, static_cast<float>(theta), s), expected,
+                bound * expected)
         << i;
     EXPECT_NEAR(rope_inv_freq(i, head_dim, static_cast<float>(theta), RopeScaling{}), inv,
-                2e-6 * inv);
+                5 * kU * inv);
   }
   EXPECT_GT(scaled, 0);
   EXPECT_GT(kept, 0);
@@ -100,8 +119,12 @@ TEST(Numerics, RopeRotatesPairsLikeRotateHalf) {
   rope_rotate(y.data(), d, inv.data(), pos);
   for (int i = 0; i < d / 2; ++i) {
     const double a = pos * static_cast<double>(inv[i]);
-    EXPECT_NEAR(y[i], x[i] * std::cos(a) - x[i + d / 2] * std::sin(a), 1e-5);
-    EXPECT_NEAR(y[i + d / 2], x[i + d / 2] * std::cos(a) + x[i] * std::sin(a), 1e-5);
+    const double xa = std::fabs(x[i]), xb = std::fabs(x[i + d / 2]);
+    // The float angle pos * inv is off by u |a|, cosf and sinf by 4u more (|cos|, |sin| <= 1),
+    // so each of cos and sin by u (|a| + 4); then two products and a sum: 3u of |x c| + |x' s|.
+    const double bound = (xa + xb) * kU * (std::fabs(a) + 4) + 3 * kU * (xa + xb);
+    EXPECT_NEAR(y[i], x[i] * std::cos(a) - x[i + d / 2] * std::sin(a), bound);
+    EXPECT_NEAR(y[i + d / 2], x[i + d / 2] * std::cos(a) + x[i] * std::sin(a), bound);
   }
 }
 
@@ -112,14 +135,21 @@ TEST(Numerics, SoftmaxMergeEqualsOneSoftmax) {
   std::vector<float> score(n), value(n * d);
   for (auto& s : score) s = dist(rng);
   for (auto& v : value) v = dist(rng);
-  // Reference in double.
+  // Reference in double, and the float32 bound: each weight exp(s - m) is off by
+  // u (|s - m| + 4) + 4u relative (the argument's rounding, expf, and at most two merge factors
+  // of the same form, taken as 4u each); the weighted sums and the normalising sum take
+  // gamma_n, each merge two more operations, the final divide u.
   double m = -INFINITY, sum = 0;
   for (float s : score) m = std::max(m, static_cast<double>(s));
-  std::vector<double> expected(d, 0);
+  std::vector<double> expected(d, 0), bound(d, 0);
   for (int j = 0; j < n; ++j) {
     const double p = std::exp(score[j] - m);
     sum += p;
-    for (int e = 0; e < d; ++e) expected[e] += p * value[j * d + e];
+    const double weight_error = kU * (std::fabs(score[j] - m) + 16) + gamma(n + 6);
+    for (int e = 0; e < d; ++e) {
+      expected[e] += p * value[j * d + e];
+      bound[e] += p * std::fabs(value[j * d + e]) * 2 * weight_error;  // numerator and sum
+    }
   }
   // Three partial ranges, one empty, merged.
   const int cuts[] = {0, 30, 30, n};
@@ -138,7 +168,8 @@ TEST(Numerics, SoftmaxMergeEqualsOneSoftmax) {
     for (int e = 0; e < d; ++e) acc[e] = acc[e] * k.a + partial[e] * k.b;
   }
   for (int e = 0; e < d; ++e) {
-    EXPECT_NEAR(acc[e] / total.sum, expected[e] / sum, 1e-5 * (1 + std::fabs(expected[e] / sum)));
+    EXPECT_NEAR(acc[e] / total.sum, expected[e] / sum,
+                bound[e] / sum + kU * std::fabs(expected[e] / sum));
   }
 }
 
@@ -178,11 +209,20 @@ TEST(Numerics, SoftmaxBlockRescaleEqualsOneSoftmax) {
   for (int j = 0; j < keys; ++j) {
     if (!masked[j]) top = std::max(top, static_cast<double>(score[j]));
   }
-  double num = 0, den = 0;
+  // The float32 bound, as in SoftmaxMergeEqualsOneSoftmax: each weight off by
+  // u (|s - top| + 4) for its argument and expf, and 4u per rescale it went through (at most one
+  // per block); the sums take gamma_keys.
+  const int blocks = (keys + block - 1) / block;
+  double num = 0, den = 0, num_bound = 0, den_bound = 0;
   for (int j = 0; j < keys; ++j) {
     if (masked[j]) continue;
-    num += std::exp(score[j] - top) * value[j];
-    den += std::exp(score[j] - top);
+    const double w = std::exp(score[j] - top);
+    const double weight_error =
+        kU * (std::fabs(score[j] - top) + 4 + 4 * blocks) + gamma(keys + blocks);
+    num += w * value[j];
+    den += w;
+    num_bound += w * std::fabs(value[j]) * weight_error;
+    den_bound += w * weight_error;
   }
   SoftmaxState state;
   float acc = 12345.0f;  // garbage before the first key: must be dropped, not scaled
@@ -202,8 +242,9 @@ TEST(Numerics, SoftmaxBlockRescaleEqualsOneSoftmax) {
     state.sum = state.sum * factor + sum;
   }
   EXPECT_FLOAT_EQ(state.max, static_cast<float>(top));
-  EXPECT_NEAR(state.sum, den, 1e-5 * den);
-  EXPECT_NEAR(acc / state.sum, num / den, 1e-5);
+  EXPECT_NEAR(state.sum, den, den_bound);
+  EXPECT_NEAR(acc / state.sum, num / den,
+              (num_bound + std::fabs(num / den) * den_bound) / den + kU * std::fabs(num / den));
 }
 
 TEST(Numerics, SoftmaxBlockRescaleBeforeAnyKey) {

@@ -1,14 +1,17 @@
 """SmolLM2-135M-Instruct with quantized K/V through the transformers drop-in, on real English text:
 
 - greedy generation with ``OffloadedStaticCache(kv_dtype="int8")`` (and "fp8"), every layer
-  streamed, gives exactly kvo-generate's tokens with ``--kv-dtype int8`` (fp8) on the same
-  weights: both quantize with the same arithmetic (the adapter's torch operations land on the
-  library's bits: torch_cache_test). The rows they quantize are each side's own float32 keys and
-  values, equal up to rounding, and quantization can turn a last-bit difference into a step of
-  the grid: the 15th token after this prompt is a near tie that such noise decides (kvo-generate
-  itself, with prefill chunks of 32 or 64 instead of 128, parts there from its own tokens, and so
-  does the drop-in when the prompt goes in two forwards). The first 14 tokens agree in every way
-  of reading the prompt tried, int8 and fp8; the test compares 12;
+  streamed, gives kvo-generate's tokens with ``--kv-dtype int8`` (fp8) on the same weights up to
+  the first near tie: both quantize with the same arithmetic (the adapter's torch operations land
+  on the library's bits: torch_cache_test), but the rows they quantize are each side's own
+  float32 keys and values, equal only up to rounding, and quantization turns a last-bit
+  difference into a step of its grid now and then. Which tokens such noise can decide is derived,
+  not assumed: the drop-in reads the common prefix again in other pieces (each a different
+  float32 rounding of the same function, so different steps of the grid), and the spread of its
+  logits at the first differing position estimates the noise sigma there. The tokens may part
+  only where the drop-in's logit margin between the two tokens is within kSigmas (12) times the
+  noise of the two logits; anything beyond is a real difference. Which kernels OpenBLAS runs
+  for kvo-generate (and so where the first near tie falls) depends on the CPU;
 - read once with the drop-in, the text's next-token predictions stay close to transformers'
   StaticCache (float32): perplexity within 1 % (int8) or 2 % (fp8), top-1 agreement at least 96.5 %
   (int8) or 92 % (fp8). These bounds catch a broken quantizer on a short text; the accuracy
@@ -37,6 +40,42 @@ def scored(model, ids, cache):
     """Logits of every position of ids read in one forward through `cache`."""
     with torch.no_grad():
         return model(torch.tensor([ids]), cache=cache, use_cache=True).logits[0]
+
+
+SIGMAS = 12
+# The pieces the common prefix is read in: one forward, then splits; each reading rounds
+# differently, which is the noise estimated.
+SPLITS = ((), (1,), (2,), (3,), (5,), (8,), (13,), (21,))
+
+
+def last_logits(model, config, ids, kv_dtype, split):
+    """The drop-in's logits after ids, the prefix read in the pieces `split` (numbers of tokens held
+    back, each fed as one more forward)."""
+    cache = OffloadedStaticCache(config, 1, len(ids) + 1, device="cpu", dtype=torch.float32,
+                                 resident_layers=0, kv_dtype=kv_dtype)
+    cuts = sorted({len(ids) - k for k in split if 0 < k < len(ids)}) + [len(ids)]
+    start = 0
+    with torch.no_grad():
+        for end in cuts:
+            out = model(torch.tensor([ids[start:end]]), cache=cache, use_cache=True)
+            start = end
+    return out.logits[0, -1].double()
+
+
+def near_tie(model, config, prompt, ours, theirs, kv_dtype):
+    """Whether the first difference of two greedy continuations is one the drop-in's own rounding
+    noise can decide (see the module's docstring). Prints the figures."""
+    i = next(k for k in range(len(ours)) if ours[k] != theirs[k])
+    prefix = list(prompt) + list(ours[:i])
+    readings = torch.stack([last_logits(model, config, prefix, kv_dtype, s) for s in SPLITS])
+    sigma = readings.std(dim=0, unbiased=True)
+    a, b = ours[i], theirs[i]
+    margin = (readings[0, a] - readings[0, b]).abs().item()
+    noise = SIGMAS * torch.sqrt(sigma[a] ** 2 + sigma[b] ** 2).item()
+    print(f"  first difference at token {i}: drop-in margin {margin:.4g} between {a} and {b}, "
+          f"{SIGMAS} sigma of its noise {noise:.4g} ({len(SPLITS)} readings): "
+          f"{'a near tie' if margin <= noise else 'NOT a near tie'}")
+    return margin <= noise
 
 
 def perplexity(logits, ids):
@@ -75,7 +114,7 @@ def main():
               f"kvo-generate --kv-dtype {kv_dtype}: {'yes' if same else 'no'}")
         if not same:
             print(f"  drop-in:      {ours}\n  kvo-generate: {theirs}")
-            failed = True
+            failed |= not near_tie(model, model.config, ids, ours, theirs, kv_dtype)
 
     ids = text_ids[: args.score_tokens]
     reference = scored(model, ids, StaticCache(config=model.config, max_cache_len=len(ids)))
@@ -94,7 +133,7 @@ def main():
               f"agreement with StaticCache {top1:.2f} % (at least {least_top1} %): "
               f"{'within' if ok else 'OUTSIDE'} the bounds")
         failed |= not ok
-    print("all identical and within the bounds" if not failed else "FAILED")
+    print("all identical up to near ties and within the bounds" if not failed else "FAILED")
     sys.exit(1 if failed else 0)
 
 
