@@ -31,9 +31,8 @@ bool cpu_runs(const std::string& core) {
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (core == "SkylakeX") return avx512;
   if (core == "Cooperlake") return avx512 && __builtin_cpu_supports("avx512bf16");
-  if (core == "SapphireRapids") {
-    return avx512 && __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("amx-bf16");
-  }
+  // SapphireRapids' sgemm kernels are SkylakeX's (its AMX serves bf16 GEMMs, not called here).
+  if (core == "SapphireRapids") return avx512 && __builtin_cpu_supports("avx512bf16");
   if (core == "Haswell" || core == "Zen") return avx2;
   if (core == "Sandybridge") return __builtin_cpu_supports("avx");
   return true;  // SSE3-era kernels, and names left to OpenBLAS to refuse

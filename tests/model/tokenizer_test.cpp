@@ -121,7 +121,7 @@ TEST(Tokenizer, AnEmptyVocabularyAndMissingPartsAreRefused) {
   j["model"].erase("vocab");
   expect_refused(j, "tokenizer.json: model.vocab: missing");
   j = tokenizer_json();
-  j["model"]["merges"] = {{"h"}};
+  j["model"]["merges"] = Json::array({Json::array({"h"})});
   expect_refused(j, "tokenizer.json: model.merges[0]: a merge must be two tokens");
   j = tokenizer_json();
   j["added_tokens"][0]["content"] = 7;
@@ -134,11 +134,11 @@ TEST(Tokenizer, AnEmptyVocabularyAndMissingPartsAreRefused) {
 TEST(Tokenizer, PostProcessorIdsMustBeTheTokenizersOwn) {
   for (const Json& id : {Json(-7), Json(99999999), Json(300), Json(2.5)}) {
     Json j = tokenizer_json();
-    j["post_processor"]["special_tokens"]["<|end|>"]["ids"] = {id};
+    j["post_processor"]["special_tokens"]["<|end|>"]["ids"] = Json::array({id});
     expect_refused(j, "post_processor.special_tokens[\"<|end|>\"].ids[0]: ");
   }
   Json j = tokenizer_json();
-  j["post_processor"]["special_tokens"]["<|end|>"]["ids"] = {300};
+  j["post_processor"]["special_tokens"]["<|end|>"]["ids"] = Json::array({300});
   expect_refused(j, "token id 300 is not in the tokenizer's vocabulary or added tokens");
 }
 

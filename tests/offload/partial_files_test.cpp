@@ -57,10 +57,11 @@ TEST(PartialFiles, ASaveNeverReplacesWhatIsNotARegularFile) {
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
   ASSERT_EQ(::symlink("/dev/null", link.c_str()), 0);
   ::mkdir(sub.c_str(), 0755);
-  for (const auto& [path, kind] : {std::pair<std::string, std::string>{fifo, "a FIFO"},
-                                   {link, "a symbolic link"},
-                                   {sub, "a directory"},
-                                   {"/dev/null", "a character device"}}) {
+  for (const auto& [target, what] : {std::pair<std::string, std::string>{fifo, "a FIFO"},
+                                     {link, "a symbolic link"},
+                                     {sub, "a directory"},
+                                     {"/dev/null", "a character device"}}) {
+    const std::string path = target, kind = what;  // lambdas cannot capture bindings in C++17
     expect_error([&] { AtomicFileSink sink(path); }, ErrorCode::kInvalidArgument,
                  "it is " + kind + ", and a save only ever replaces a regular file");
     expect_error([&] { AtomicFileSink::check_path(path); }, ErrorCode::kInvalidArgument, kind);
