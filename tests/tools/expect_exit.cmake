@@ -3,7 +3,7 @@
 #         [-DABSENT=path] [-DEMPTY_DIR=path] [-DPRINTABLE=1] [-DFILE_SIZE_LIMIT=blocks]
 #         [-DADDRESS_LIMIT=KiB] [-DFIFO=path] [-DNO_REPORT=regex]
 #         -P expect_exit.cmake
-# Arguments are separated by '|'. ABSENT names a path that must not exist afterwards, EMPTY_DIR
+# Arguments are separated by '|' ("<empty>" is an empty one). ABSENT names a path that must not exist afterwards, EMPTY_DIR
 # a directory that must hold nothing; NO_REPORT is what a sanitizer's report looks like;
 # PRINTABLE=1 requires that nothing but printable ASCII, tabs and newlines was printed;
 # FILE_SIZE_LIMIT runs the tool with files limited to that many 512-byte blocks (a write past it
@@ -25,9 +25,13 @@ endif()
 if(DEFINED ADDRESS_LIMIT)
   string(APPEND limits "ulimit -v ${ADDRESS_LIMIT} && ")
 endif()
-if(limits)
+# An empty argument cannot live in a CMake list: "<empty>" stands for one, and the command then
+# goes through sh with every argument quoted.
+string(FIND "|${COMMAND}|" "|<empty>|" empty_at)
+if(limits OR NOT empty_at EQUAL -1)
   list(JOIN command "' '" quoted)
-  set(command sh -c "${limits}exec '${quoted}'")
+  string(REPLACE "'<empty>'" "''" quoted "'${quoted}'")
+  set(command sh -c "${limits}exec ${quoted}")
 endif()
 execute_process(COMMAND ${command} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 set(all "${out}${err}")
