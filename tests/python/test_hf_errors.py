@@ -205,6 +205,45 @@ class Construction(unittest.TestCase):
             cpu_cache(config, dtype=torch.int8)
         self.assertIn("float32, float16 or bfloat16", str(raised.exception))
 
+    def test_arguments_of_the_wrong_type_or_range_are_named(self):
+        # Each refused in its own words, never a pybind11 "incompatible arguments" or a raw
+        # AttributeError, and a float is never truncated to an int.
+        config = qwen2_config()
+        cases = [
+            (TypeError, "config must be the model's config", lambda: OffloadedStaticCache(
+                None, 1, 8, device="cpu", dtype=torch.float32)),
+            (ValueError, "max_cache_len must be from 1 to 2147483647", lambda: cpu_cache(
+                config, max_cache_len=2**40)),
+            (ValueError, "max_batch_size must be from 1 to 2147483647", lambda: cpu_cache(
+                config, batch=2**31)),
+            (TypeError, "vram_budget must be bytes", lambda: cpu_cache(config, vram_budget=3.5)),
+            (ValueError, "below 2^64", lambda: cpu_cache(config, vram_budget=2**70)),
+            (TypeError, "resident_layers must be an int", lambda: cpu_cache(
+                config, resident_layers="x")),
+            (TypeError, "ring_depth must be an int", lambda: cpu_cache(config, ring_depth="2")),
+            (ValueError, "ring_depth must be from 1 to 64", lambda: cpu_cache(
+                config, ring_depth=2**40)),
+        ]
+        for error, needle, call in cases:
+            with self.assertRaises(error, msg=needle) as raised:
+                call()
+            self.assertIn(needle, str(raised.exception))
+        cache = cpu_cache(config)
+        with self.assertRaises(TypeError):
+            cache.update([1], [2], 0)
+        with self.assertRaises(ValueError) as raised:
+            cache.update(torch.zeros(3), torch.zeros(3), 0)
+        self.assertIn("must be [batch, kv heads, tokens, head size]", str(raised.exception))
+        with self.assertRaises(ValueError):
+            cache.get_mask_sizes(-1, 0)
+        with self.assertRaises(TypeError):
+            cache.crop("x")
+        with self.assertRaises(TypeError):
+            cache.save(5)
+        with self.assertRaises(TypeError):
+            OffloadedStaticCache.load(5, config)
+        self.assertEqual(cache.get_seq_length(), 0)
+
     def test_budget_too_small_names_the_bytes(self):
         with self.assertRaises(MemoryError) as raised:
             cpu_cache(qwen2_config(), vram_budget="1KiB")

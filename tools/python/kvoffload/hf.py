@@ -54,6 +54,7 @@ count is exact.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 import torch
@@ -115,13 +116,44 @@ def _resolve_kv_dtype(kv_dtype, dtype: torch.dtype) -> str:
     )
 
 
+def _check_int(name: str, value, low: int, high: int) -> int:
+    """``value`` as the int it must be, in [low, high]: a float, a bool or a string is refused
+    (3.7 is not 3), and so is one past what the native cache can hold."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be from {low} to {high}, got {value!r}")
+    return value
+
+
+_INT32_MAX = 2**31 - 1
+
+
 def _parse_budget(vram_budget) -> int | None:
     if vram_budget is None:
         return None
-    budget = _native.parse_size(vram_budget) if isinstance(vram_budget, str) else int(vram_budget)
-    if budget <= 0:
-        raise ValueError(f"vram_budget must be positive bytes, got {vram_budget!r}")
+    if isinstance(vram_budget, str):
+        budget = _native.parse_size(vram_budget)
+    elif isinstance(vram_budget, bool) or not isinstance(vram_budget, int):
+        raise TypeError(f"vram_budget must be bytes (an int) or a size such as '24GiB', got "
+                        f"{type(vram_budget).__name__} {vram_budget!r}")
+    else:
+        budget = vram_budget
+    if not 0 < budget < 2**64:
+        raise ValueError(f"vram_budget must be positive bytes below 2^64, got {vram_budget!r}")
     return budget
+
+
+def _check_config(config) -> None:
+    if not hasattr(config, "get_text_config"):
+        raise TypeError(f"config must be the model's config (model.config, a transformers "
+                        f"PretrainedConfig), got {type(config).__name__}")
+
+
+def _check_path(path) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__} {path!r}")
+    return os.fspath(path)
 
 
 class OffloadedStaticCache(Cache):
@@ -159,6 +191,7 @@ class OffloadedStaticCache(Cache):
     """
 
     def __new__(cls, config, *args, **kwargs):
+        _check_config(config)
         text_config = config.get_text_config(decoder=True)
         entry = _MODEL_CACHE_CLASSES.get(getattr(text_config, "model_type", None))
         if entry is not None:
@@ -182,11 +215,14 @@ class OffloadedStaticCache(Cache):
         ring_depth: int = 2,
         kv_dtype=None,
     ):
+        _check_config(config)
         text_config = config.get_text_config(decoder=True)
         self._text_config = text_config
         for name, value in (("max_batch_size", max_batch_size), ("max_cache_len", max_cache_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+            _check_int(name, value, 1, _INT32_MAX)
+        _check_int("ring_depth", ring_depth, 1, 64)
         specs = describe_layers(text_config, max_cache_len)
         self._specs = specs
         self.device = _resolve_device(device)
@@ -212,7 +248,9 @@ class OffloadedStaticCache(Cache):
                 f"(windows {_native.format_bytes(self._window_bytes)}, states "
                 f"{_native.format_bytes(self._state_bytes)}), before any full-attention layer"
             )
-        if resident_layers is not None and not 0 <= int(resident_layers) <= len(offloaded):
+        if resident_layers is not None:
+            _check_int("resident_layers", resident_layers, -_INT32_MAX, _INT32_MAX)
+        if resident_layers is not None and not 0 <= resident_layers <= len(offloaded):
             raise ValueError(
                 f"resident_layers must be in [0, {len(offloaded)}] (the model's full-attention "
                 f"layers), got {resident_layers!r}"
@@ -295,6 +333,12 @@ class OffloadedStaticCache(Cache):
         attend over (see the module docstring)."""
         layer_idx = self._layer_index(layer_idx)
         if layer_idx == self._first_kv_layer:
+            for name, states in (("key_states", key_states), ("value_states", value_states)):
+                if not isinstance(states, torch.Tensor):
+                    raise TypeError(f"{name} must be a torch.Tensor, got {type(states).__name__}")
+                if states.dim() != 4:
+                    raise ValueError(f"{name} must be [batch, kv heads, tokens, head size], got "
+                                     f"shape {tuple(states.shape)}")
             self._begin_forward(key_states, value_states, layer_idx)
         slot = self._slot[layer_idx]
         if slot >= 0:
@@ -385,6 +429,7 @@ class OffloadedStaticCache(Cache):
         return self.max_cache_len
 
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        _check_int("query_length", query_length, 0, _INT32_MAX)
         layer = self.layers[self._layer_index(layer_idx)]
         if isinstance(layer, WindowLayer):
             return layer.get_mask_sizes(query_length)
@@ -456,6 +501,7 @@ class OffloadedStaticCache(Cache):
         """Drops the last ``-tokens_to_remove`` tokens of every row (a negative int, as for
         transformers' static layers; 0 does nothing). Refused when a layer cannot restore them: a
         state, or a window that already dropped the tokens before them."""
+        _check_int("tokens_to_remove", tokens_to_remove, -_INT32_MAX, _INT32_MAX)
         if tokens_to_remove > 0:
             raise ValueError(
                 "crop takes a negative int, the number of tokens to remove, as transformers' "
@@ -575,11 +621,12 @@ class OffloadedStaticCache(Cache):
         a checksum. ``tokens``: the ids each row holds (a list per row, or one list for a single
         row), kept in the file and returned by ``load``. A forward left half-done is refused, and
         so is a model with window or state layers."""
+        path = _check_path(path)
         self._check_saveable()
         if tokens is not None and tokens and isinstance(tokens[0], int):
             tokens = [tokens]
-        tokens = [list(map(int, t)) for t in (tokens or [])]
-        self._native.save(str(path), tokens, self._fingerprint)
+        tokens = [[_check_int("a token id", i, 0, _INT32_MAX) for i in t] for t in (tokens or [])]
+        self._native.save(path, tokens, self._fingerprint)
 
     @classmethod
     def load(cls, path, config, device=None, dtype=None, vram_budget=None,
@@ -590,7 +637,8 @@ class OffloadedStaticCache(Cache):
         refused naming the failing layer block). ``cache.saved_tokens`` holds each row's token
         ids. Continue with ``model.generate(full_ids, cache=cache)``: transformers feeds only the
         ids past ``cache.get_seq_length()``."""
-        info = _native.inspect_saved_context(str(path))
+        path = _check_path(path)
+        info = _native.inspect_saved_context(path)
         kv_dtype = None
         if info["dtype"] in _QUANTIZED:  # quantized rows: the model computes in `dtype`
             kv_dtype = info["dtype"]
@@ -600,7 +648,7 @@ class OffloadedStaticCache(Cache):
                     device=device, dtype=dtype, vram_budget=vram_budget,
                     resident_layers=resident_layers, ring_depth=ring_depth, kv_dtype=kv_dtype)
         cache._check_saveable()
-        cache.saved_tokens = cache._native.load(str(path), cache._fingerprint)
+        cache.saved_tokens = cache._native.load(path, cache._fingerprint)
         cache._length = cache._native.get_seq_length()
         cache._open = False
         return cache
