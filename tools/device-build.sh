@@ -28,9 +28,14 @@ done
 # The shared libraries the binaries load besides glibc and the CUDA driver/toolkit (Google
 # Benchmark, the tokenizers' PCRE2, utf8proc, SentencePiece and protobuf-lite, the C++ runtime):
 # the device machine need not have them.
-for f in "$carry"/bin/*; do
+# OpenBLAS is loaded at run time (model/blas.hpp), not linked, so ldd does not list it: it is
+# carried by name with what it loads itself (libgfortran), and found there through
+# LD_LIBRARY_PATH (tools/device-check.sh sets it). cuBLAS, loaded the same way, is the toolkit's.
+openblas="$(pkg-config --variable=libdir openblas)/libopenblas.so.0"
+cp -L "$openblas" "$carry/lib/libopenblas.so.0"
+for f in "$carry"/bin/* "$carry/lib/libopenblas.so.0"; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}'
-done | sort -u | grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libcuda|libcublas[^/]*|libcudart)\.so' |
+done | sort -u | grep -v '/libopenblas' | grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libcuda|libcublas[^/]*|libcudart)\.so' |
   while read -r lib; do cp -L "$lib" "$carry/lib/"; done
 cp -r "$flashinfer" "$carry/flashinfer-include"
 git -C "$root" rev-parse HEAD >"$carry/commit" 2>/dev/null || echo unknown >"$carry/commit"
