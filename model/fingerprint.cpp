@@ -91,7 +91,7 @@ bool write_cache(const std::string& path, const std::vector<CachedFile>& files) 
                              {"xxh3_128", c.digest}});
   }
   try {
-    const std::string text = root.dump(1) + "\n";
+    const std::string text = root.dump(1, ' ', false, Json::error_handler_t::replace) + "\n";
     offload::AtomicFileSink sink(path);
     sink.write(text.data(), text.size());
     sink.commit();
@@ -179,7 +179,8 @@ Digest weights_digest(const std::string& checkpoint_dir,
   if (path_exists(index)) {
     names.push_back("model.safetensors.index.json");
     for (const std::string& shard :
-         parse_safetensors_index(read_regular_file(index, 64u << 20), index).shards) {
+         parse_safetensors_index(read_regular_file(index, kMaxSafetensorsIndexBytes), index)
+             .shards) {
       names.push_back(shard);
     }
   } else {

@@ -22,9 +22,6 @@ Error invalid(const std::string& what) {
   return Error(ErrorCode::kInvalidArgument, what);
 }
 
-// An index lists one entry per tensor; even a 405B model's is far below this.
-constexpr std::uint64_t kMaxIndexBytes = 64u << 20;
-
 const char* safetensors_dtype(DType d) {
   return d == DType::kF32 ? "F32" : d == DType::kF16 ? "F16" : "BF16";
 }
@@ -42,13 +39,6 @@ std::size_t element_bytes(const std::string& dtype) {
 bool exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0;
-}
-
-// A non-negative JSON integer, or nothing (a fraction, an exponent, a sign, a string...).
-bool unsigned_integer(const Json& v, std::uint64_t& out) {
-  if (!v.is_number_unsigned()) return false;
-  out = v.get<std::uint64_t>();
-  return true;
 }
 
 struct Span {
@@ -84,65 +74,51 @@ void check_tiling(std::vector<Span> spans, std::uint64_t data_size, const std::s
   }
 }
 
-TensorInfo parse_entry(const std::string& name, const Json& entry, const std::string& path,
+// One tensor's entry: exactly dtype, shape and data_offsets. Every problem reads
+// "FILE: [\"NAME\"].FIELD: what is wrong".
+TensorInfo parse_entry(const std::string& name, const JsonField& entry, const std::string& path,
                        const std::byte* data, std::uint64_t data_size, Span& span) {
-  const std::string where = path + ": tensor \"" + printable(name) + "\"";
-  if (!entry.is_object()) throw invalid(where + " is not a JSON object");
-  for (const auto& [key, value] : entry.items()) {
-    (void)value;
+  for (const auto& [key, value] : entry.members()) {
     if (key != "dtype" && key != "shape" && key != "data_offsets") {
-      throw invalid(where + " has an unknown field \"" + printable(key) +
-                    "\" (expected dtype, shape, data_offsets)");
+      throw value.error("an unknown field (an entry holds dtype, shape and data_offsets)");
     }
   }
-  const auto dtype = entry.find("dtype");
-  const auto shape = entry.find("shape");
-  const auto offsets = entry.find("data_offsets");
-  if (dtype == entry.end() || shape == entry.end() || offsets == entry.end()) {
-    throw invalid(where + " lacks one of dtype, shape, data_offsets");
-  }
-  if (!dtype->is_string()) throw invalid(where + ": dtype is not a string");
+  const JsonField dtype = entry.at("dtype");
   TensorInfo t;
   t.name = name;
   t.file = path;
-  t.dtype_text = dtype->get<std::string>();
+  t.dtype_text = dtype.text();
   const std::size_t elem = element_bytes(t.dtype_text);
-  if (elem == 0) {
-    throw invalid(where + " has an unknown dtype \"" + printable(t.dtype_text) + "\"");
-  }
+  if (elem == 0) throw dtype.error("an unknown dtype " + dtype.shown());
   for (const DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
     if (t.dtype_text == safetensors_dtype(d)) t.dtype = d, t.dtype_supported = true;
   }
-  if (!shape->is_array()) throw invalid(where + ": shape is not a list");
+  const JsonField shape = entry.at("shape");
   std::uint64_t bytes = elem;
-  for (const Json& dim : *shape) {
-    std::uint64_t d = 0;
-    if (!unsigned_integer(dim, d) || d > static_cast<std::uint64_t>(INT64_MAX)) {
-      throw invalid(where + " has a malformed shape: " + printable(shape->dump()) +
-                    " (dimensions are non-negative integers)");
-    }
-    t.shape.push_back(static_cast<std::int64_t>(d));
-    if (__builtin_mul_overflow(bytes, d, &bytes)) {
-      throw invalid(where + ": shape " + printable(shape->dump()) + " of " + t.dtype_text +
-                    " holds more than 2^64 bytes");
+  for (const JsonField& dim : shape.elements()) {
+    const std::int64_t d = dim.integer(0, INT64_MAX);
+    t.shape.push_back(d);
+    if (__builtin_mul_overflow(bytes, static_cast<std::uint64_t>(d), &bytes)) {
+      throw shape.error(shape.shown() + " of " + t.dtype_text + " holds more than 2^64 bytes");
     }
   }
-  std::uint64_t begin = 0, end = 0;
-  if (!offsets->is_array() || offsets->size() != 2 || !unsigned_integer((*offsets)[0], begin) ||
-      !unsigned_integer((*offsets)[1], end) || end < begin) {
-    throw invalid(where + " has malformed data_offsets " + printable(offsets->dump()) +
-                  " (two integers, begin <= end)");
+  const JsonField offsets = entry.at("data_offsets");
+  const std::vector<JsonField> ends = offsets.elements();
+  if (ends.size() != 2) {
+    throw offsets.error("must be two integers [begin, end], got " + offsets.shown());
   }
+  const auto begin = static_cast<std::uint64_t>(ends[0].integer(0, INT64_MAX));
+  const auto end = static_cast<std::uint64_t>(ends[1].integer(0, INT64_MAX));
+  if (end < begin) throw offsets.error("ends before it begins: " + offsets.shown());
   if (end > data_size) {
-    throw invalid(where + " ends at byte " + std::to_string(end) +
-                  " of the data section, which has only " + std::to_string(data_size) +
-                  " bytes (the file is truncated or its header lies)");
+    throw offsets.error("ends at byte " + std::to_string(end) +
+                        " of the data section, which has only " + std::to_string(data_size) +
+                        " bytes (the file is truncated or its header lies)");
   }
   if (end - begin != bytes) {
-    throw invalid(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                  ") hold " + std::to_string(end - begin) + " bytes but shape " +
-                  printable(shape->dump()) + " of " + t.dtype_text + " needs " +
-                  std::to_string(bytes));
+    throw offsets.error("[" + std::to_string(begin) + ", " + std::to_string(end) + ") hold " +
+                        std::to_string(end - begin) + " bytes but shape " + shape.shown() + " of " +
+                        t.dtype_text + " needs " + std::to_string(bytes));
   }
   t.data = data + begin;
   t.bytes = static_cast<std::size_t>(bytes);
@@ -176,20 +152,15 @@ std::map<std::string, TensorInfo> parse_safetensors(const std::byte* file, std::
   if (header.empty() || header.front() != '{') {
     throw invalid(path + ": the safetensors header does not start with '{'");
   }
-  const Json root = parse_json(header, path + " (safetensors header)");
-  if (!root.is_object()) throw invalid(path + ": safetensors header is not a JSON object");
+  Json holder;
+  const JsonField root = parse_json_object(header, path, holder);
   const std::byte* data = file + 8 + header_len;
   const std::uint64_t data_size = size - 8 - header_len;
   std::map<std::string, TensorInfo> tensors;
   std::vector<Span> spans;
-  for (const auto& [name, entry] : root.items()) {
+  for (const auto& [name, entry] : root.members()) {
     if (name == "__metadata__") {
-      if (!entry.is_object()) throw invalid(path + ": __metadata__ is not a JSON object");
-      for (const auto& [key, value] : entry.items()) {
-        if (!value.is_string()) {
-          throw invalid(path + ": __metadata__ \"" + printable(key) + "\" is not a string");
-        }
-      }
+      for (const auto& [key, value] : entry.members()) (void)value.text();  // strings only
       continue;
     }
     Span span{};
@@ -204,25 +175,17 @@ std::map<std::string, TensorInfo> parse_safetensors(const std::byte* file, std::
 }
 
 ShardIndex parse_safetensors_index(const std::string& text, const std::string& path) {
-  const Json root = parse_json(text, path);
-  if (!root.is_object()) throw invalid(path + ": expected a JSON object");
-  const auto map = root.find("weight_map");
-  if (map == root.end() || !map->is_object()) {
-    throw invalid(path + ": missing \"weight_map\" (an object of tensor name -> file)");
-  }
+  Json holder;
+  const JsonField root = parse_json_object(text, path, holder);
   ShardIndex index;
-  for (const auto& [name, file] : map->items()) {
-    if (!file.is_string()) {
-      throw invalid(path + ": weight_map entry \"" + printable(name) + "\" is not a file name");
-    }
-    const std::string& shard = file.get_ref<const std::string&>();
+  for (const auto& [name, file] : root.at("weight_map").members()) {
+    const std::string& shard = file.text();
     // Shards sit beside the index: a name with a directory part could reach any file.
     if (shard.empty() || shard == "." || shard == ".." ||
         shard.find_first_of(std::string("/\\\0", 3)) != std::string::npos) {
-      throw invalid(path + ": weight_map entry \"" + printable(name) + "\" names \"" +
-                    printable(shard) +
-                    "\", which is not a file in the model directory (shards are plain file "
-                    "names beside the index)");
+      throw file.error("names " + file.shown() +
+                       ", which is not a file in the model directory (shards are plain file "
+                       "names beside the index)");
     }
     if (std::find(index.shards.begin(), index.shards.end(), shard) == index.shards.end()) {
       index.shards.push_back(shard);
@@ -268,7 +231,8 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   ShardIndex index;
   const bool indexed = exists(index_path);
   if (indexed) {
-    index = parse_safetensors_index(read_regular_file(index_path, kMaxIndexBytes), index_path);
+    index = parse_safetensors_index(read_regular_file(index_path, kMaxSafetensorsIndexBytes),
+                                    index_path);
   } else if (exists(dir + "/model.safetensors")) {
     index.shards.push_back("model.safetensors");
   } else {

@@ -36,6 +36,9 @@ struct TensorInfo {
 // The largest file this reader maps (1 TiB: a 400B model in bf16 is 0.8 TiB, in shards).
 inline constexpr std::uint64_t kMaxSafetensorsFileBytes = std::uint64_t{1} << 40;
 
+// The largest model.safetensors.index.json read.
+inline constexpr std::uint64_t kMaxSafetensorsIndexBytes = std::uint64_t{64} << 20;
+
 // The largest header the format allows (as its reference implementation does).
 inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
