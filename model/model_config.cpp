@@ -6,7 +6,10 @@
 
 #include "kvoffload/error.hpp"
 #include "kvoffload/quant.hpp"
+#include "model/safetensors.hpp"
 #include "model/strict_json.hpp"
+#include "model/tokenizer_bpe.hpp"
+#include "model/tokenizer_settings.hpp"
 #include "offload/printable.hpp"
 
 namespace kvo::model {
@@ -17,9 +20,6 @@ Error invalid(const std::string& what) {
 }
 
 const char* const kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
-
-// config.json is small; anything past this is not one.
-constexpr std::uint64_t kMaxConfigBytes = 16u << 20;
 
 void parse_rope(const JsonField& f, ModelConfig& c) {
   c.rope_theta = static_cast<float>(f.real_or("rope_theta", 10000.0));
@@ -65,6 +65,20 @@ double shortest(float value) {
 }
 
 }  // namespace
+
+std::string model_file_bounds() {
+  const auto size = [](std::uint64_t bytes) {
+    return bytes >= (std::uint64_t{1} << 40) ? std::to_string(bytes >> 40) + " TiB"
+                                             : std::to_string(bytes >> 20) + " MiB";
+  };
+  return "config.json " + size(kMaxConfigBytes) + ", generation_config.json " +
+         size(kMaxGenerationConfigBytes) + ", chat_template.jinja " + size(kMaxChatTemplateBytes) +
+         ", tokenizer_config.json " + size(kMaxTokenizerConfigBytes) +
+         ", model.safetensors.index.json " + size(kMaxSafetensorsIndexBytes) +
+         ", tokenizer.model " + size(kMaxTokenizerModelBytes) + ", tokenizer.json " +
+         size(kMaxTokenizerJsonBytes) + ", each .safetensors file " +
+         size(kMaxSafetensorsFileBytes);
+}
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
   Json document;

@@ -52,6 +52,13 @@ struct ModelLimits {
 // Reads config.json (its text, `source` names it in errors). Throws kvo::Error(kInvalidArgument)
 // for malformed JSON, a missing or out-of-range field, or an unsupported architecture, naming it.
 // Integer fields must be JSON integers within ModelLimits.
+// The largest config.json read.
+inline constexpr std::uint64_t kMaxConfigBytes = std::uint64_t{16} << 20;
+
+// What a model directory's files may be, for --help: each a regular file within its bound,
+// "config.json 16 MiB, ..., each .safetensors file 1 TiB".
+std::string model_file_bounds();
+
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
 ModelConfig load_model_config(const std::string& path);
 

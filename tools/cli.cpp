@@ -10,6 +10,8 @@
 #include <cstring>
 #include <iostream>
 #include <new>
+#include <stdexcept>
+#include <system_error>
 
 #include "kvoffload/error.hpp"
 #include "kvoffload/types.hpp"
@@ -387,8 +389,14 @@ int run(CLI::App& app, int argc, char** argv, const std::function<int()>& body) 
     std::cerr << tool << ": " << e.what() << "\n";
   } catch (const std::bad_alloc&) {
     std::cerr << tool << ": out of memory\n";
+  } catch (const std::length_error&) {
+    std::cerr << tool << ": out of memory (a size larger than any allocation can be)\n";
+  } catch (const std::system_error& e) {
+    // Threads that cannot start (ulimit -u), say: the system's reason, not the library's text.
+    std::cerr << tool << ": the system refused a resource: " << e.code().message() << "\n";
   } catch (const std::exception& e) {
-    std::cerr << tool << ": " << e.what() << "\n";
+    std::cerr << tool << ": internal error, please report it: " << kvo::printable(e.what(), 200)
+              << "\n";
   }
   return kExitFailure;
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "kvoffload/kvoffload.hpp"
+#include "model/model_config.hpp"
 #include "model/numerics.hpp"
 #include "offload/printable.hpp"
 #include "tools/cli.hpp"
@@ -25,7 +26,9 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
 
   app.option_defaults()->group("Model (default: --preset tiny)");
   auto* model = add_text(app, "--model", a.model, "DIR",
-                         "Hugging Face checkpoint: config.json + model.safetensors (or shards)");
+                         "Hugging Face checkpoint: config.json + model.safetensors (or shards), "
+                         "regular files of at most: " +
+                             model::model_file_bounds());
   auto* preset = add_choice(app, "--preset", a.preset, model::preset_names(),
                             "built-in shape, weights drawn from --weight-seed on the device");
   model->excludes(preset);
@@ -39,7 +42,8 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
   app.option_defaults()->group("Prompt (default: --prompt-len 32)");
   auto* file = add_text(app, "--prompt-tokens", a.prompt_tokens, "FILE",
                         "token ids separated by spaces or commas; one line per slot, or one "
-                        "line for every slot");
+                        "line for every slot (a regular file of at most " +
+                            std::to_string(kMaxTokenFileBytes >> 30) + " GiB)");
   auto* len = add_tokens(app, "--prompt-len", a.prompt_len, 1, kMaxTokens,
                          "a synthetic prompt of N ids drawn from --seed (different per slot)");
   file->excludes(len);

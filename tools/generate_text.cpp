@@ -10,6 +10,7 @@
 #include "model/fingerprint.hpp"
 #include "model/tokenizer_settings.hpp"
 #include "model/weights.hpp"
+#include "offload/byte_io.hpp"
 #include "offload/input_file.hpp"
 
 namespace kvo::tools {
@@ -51,9 +52,11 @@ void declare_text_options(CLI::App& app, TextOptions& o) {
                 "questions); FILE must be absent or a regular file, and its directory writable, "
                 "which is checked before the prefill");
   cli::add_text(app, "--load-context", o.load_context, "FILE",
-                "restore the slots from FILE (a regular file, saved by --save-context from the "
-                "same weights and tokenizer) instead of a prefill, then prefill --prompt (the "
-                "question) and generate; --max-seq defaults to the file's");
+                "restore the slots from FILE (a regular file of at most " +
+                    std::to_string(offload::kMaxContextFileBytes >> 40) +
+                    " TiB, saved by --save-context from the same weights and tokenizer) instead "
+                    "of a prefill, then prefill --prompt (the question) and generate; --max-seq "
+                    "defaults to the file's");
 }
 
 TextSession::TextSession(const TextOptions& options, const std::string& model_dir, int slots,

@@ -23,6 +23,7 @@
 #include "kvoffload/error.hpp"
 #include "kvoffload/quant.hpp"
 #include "model/decoder.hpp"
+#include "model/model_config.hpp"
 #include "model/tokenizer.hpp"
 #include "offload/input_file.hpp"
 #include "offload/printable.hpp"
@@ -54,7 +55,9 @@ void declare(CLI::App& app, EvalArgs& a) {
                      "top-1 agreement of next-token predictions and greedy-generation agreement, "
                      "each K/V dtype against the first one given and against bf16.");
   kvo::cli::add_text(app, "--model", a.model, "DIR",
-                     "Hugging Face model directory: config.json, safetensors, tokenizer")
+                     "Hugging Face model directory: config.json, safetensors, tokenizer, regular "
+                     "files of at most: " +
+                         kvo::model::model_file_bounds())
       ->required();
   kvo::cli::add_text(app, "--text", a.text, "FILE",
                      "the text to read (UTF-8): a regular file of at most 1 GiB")
@@ -288,7 +291,9 @@ int run(const EvalArgs& a) {
                         {"tokens", tokens.size()}, {"generate", a.generate},
                         {"chunk", a.chunk},        {"reference", kvo::dtype_name(ref.dtype)},
                         {"readings", rows}};
-    kvo::cli::write_output_file(a.json, j.dump(2) + "\n", "--json");
+    // Paths may hold any bytes: invalid UTF-8 is written as U+FFFD, never thrown over.
+    kvo::cli::write_output_file(
+        a.json, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n", "--json");
   }
   if (a.targets && !all_met) {
     std::fprintf(stderr, "kvo-eval: a quantized K/V dtype missed its target against bf16\n");

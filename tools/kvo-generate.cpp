@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -36,7 +38,13 @@ int run(const kvo::cli::GenerateRun& o) {
   std::FILE* text_out = nullptr;
   if (text.active()) {
     std::fflush(stdout);
-    json_out = text_out = ::fdopen(::dup(STDOUT_FILENO), "w");
+    const int fd = ::dup(STDOUT_FILENO);
+    text_out = fd < 0 ? nullptr : ::fdopen(fd, "w");
+    if (text_out == nullptr) {
+      throw kvo::Error(kvo::ErrorCode::kInternal,
+                       std::string("cannot keep the output open: ") + std::strerror(errno));
+    }
+    json_out = text_out;
     ::dup2(STDERR_FILENO, STDOUT_FILENO);
   }
   const bool cuda = kvo::resolve_backend(o.decoder.backend) == kvo::BackendKind::kCuda;
@@ -218,9 +226,14 @@ int run(const kvo::cli::GenerateRun& o) {
       j["context_load_s"] = text.load_seconds();
       j["prefill_skipped"] = text.loads();
     }
-    std::fprintf(json_out, "%s\n", j.dump().c_str());
+    std::fprintf(json_out, "%s\n",
+                 j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   }
-  std::fflush(json_out);
+  // The text (and the JSON line) went to the real stdout, which cli::run no longer sees.
+  if (std::fflush(json_out) != 0 || std::ferror(json_out) != 0) {
+    throw kvo::Error(kvo::ErrorCode::kInternal,
+                     std::string("cannot write the output: ") + std::strerror(errno));
+  }
   return 0;
 }
 

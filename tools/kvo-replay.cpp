@@ -305,7 +305,7 @@ class Replay {
       j["prefill_s"] = prefill_s;
       j["decode_step_s"] = step_s;
       j["decode_h2d_GBps"] = h2d_gbps;
-      std::printf("%s\n", j.dump().c_str());
+      std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     }
     return ok && bytes_ok;
   }

@@ -11,6 +11,7 @@
 
 #include "kvoffload/error.hpp"
 #include "model/chat_format.hpp"
+#include "model/model_config.hpp"
 #include "model/tokenizer.hpp"
 #include "model/tokenizer_settings.hpp"
 #include "offload/printable.hpp"
@@ -37,7 +38,8 @@ void declare(CLI::App& app, TokenizeArgs& a) {
                      "--prompt-tokens reads it); with --decode, ids on stdin -> text.");
   kvo::cli::add_text(app, "--model", a.model, "DIR",
                      "model directory with tokenizer.json (byte-level BPE) or tokenizer.model "
-                     "(SentencePiece), and tokenizer_config.json")
+                     "(SentencePiece), and tokenizer_config.json, regular files of at most: " +
+                         kvo::model::model_file_bounds())
       ->required();
   kvo::cli::add_flag(app, "--decode", a.decode,
                      "read token ids (spaces, commas or newlines between them), write the text");

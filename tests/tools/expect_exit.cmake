@@ -1,7 +1,8 @@
 # Runs a tool and checks its exit status and what it printed (stdout and stderr together):
 #   cmake -DCOMMAND="tool|arg|arg..." -DEXIT=N [-DMATCH=regex] [-DNO_MATCH=regex]
 #         [-DABSENT=path] [-DEMPTY_DIR=path] [-DPRINTABLE=1] [-DFILE_SIZE_LIMIT=blocks]
-#         [-DADDRESS_LIMIT=KiB] [-DFIFO=path] [-DNO_REPORT=regex]
+#         [-DADDRESS_LIMIT=KiB] [-DFIFO=path] [-DSTDIN=path] [-DSTDOUT=path]
+#         [-DNO_REPORT=regex]
 #         -P expect_exit.cmake
 # Arguments are separated by '|' ("<empty>" is an empty one). ABSENT names a path that must not exist afterwards, EMPTY_DIR
 # a directory that must hold nothing; NO_REPORT is what a sanitizer's report looks like;
@@ -10,6 +11,8 @@
 # raises SIGXFSZ, which the tool must ignore to report EFBIG); ADDRESS_LIMIT under ulimit -v;
 # FIFO makes a FIFO with no writer at that path first, which must still be one afterwards (a
 # tool that opened it for reading without O_NONBLOCK would hang: give the test a TIMEOUT).
+# STDIN is read as the tool's standard input; STDOUT sends the tool's standard output there (/dev/full: a tool must report that it could not
+# write it); only its standard error is then matched.
 string(REPLACE "|" ";" command "${COMMAND}")
 if(DEFINED FIFO)
   file(REMOVE "${FIFO}")
@@ -28,10 +31,17 @@ endif()
 # An empty argument cannot live in a CMake list: "<empty>" stands for one, and the command then
 # goes through sh with every argument quoted.
 string(FIND "|${COMMAND}|" "|<empty>|" empty_at)
-if(limits OR NOT empty_at EQUAL -1)
+set(redirect "")
+if(DEFINED STDIN)
+  string(APPEND redirect " <'${STDIN}'")
+endif()
+if(DEFINED STDOUT)
+  string(APPEND redirect " >'${STDOUT}'")
+endif()
+if(limits OR redirect OR NOT empty_at EQUAL -1)
   list(JOIN command "' '" quoted)
   string(REPLACE "'<empty>'" "''" quoted "'${quoted}'")
-  set(command sh -c "${limits}exec ${quoted}")
+  set(command sh -c "${limits}exec ${quoted}${redirect}")
 endif()
 execute_process(COMMAND ${command} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 set(all "${out}${err}")
