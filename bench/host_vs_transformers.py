@@ -11,7 +11,10 @@ For each model and each prompt length it runs, in this order:
   - kvo-generate --backend host --resident all (everything in memory, as transformers has it),
     whose --json line reports the same two quantities (prefill_tokens_per_s, and
     decode_tokens_per_s over max_new - 1 steps).
-torch.set_num_threads(--threads) on one side, --threads on the other.
+torch.set_num_threads(--threads) on one side, --threads on the other. With --kernels, kvo-generate
+runs once per OpenBLAS kernel set named (KVO_BLAS_CORETYPE; "chosen" is the host path's own
+choice for the CPU), and with --repeats N every run is made N times, alternating, and the
+medians are reported (with the spread).
 
 Models: --make-model writes a random model with kvo-make-model (--preset, in float32); --model
 names a Hugging Face directory (the real SmolLM2-135M-Instruct that tools/smollm2.sh makes). Both
@@ -50,6 +53,9 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", help="also write the result here")
     p.add_argument("--allow-mismatch", action="store_true")
+    p.add_argument("--kernels", default="chosen",
+                   help="comma-separated: chosen, or OpenBLAS core names (Prescott, Haswell, ...)")
+    p.add_argument("--repeats", type=int, default=1)
     return p.parse_args(argv)
 
 
@@ -126,11 +132,15 @@ def run_transformers(torch, model, prompt, max_new):
             "decode_tokens_per_s": (max_new - 1) / decode_s if max_new > 1 else None}
 
 
-def run_kvo(args, model_dir, prompt_file):
+def run_kvo(args, model_dir, prompt_file, kernels="chosen"):
     cmd = [args.kvo_generate, "--model", model_dir, "--prompt-tokens", prompt_file,
            "--max-new", str(args.max_new), "--backend", "host", "--resident", "all",
            "--threads", str(args.threads), "--json", "--quiet"]
-    run = subprocess.run(cmd, capture_output=True, text=True)
+    env = dict(os.environ)
+    env.pop("KVO_BLAS_CORETYPE", None)
+    if kernels != "chosen":
+        env["KVO_BLAS_CORETYPE"] = kernels
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if run.returncode != 0:
         raise RuntimeError(f"kvo-generate failed:\n{run.stdout}{run.stderr}")
     result = json.loads(run.stdout.strip().splitlines()[-1])
@@ -138,7 +148,19 @@ def run_kvo(args, model_dir, prompt_file):
             "decode_s": result["decode_s"],
             "prefill_tokens_per_s": result["prefill_tokens_per_s"],
             "decode_tokens_per_s": result["decode_tokens_per_s"], "gemm": result.get("gemm"),
-            "command": cmd}
+            "command": cmd, "KVO_BLAS_CORETYPE": env.get("KVO_BLAS_CORETYPE")}
+
+
+def median_of(results):
+    """The run with the median prefill rate, with every run's prefill and decode rates."""
+    ranked = sorted(results, key=lambda r: r["prefill_tokens_per_s"])
+    out = dict(ranked[len(ranked) // 2])
+    out["prefill_tokens_per_s_all"] = [r["prefill_tokens_per_s"] for r in results]
+    out["decode_tokens_per_s_all"] = [r["decode_tokens_per_s"] for r in results]
+    decodes = sorted(r["decode_tokens_per_s"] for r in results if r["decode_tokens_per_s"])
+    if decodes:
+        out["decode_tokens_per_s"] = decodes[len(decodes) // 2]
+    return out
 
 
 def main(argv=None):
@@ -169,8 +191,15 @@ def main(argv=None):
             prompt_file = os.path.join(work, "prompt.txt")
             with open(prompt_file, "w") as f:
                 f.write(" ".join(map(str, prompt)) + "\n")
-            hf = run_transformers(torch, model, prompt, args.max_new)
-            kvo = run_kvo(args, model_dir, prompt_file)
+            kernel_sets = args.kernels.split(",")
+            hf_runs, kvo_runs = [], {k: [] for k in kernel_sets}
+            for _ in range(args.repeats):  # alternating, so that drift hits every side alike
+                hf_runs.append(run_transformers(torch, model, prompt, args.max_new))
+                for k in kernel_sets:
+                    kvo_runs[k].append(run_kvo(args, model_dir, prompt_file, k))
+            hf = median_of(hf_runs)
+            by_kernels = {k: median_of(v) for k, v in kvo_runs.items()}
+            kvo = by_kernels[kernel_sets[0]]
             same = hf["tokens"] == kvo["tokens"]
             agree = next((i for i, (a, b) in enumerate(zip(hf["tokens"], kvo["tokens"]))
                           if a != b), len(hf["tokens"]))
@@ -181,8 +210,16 @@ def main(argv=None):
                 "decode_ratio": (kvo["decode_tokens_per_s"] / hf["decode_tokens_per_s"]
                                  if hf["decode_tokens_per_s"] else None),
                 "identical_tokens": same, "leading_tokens_agreeing": agree,
+                "kvo_generate_by_kernels": by_kernels,
+                "prefill_ratio_by_kernels": {
+                    k: v["prefill_tokens_per_s"] / hf["prefill_tokens_per_s"]
+                    for k, v in by_kernels.items()},
             }
             runs.append(row)
+            for k, v in by_kernels.items():
+                print(f"  {k:10s} {v['gemm']}: prefill {v['prefill_tokens_per_s']:8.1f} tok/s "
+                      f"(x{row['prefill_ratio_by_kernels'][k]:.2f} of transformers)",
+                      file=sys.stderr, flush=True)
             print(f"{name:40s} prompt {length:5d}: prefill {hf['prefill_tokens_per_s']:8.1f} vs "
                   f"{kvo['prefill_tokens_per_s']:8.1f} tok/s (x{row['prefill_ratio']:.2f}), decode "
                   f"{hf['decode_tokens_per_s']:7.2f} vs {kvo['decode_tokens_per_s']:7.2f} tok/s "
@@ -197,9 +234,11 @@ def main(argv=None):
         "transformers": transformers.__version__,
         "transformers_setup": "float32, CPU, default (dynamic) cache, sdpa",
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        # OpenBLAS picks its kernels for the CPU at load time unless this names them; the
-        # kvo_generate rows' "gemm" says which ran.
+        # The host path chooses OpenBLAS's kernels itself (KVO_BLAS_CORETYPE overrides); the
+        # environment's OPENBLAS_CORETYPE still steers torch if it uses OpenBLAS. Each
+        # kvo_generate row's "gemm" says which kernels ran.
         "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+        "repeats": args.repeats,
         "kvo_setup": "--backend host --resident all", "runs": runs,
     }
     text = json.dumps(record, indent=2)
