@@ -54,6 +54,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   shape.max_decode_rows = options_.slots;
   shape.max_seq = options_.max_seq;
   shape.builtin_attention = options_.builtin_attention;
+  shape.f32_gemm = options_.f32_gemm;
   shape.threads = options_.threads > 0 ? options_.threads : available_cores();
 
   require_weights_fit(memory, options_.device_budget);
@@ -121,7 +122,8 @@ std::string Decoder::attention_kernels() const {
 
 std::string Decoder::gemm_kernels() const {
   if (cache_->backend() == BackendKind::kCuda) return "cuBLAS";
-  return gemm_library() + ", " + std::to_string(shape_.threads) + " threads";
+  return gemm_library(static_cast<Elem>(static_cast<int>(shape_.weight_dtype)), shape_.f32_gemm) +
+         ", " + std::to_string(shape_.threads) + " threads";
 }
 
 void Decoder::check_tokens(const std::vector<std::int32_t>& tokens) const {

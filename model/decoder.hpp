@@ -54,6 +54,9 @@ struct DecoderOptions {
   DType kv_dtype = DType::kBF16;   // K/V storage: f32, f16, bf16, fp8 or int8 (quantized rows)
   HostBackendOptions host;
   int threads = 0;  // host path: threads computing a step; 0: the cores this process may use
+  // Host path: bf16 weights multiply in f32 (sgemm) even where the CPU has AVX512_BF16, whose
+  // GEMMs round the activations to bf16 (model/host_gemm_bf16.hpp).
+  bool f32_gemm = false;
 };
 
 // The rows of one decode step, one per slot that takes part: row i feeds token tokens()[i] to

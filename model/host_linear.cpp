@@ -1,8 +1,9 @@
 #include "model/host_linear.hpp"
 
 #include <algorithm>
-#include "model/blas.hpp"
 
+#include "model/blas.hpp"
+#include "model/host_gemm_bf16.hpp"
 #include "model/host_kernels.hpp"
 
 namespace kvo::model {
@@ -14,15 +15,29 @@ namespace kvo::model {
 // does not know that CPU and falls back to its generic kernels (1-75 GFLOP/s). Single-threaded
 // calls on our own pool ran on par with OpenBLAS's own threads (ahead on some shapes, behind on
 // others), and leave one pool on the cores with results independent of the thread count.
-std::string gemm_library() {
-  return blas::description();
+std::string gemm_library(Elem weights, bool f32_gemm) {
+  std::string what = blas::description();
+  if (uses_bf16_gemm(weights, f32_gemm)) {
+    what += "; bf16 weights: AVX512_BF16 (activations rounded to bf16)";
+  }
+  return what;
 }
 
-HostLinear::HostLinear(ThreadPool& pool, Elem type, int max_in) : pool_(pool), type_(type) {
+bool uses_bf16_gemm(Elem weights, bool f32_gemm) {
+  return weights == Elem::kBF16 && !f32_gemm && bf16_gemm::available();
+}
+
+HostLinear::HostLinear(ThreadPool& pool, Elem type, int max_in, bool f32_gemm)
+    : pool_(pool), type_(type), bf16_gemm_(uses_bf16_gemm(type, f32_gemm)) {
+  static_assert(kGemmColBlock == bf16_gemm::kCols, "a tile is one panel of the bf16 kernel");
   blas::description();  // loads OpenBLAS now (single-threaded), not in the first GEMM
-  // A GEMM tile's converted panel, or the one row linear_rows converts at a time.
-  const std::size_t floats =
-      static_cast<std::size_t>(type_ == Elem::kF32 ? 1 : kGemmColBlock) * max_in;
+  // A GEMM tile's converted panel, or the bf16 kernel's scratch and the one row linear_rows
+  // converts at a time.
+  std::size_t floats = static_cast<std::size_t>(type_ == Elem::kF32 ? 1 : kGemmColBlock) * max_in;
+  if (bf16_gemm_) {
+    floats = std::max<std::size_t>(bf16_gemm::scratch_bytes(max_in) / sizeof(float),
+                                   static_cast<std::size_t>(max_in));
+  }
   panels_.assign(static_cast<std::size_t>(pool_.threads()), std::vector<float>(floats));
 }
 
@@ -52,7 +67,7 @@ void HostLinear::gemm(const float* x, int n, int in, const void* w, const void* 
     const int cols = std::min(kGemmColBlock, out - c0);
     const void* w_block = static_cast<const char*>(w) + static_cast<std::size_t>(c0) * in * elem;
     const float* panel = static_cast<const float*>(w_block);
-    if (type_ != Elem::kF32) {
+    if (type_ != Elem::kF32 && !bf16_gemm_) {
       float* p = panels_[static_cast<std::size_t>(thread)].data();
       kernels::to_f32(w_block, type_, static_cast<std::int64_t>(cols) * in, p);
       panel = p;
@@ -70,8 +85,14 @@ void HostLinear::gemm(const float* x, int n, int in, const void* w, const void* 
       }
       beta = 1.0f;
     }
-    blas::sgemm(true, rows, cols, in, 1.0f, x + static_cast<std::int64_t>(r0) * in, in, panel, in,
-                beta, y_block, out);
+    const float* x_block = x + static_cast<std::int64_t>(r0) * in;
+    if (bf16_gemm_) {
+      bf16_gemm::multiply(x_block, rows, in, in, static_cast<const std::uint16_t*>(w_block), cols,
+                          beta != 0.0f, y_block, out,
+                          panels_[static_cast<std::size_t>(thread)].data());
+      return;
+    }
+    blas::sgemm(true, rows, cols, in, 1.0f, x_block, in, panel, in, beta, y_block, out);
   });
 }
 

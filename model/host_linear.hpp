@@ -4,7 +4,9 @@
 // [kGemmRowBlock rows][kGemmColBlock outputs], the tiles spread over the thread pool with BLAS
 // itself single-threaded. f16/bf16 weights are not kept as f32 copies: each tile converts its
 // kGemmColBlock rows of W into a per-thread f32 panel first (kGemmColBlock x in floats per thread,
-// 7 MiB at in = 14336), work that is 1/n of the tile's multiply-adds.
+// 7 MiB at in = 14336), work that is 1/n of the tile's multiply-adds. bf16 weights on a CPU with
+// AVX512_BF16 multiply as they are instead (model/host_gemm_bf16.hpp: the activations rounded to
+// bf16, twice the rate), unless f32 is asked for.
 //
 // Decode-sized calls (a few rows) read W in place, one output row at a time
 // (kernels::linear_rows), spread over blocks of outputs: they are bound by reading W, and every
@@ -21,8 +23,13 @@
 namespace kvo::model {
 
 // The BLAS the host path's GEMMs call and the kernels chosen for this CPU, e.g. "OpenBLAS
-// 0.3.21, SkylakeX kernels (chosen for AVX-512)" (model/blas.hpp).
-std::string gemm_library();
+// 0.3.21, SkylakeX kernels (chosen for AVX-512)" (model/blas.hpp), and for `weights` in bf16
+// what multiplies them: "; bf16 weights: AVX512_BF16 (activations rounded to bf16)".
+std::string gemm_library(Elem weights, bool f32_gemm);
+
+// Whether prefill GEMMs of `weights` go through the AVX512_BF16 kernel: bf16 weights, a CPU
+// that has it, and f32 not asked for.
+bool uses_bf16_gemm(Elem weights, bool f32_gemm);
 
 class HostLinear {
  public:
@@ -32,7 +39,8 @@ class HostLinear {
   static constexpr int kDotColBlock = 32;
 
   // max_in: the widest input of any call. Loads OpenBLAS (single-threaded) if need be.
-  HostLinear(ThreadPool& pool, Elem type, int max_in);
+  // f32_gemm: bf16 weights multiply in f32 even where the CPU has AVX512_BF16.
+  HostLinear(ThreadPool& pool, Elem type, int max_in, bool f32_gemm = false);
 
   // y [n][out] = x [n][in] W^T + bias (bias [out] or null); y += instead with `accumulate`.
   void operator()(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
@@ -44,7 +52,10 @@ class HostLinear {
 
   ThreadPool& pool_;
   Elem type_;
-  std::vector<std::vector<float>> panels_;  // [threads][kGemmColBlock * max_in]
+  bool bf16_gemm_;
+  // [threads]: a tile's f32 panel, kGemmColBlock x max_in; with bf16_gemm_, its scratch and the
+  // one row linear_rows converts at a time.
+  std::vector<std::vector<float>> panels_;
 };
 
 }  // namespace kvo::model

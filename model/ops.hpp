@@ -99,6 +99,7 @@ struct OpsShape {
   int threads = 1;                  // host path: threads of its pool
   const float* inv_freq = nullptr;  // [head_dim / 2], device
   bool builtin_attention = false;   // CUDA: the built-in kernels even where FlashInfer serves
+  bool f32_gemm = false;            // host: bf16 weights multiplied in f32 (DecoderOptions)
 };
 
 // Keys a query at `position` attends: [first_key(position), position].

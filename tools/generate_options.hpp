@@ -45,6 +45,7 @@ struct GenerateArgs {
   int threads = 0;  // 0: the cores this process may use
   std::string backend = "auto";
   std::string attention = "auto";
+  std::string gemm = "auto";
   int max_delay_us = 0;
   // Text
   tools::TextOptions text;

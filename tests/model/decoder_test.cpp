@@ -238,6 +238,23 @@ TEST(Decoder, Bf16WeightsStayCloseToF32) {
   EXPECT_GT(testing::relative_error(b.logits[0].data(), a.logits[0].data(), a.logits[0].size()),
             0.0)
       << "bf16 rounding must show";
+  // Where the CPU has AVX512_BF16 the prefill GEMMs round the activations to bf16 (the reference
+  // above models it), and say so; asked for f32, they keep them, and the f32 bound holds.
+  const bool bf16_gemm = uses_bf16_gemm(Elem::kBF16, false);
+  EXPECT_EQ(bf16.gemm_kernels().find("AVX512_BF16") != std::string::npos, bf16_gemm)
+      << bf16.gemm_kernels();
+  o.f32_gemm = true;
+  Decoder bf16_f32_gemm(c, WeightSource{"", 5}, o);
+  EXPECT_EQ(bf16_f32_gemm.gemm_kernels().find("AVX512_BF16"), std::string::npos);
+  const auto f = greedy(bf16_f32_gemm, prompt, 4);
+  testing::ReferenceModel f32_inputs(c, 5, DType::kBF16);
+  f32_inputs.round_inputs_to_bf16(false);
+  expect_within_reference(f32_inputs, prompt, f, {DType::kBF16}, "bf16 weights, f32 GEMMs");
+  if (bf16_gemm) {
+    EXPECT_GT(testing::relative_error(b.logits[0].data(), f.logits[0].data(), f.logits[0].size()),
+              0.0)
+        << "the activations' bf16 rounding must show";
+  }
 }
 
 // Quantized K/V (fp8, int8) through the decoder: a streamed row is the bytes it was appended as

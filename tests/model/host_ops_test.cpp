@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "model/host_attention.hpp"
+#include "model/host_gemm_bf16.hpp"
 #include "model/host_kernels.hpp"
+#include "model/host_linear.hpp"
 #include "model/host_ops.hpp"
 
 namespace kvo::model {
@@ -100,6 +102,10 @@ TEST(HostLinear, MatchesFloat64) {
           std::vector<float> y = y0;
           ops.linear(x.data(), n, in, w.bytes.data(), with_bias ? bias.bytes.data() : nullptr, out,
                      y.data(), accumulate);
+          // The AVX512_BF16 GEMM rounds x to bf16 first: 2^-8 of each term more.
+          const bool rounds_x = n >= HostLinear::kGemmMinRows && uses_bf16_gemm(type, false);
+          const double x_rounding = rounds_x ? 0x1p-8 : 0;
+          double worst = 0;  // the largest error as a share of the f32-only bound
           for (int t = 0; t < n; ++t) {
             for (int o = 0; o < out; ++o) {
               double sum = 0, magnitude = 0;
@@ -108,14 +114,76 @@ TEST(HostLinear, MatchesFloat64) {
                 sum += term;
                 magnitude += std::fabs(term);
               }
+              const double products = magnitude;
               if (with_bias) sum += bias.exact[o], magnitude += std::fabs(bias.exact[o]);
               if (accumulate) sum += y0[t * out + o], magnitude += std::fabs(y0[t * out + o]);
               // A dot product of `in` terms plus the bias and the accumulated value: gamma_(in+2)
-              // of the terms' magnitudes, in any order (f16/bf16 weights are widened exactly).
-              ASSERT_NEAR(y[t * out + o], sum, gamma(in + 2) * magnitude)
+              // of the terms' magnitudes, in any order (f16/bf16 weights are widened exactly);
+              // with x rounded to bf16, 2^-8 of the products' magnitudes before that, and the
+              // instruction's flush of subnormals (2^-126 a term).
+              const double bound = gamma(in + 2) * (magnitude + x_rounding * products) +
+                                   x_rounding * products + in * 0x1p-126;
+              ASSERT_NEAR(y[t * out + o], sum, bound)
                   << "dtype " << static_cast<int>(type) << " n " << n << " t " << t << " o " << o;
+              worst =
+                  std::max(worst, std::fabs(y[t * out + o] - sum) / (gamma(in + 2) * magnitude));
             }
           }
+          // The bf16 GEMM ran (its rounding of x shows), or it did not and f32's bound held.
+          if (rounds_x) {
+            EXPECT_GT(worst, 1) << "n " << n;
+          } else {
+            EXPECT_LE(worst, 1) << "n " << n;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The AVX512_BF16 kernel itself against the exact products of x rounded to bf16 (round to
+// nearest even) and the bf16 weights: only its f32 sums differ, gamma_in of the terms. Widths
+// around the vector, pair and chunk sizes (512 inputs a chunk), columns short of a panel, rows
+// short of a block; y accumulated into or not.
+TEST(Bf16Gemm, MatchesTheExactProductsOfItsRoundedInputs) {
+  if (!bf16_gemm::available()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  std::mt19937 rng(3);
+  std::vector<float> scratch(bf16_gemm::scratch_bytes(0) / sizeof(float));
+  for (const auto& [rows, cols, in] : std::vector<std::tuple<int, int, int>>{{1, 1, 1},
+                                                                             {3, 17, 2},
+                                                                             {8, 32, 31},
+                                                                             {9, 128, 33},
+                                                                             {16, 100, 511},
+                                                                             {5, 128, 512},
+                                                                             {12, 127, 513},
+                                                                             {17, 64, 1100},
+                                                                             {2, 33, 1537}}) {
+    const Values w = random_values(static_cast<std::size_t>(cols) * in, Elem::kBF16, 0.5f, rng);
+    std::vector<float> x = random_floats(static_cast<std::size_t>(rows) * (in + 3), rng);
+    const int ld_x = in + 3, ld_y = cols + 5;
+    for (bool accumulate : {false, true}) {
+      const std::vector<float> y0 = random_floats(static_cast<std::size_t>(rows) * ld_y, rng);
+      std::vector<float> y = y0;
+      bf16_gemm::multiply(x.data(), rows, in, ld_x,
+                          reinterpret_cast<const std::uint16_t*>(w.bytes.data()), cols, accumulate,
+                          y.data(), ld_y, scratch.data());
+      for (int r = 0; r < rows; ++r) {
+        for (int c = 0; c < ld_y; ++c) {
+          const float got = y[r * ld_y + c];
+          if (c >= cols) {  // past the columns: untouched
+            ASSERT_EQ(got, y0[r * ld_y + c]) << r << " " << c;
+            continue;
+          }
+          double sum = accumulate ? y0[r * ld_y + c] : 0;
+          double magnitude = std::fabs(sum);
+          for (int i = 0; i < in; ++i) {
+            const double xi = bf16_to_float(float_to_bf16(x[r * ld_x + i]));
+            const double term = xi * w.exact[static_cast<std::size_t>(c) * in + i];
+            sum += term;
+            magnitude += std::fabs(term);
+          }
+          ASSERT_NEAR(got, sum, gamma(in + 1) * magnitude + in * 0x1p-126)
+              << rows << "x" << cols << "x" << in << " at " << r << ", " << c;
         }
       }
     }

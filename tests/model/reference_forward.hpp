@@ -22,7 +22,10 @@
 // over 10^4 logits fails by chance about once in 10^6 runs.
 //
 // K/V stored in fewer bits (bf16, f16, int8, fp8) enter the same way: each sample adds their
-// storage error as random noise (see store()), so the bound covers what the format loses too.
+// storage error as random noise (see store()), so the bound covers what the format loses too;
+// and so do the activations that the host path's AVX512_BF16 GEMMs round to bf16 (bf16 weights
+// on a CPU that has it, model/host_gemm_bf16.hpp): each input of each product, in every
+// projection (decode rows, which a GEMM does not multiply, are bounded more loosely for it).
 //
 // A run that follows another token path (a near tie the rounding decides) is compared with the
 // reference on its own tokens; a token the reference makes certain (its logit beyond every other
@@ -37,6 +40,7 @@
 #include <vector>
 
 #include "model/decoder.hpp"
+#include "model/host_linear.hpp"
 #include "model/numerics.hpp"
 #include "model/safetensors.hpp"
 #include "model/weights.hpp"
@@ -94,6 +98,7 @@ class ReferenceModel {
       fill_synthetic(layout_, e, seed, region_.data() + e.offset);
     }
     w_ = layout_.bind(region_.data());
+    round_inputs_to_bf16(uses_bf16_gemm(elem(), false));
   }
   ReferenceModel(const ModelConfig& c, std::uint64_t seed) : ReferenceModel(c, seed, c.dtype) {}
   // A checkpoint's weights, converted to `dtype` as the decoder converts them.
@@ -105,7 +110,12 @@ class ReferenceModel {
       std::memcpy(region_.data() + offset, host, n);
     });
     w_ = layout_.bind(region_.data());
+    round_inputs_to_bf16(uses_bf16_gemm(elem(), false));
   }
+
+  // Whether the projections' inputs are rounded to bf16 (half a step, 2^-8 relative, as noise);
+  // by default as the host path's GEMMs do for these weights on this CPU.
+  void round_inputs_to_bf16(bool yes) { bf16_inputs_ = yes; }
 
   // Also model the mean of squares of RMSNorm as a float32 sum (transformers takes it so; the
   // host path in double, with less error): for a bound that covers both.
@@ -140,9 +150,8 @@ class ReferenceModel {
  private:
   using Rows = std::vector<double>;  // [rows][width]
 
-  double weight(const void* base, std::int64_t i) const {
-    return load_elem(base, i, static_cast<Elem>(static_cast<int>(layout_.dtype())));
-  }
+  Elem elem() const { return static_cast<Elem>(static_cast<int>(layout_.dtype())); }
+  double weight(const void* base, std::int64_t i) const { return load_elem(base, i, elem()); }
 
   std::vector<double> forward(const std::vector<std::int32_t>& tokens, KvStorage kv,
                               Rounding& r) const {
@@ -182,12 +191,17 @@ class ReferenceModel {
   Rows linear(const Rows& x, int n, int in, const void* w, const void* bias, int out,
               const Rows* residual, Rounding& r) const {
     Rows y(static_cast<std::size_t>(n) * out);
+    std::vector<double> xt(static_cast<std::size_t>(in));  // row t as the products take it
     for (int t = 0; t < n; ++t) {
+      for (int i = 0; i < in; ++i) {
+        xt[i] = x[t * in + i];
+        if (bf16_inputs_ && r.random()) xt[i] += std::ldexp(std::fabs(xt[i]), -8) * r.uniform();
+      }
       for (int o = 0; o < out; ++o) {
         double sum = residual != nullptr ? (*residual)[t * out + o] : 0;
         if (bias != nullptr) sum = r(sum + weight(bias, o));
         for (int i = 0; i < in; ++i) {
-          sum = r(sum + r(x[t * in + i] * weight(w, std::int64_t{o} * in + i)));
+          sum = r(sum + r(xt[i] * weight(w, std::int64_t{o} * in + i)));
         }
         y[t * out + o] = sum;
       }
@@ -309,6 +323,7 @@ class ReferenceModel {
   std::vector<std::byte> region_;
   ModelWeights w_;
   bool float_mean_square_ = false;
+  bool bf16_inputs_ = false;
 };
 
 // The worst |ours - reference| as a share of its bound (at most 1 when within), and where; and
