@@ -1,6 +1,8 @@
 #include "offload/host_memory.hpp"
 
+#include <algorithm>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "kvoffload/error.hpp"
@@ -10,17 +12,37 @@
 namespace kvo {
 
 std::uint64_t host_available_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  std::uint64_t value = 0;
-  std::string unit;
-  while (meminfo >> key >> value >> unit) {
-    if (key == "MemAvailable:") return value * 1024;
-  }
-  return UINT64_MAX;
+  std::ifstream in("/proc/meminfo");
+  if (!in) return UINT64_MAX;
+  std::ostringstream text;
+  text << in.rdbuf();
+  const offload::MemInfo info = offload::parse_meminfo(text.str());
+  if (info.total == 0 && info.available == 0) return UINT64_MAX;
+  return offload::available_bytes(info);
 }
 
 namespace offload {
+
+MemInfo parse_meminfo(const std::string& text) {
+  MemInfo info;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string key;
+    std::uint64_t kib = 0;
+    if (!(fields >> key >> kib) || kib > UINT64_MAX / 1024) continue;
+    if (key == "MemTotal:") info.total = kib * 1024;
+    if (key == "MemAvailable:") info.available = kib * 1024;
+    if (key == "Committed_AS:") info.committed = kib * 1024;
+  }
+  return info;
+}
+
+std::uint64_t available_bytes(const MemInfo& info) {
+  const std::uint64_t uncommitted = info.total > info.committed ? info.total - info.committed : 0;
+  return std::max(info.available, uncommitted);
+}
 
 void require_host_memory(const CachePlan& plan, BackendKind backend, std::uint64_t available) {
   if (backend == BackendKind::kHost) {

@@ -8,11 +8,29 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kvoffload/plan.hpp"
 #include "kvoffload/types.hpp"
 
 namespace kvo::offload {
+
+// The fields of /proc/meminfo the check reads, in bytes (0 where one is missing).
+struct MemInfo {
+  std::uint64_t total = 0;      // MemTotal
+  std::uint64_t available = 0;  // MemAvailable
+  std::uint64_t committed = 0;  // Committed_AS
+};
+// Parses /proc/meminfo's text ("MemTotal:  24683784 kB" lines).
+MemInfo parse_meminfo(const std::string& text);
+
+// What this machine can give a new allocation: the larger of MemAvailable and MemTotal less
+// Committed_AS. Each undercounts where the other does not: MemAvailable on a virtual machine
+// whose memory is handed to it as it is used (it can start far below MemTotal while almost
+// nothing is committed), MemTotal - Committed_AS where programs reserve more than they touch
+// (it can be below zero). An allocation beyond what the system then gives still fails, and says
+// so.
+std::uint64_t available_bytes(const MemInfo& info);
 
 // Throws kvo::Error(kOutOfMemory) giving what the plan needs, what is available and a remedy
 // that works on `backend` (kCuda or kHost), when the plan's host memory exceeds `available`.

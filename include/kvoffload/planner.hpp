@@ -68,7 +68,8 @@ KVO_API MemoryPlan plan_memory(const MemoryQuery& query);
 // The three strategies side by side. Never throws for a budget they do not fit: `fits` says.
 KVO_API std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query);
 
-// MemAvailable of this machine (UINT64_MAX where it cannot be read).
+// What this machine can give the pinned store: the larger of MemAvailable and MemTotal less
+// Committed_AS (UINT64_MAX where /proc/meminfo cannot be read).
 KVO_API std::uint64_t host_available_bytes();
 
 }  // namespace kvo

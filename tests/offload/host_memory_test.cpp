@@ -7,6 +7,7 @@
 
 #include "expect_error.hpp"
 #include "kvoffload/kvoffload.hpp"
+#include "kvoffload/planner.hpp"
 #include "offload/host_memory.hpp"
 #include "prefetch/host_backend.hpp"
 
@@ -67,6 +68,29 @@ TEST(HostMemory, ACacheBeyondThisMachineIsRefusedBeforeAllocating) {
   c.max_seq = 64;
   { OffloadedStaticCache cache(c); }
   EXPECT_GT(prefetch::HostBackend::allocations_in_process(), before);
+}
+
+// What the machine can give: on a virtual machine whose memory is handed over as it is used,
+// MemAvailable starts far below MemTotal while little is committed, and the store must not be
+// refused for it; where programs reserve more than they touch, Committed_AS passes MemTotal and
+// MemAvailable is the floor.
+TEST(HostMemory, AvailableIsTheLargerOfTwoFloors) {
+  const offload::MemInfo growing = offload::parse_meminfo(
+      "MemTotal:       131072000 kB\nMemFree:         8000000 kB\n"
+      "MemAvailable:    8388608 kB\nCommitted_AS:    2097152 kB\n");
+  EXPECT_EQ(growing.total, 131072000ull * 1024);
+  EXPECT_EQ(growing.available, 8388608ull * 1024);
+  EXPECT_EQ(growing.committed, 2097152ull * 1024);
+  EXPECT_EQ(offload::available_bytes(growing), (131072000ull - 2097152ull) * 1024);
+  const offload::MemInfo overcommitted = {16ull << 30, 10ull << 30, 30ull << 30};
+  EXPECT_EQ(offload::available_bytes(overcommitted), 10ull << 30);
+  // Lines it does not know, and malformed ones, are skipped.
+  const offload::MemInfo odd =
+      offload::parse_meminfo("Hugepagesize: 2048 kB\nMemTotal: x kB\nMemAvailable: 4 kB\n");
+  EXPECT_EQ(odd.total, 0u);
+  EXPECT_EQ(odd.available, 4096u);
+  // And this machine's figure is at least its MemAvailable.
+  EXPECT_GT(host_available_bytes(), 0u);
 }
 
 }  // namespace
