@@ -171,7 +171,11 @@ class AttentionLayer {
   // One decode row at `position` (keys [0, position]).
   double decode(int position) {
     const std::int32_t host_rows[2] = {0, position};
-    check(cudaMemcpy(rows_.ptr, host_rows, sizeof host_rows, cudaMemcpyHostToDevice), "cudaMemcpy");
+    // On the layer's own stream: the previous call's kernels, still running, read these rows. (A
+    // cudaMemcpy on the legacy stream is not ordered after a non-blocking stream's work.) From
+    // pageable memory the call returns once host_rows is staged.
+    check(cudaMemcpyAsync(rows_.ptr, host_rows, sizeof host_rows, cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync");
     model::DecodeRows rows;
     rows.slots = static_cast<const std::int32_t*>(rows_.ptr);
     rows.positions = rows.slots + 1;
