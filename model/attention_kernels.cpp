@@ -15,9 +15,13 @@ bool flashinfer_built() {
 }
 
 std::string AttentionKernels::describe(const ModelConfig& config, DType kv_dtype) const {
-  const std::string what = std::string("FlashInfer (") + dtype_name(kv_dtype) + ", head_dim " +
-                           std::to_string(config.head_dim) + ", GQA group " +
-                           std::to_string(config.heads / config.kv_heads) + ")";
+  const std::string shape = "head_dim " + std::to_string(config.head_dim) + ", GQA group " +
+                            std::to_string(config.heads / config.kv_heads);
+  if (dequant_tiles) {
+    return std::string("FlashInfer over bf16 tiles of ") + std::to_string(tile_keys) + " keys (" +
+           dtype_name(kv_dtype) + " rows dequantized, " + shape + ")";
+  }
+  const std::string what = std::string("FlashInfer (") + dtype_name(kv_dtype) + ", " + shape + ")";
   if (flashinfer_prefill && flashinfer_decode) return what;
   if (flashinfer_prefill) return what + " prefill, built-in decode (" + decode_reason + ")";
   return "built-in kernels (" + prefill_reason + ")";
@@ -38,13 +42,9 @@ AttentionKernels choose_attention_kernels(const ModelConfig& c, DType kv_dtype, 
     k.prefill_reason = "asked for";
   } else if (!flashinfer_built()) {
     k.prefill_reason = "this build has no FlashInfer (KVO_WITH_FLASHINFER=OFF)";
-  } else if (is_quantized(kv_dtype)) {
-    k.prefill_reason = std::string(dtype_name(kv_dtype)) +
-                       " rows carry a scale per token and kv head; FlashInfer's quantized K/V "
-                       "kernels take one scale per tensor";
-  } else if (kv_dtype != DType::kBF16 && kv_dtype != DType::kF16) {
-    k.prefill_reason = std::string("FlashInfer's kernels are built for bf16 and f16 K/V, not ") +
-                       dtype_name(kv_dtype);
+  } else if (kv_dtype == DType::kF32) {
+    // FlashInfer computes in bf16 or f16: an f32 cache asks for f32 attention.
+    k.prefill_reason = "f32 K/V attend in f32; FlashInfer's kernels compute in bf16 and f16";
   } else if (c.head_dim != 64 && c.head_dim != 128) {
     k.prefill_reason =
         "FlashInfer's kernels are built for head_dim 64 and 128, not " + std::to_string(c.head_dim);
@@ -56,6 +56,16 @@ AttentionKernels choose_attention_kernels(const ModelConfig& c, DType kv_dtype, 
     k.flashinfer_prefill = true;
   }
   k.decode_reason = k.prefill_reason;
+  if (k.flashinfer_prefill && is_quantized(kv_dtype)) {
+    // Rows with a scale per token and KV head: dequantized into bf16 tiles, both phases through
+    // the prefill kernel (any GQA group), one tile long enough for a chunk and, with a sliding
+    // window, for the window before it too.
+    k.flashinfer_decode = true;
+    k.dequant_tiles = true;
+    const int window = c.sliding_window > 0 ? c.sliding_window - 1 : 0;
+    k.tile_keys = std::max(kDequantTileKeys, max_rows + window);
+    return k;
+  }
   if (k.flashinfer_prefill) {
     if (group != 1 && group != 2 && group != 3 && group != 4 && group != 8) {
       k.decode_reason =
@@ -72,6 +82,16 @@ AttentionKernels choose_attention_kernels(const ModelConfig& c, DType kv_dtype, 
     }
   }
   return k;
+}
+
+std::vector<KeyTile> key_tiles(int first_key, int first_position, int n, int tile) {
+  std::vector<KeyTile> tiles;
+  for (int e = first_position + n; e > first_key;) {
+    const int b = std::max(first_key, e - tile);
+    tiles.push_back({b, e, tiles.empty()});
+    e = b;  // the next tile ends where this one begins
+  }
+  return tiles;
 }
 
 std::uint64_t flashinfer_prefill_rows_per_sm(int head_dim) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kvoffload/types.hpp"
 #include "model/model_config.hpp"
@@ -24,12 +25,40 @@ inline constexpr int kDecodeBlocksPerSm = 16;
 // SM holds at once, and so FlashInfer's prefill split-KV scratch.
 inline constexpr std::uint64_t kMaxSharedMemoryPerSm = 228ull << 10;
 
+// Keys of one bf16 tile of a quantized cache (fp8, int8), which FlashInfer cannot read in place
+// (one scale per token and KV head; its quantized kernels take one per tensor): each tile of a
+// layer's rows is dequantized into bf16, attended by FlashInfer's prefill kernel with its
+// log-sum-exp, and the tiles' outputs are merged exactly (lse_merge, model/numerics.hpp). 4096
+// keys: 16 MiB of K and V tiles at Llama-3-8B's shape, and tiles long enough that a 2048-row
+// chunk's attention runs at FlashInfer's full rate.
+inline constexpr int kDequantTileKeys = 4096;
+
+// One tile of keys [begin, end) for a chunk of query rows: `causal` for the tile that holds the
+// rows' own keys (FlashInfer's causal mask, aligned to the bottom right), unmasked before it.
+struct KeyTile {
+  int begin = 0;
+  int end = 0;
+  bool causal = false;
+};
+
+// The tiles of the query rows [first_position, first_position + n) over keys [first_key,
+// first_position + n), from the end backwards, each of at most `tile` keys: the first returned
+// is the causal one and starts at first_key or at first_position + n - tile, the others lie
+// before first_position and are whole tiles except the last one returned.
+// REQUIRES: n >= 1, 0 <= first_key <= first_position, tile >= n; with a sliding window,
+// tile >= first_position + n - first_key, so that one causal tile carries the window's mask.
+std::vector<KeyTile> key_tiles(int first_key, int first_position, int n, int tile);
+
 // Prefill and decode are chosen apart: FlashInfer's prefill serves any GQA group, its decode
 // only some (Qwen2.5-7B's group of 7 prefills with FlashInfer and decodes with the built-in
 // kernels).
 struct AttentionKernels {
   bool flashinfer_prefill = false;
   bool flashinfer_decode = false;
+  // fp8/int8 K/V: both phases through FlashInfer's prefill kernel over bf16 tiles of
+  // `tile_keys` keys (a decode row is a chunk of one); the K/V tiles are part of the workspace.
+  bool dequant_tiles = false;
+  int tile_keys = 0;
   // FlashInfer decode reads each slot as pages of `page_size` tokens: the largest power of two
   // up to 64 that divides max_seq, so a slot's pages are whole and in order.
   int page_size = 0;

@@ -114,6 +114,10 @@ class CudaOps final : public Ops {
   void attention_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
                          float* out) override {
     if (n == 0) return;
+    if (layout_.kernels.dequant_tiles) {
+      tiled_prefill(q, n, slot, first_position, view, out);
+      return;
+    }
     if (!layout_.kernels.flashinfer_prefill) {
       builtin_prefill(q, n, slot, first_position, view, out);
       return;
@@ -138,6 +142,10 @@ class CudaOps final : public Ops {
   void attention_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
                         float* out) override {
     if (n == 0) return;
+    if (layout_.kernels.dequant_tiles) {
+      tiled_decode(q, n, rows, view, out);
+      return;
+    }
     if (!layout_.kernels.flashinfer_decode) {
       builtin_decode(q, n, rows, view, out);
       return;
@@ -193,6 +201,80 @@ class CudaOps final : public Ops {
   }
 
  private:
+  // A quantized cache through FlashInfer (attention_kernels.hpp, kDequantTileKeys): the queries
+  // in bf16, then per tile of keys (key_tiles): the tile dequantized into bf16, FlashInfer's
+  // prefill kernel over it (causal for the queries' own tile, unmasked before it) with its
+  // log-sum-exp, and its output merged into `out` in f32. A decode row is a chunk of one.
+  void tiled_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
+                     float* out) {
+    const ModelConfig& c = shape_.config;
+    cuda::convert(q, static_cast<std::int64_t>(n) * c.q_dim(), attn_q_, Elem::kBF16, stream_);
+    attend_tiles(attn_q_, n, slot, first_position, view, out);
+  }
+  void tiled_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
+                    float* out) {
+    if (n > shape_.max_decode_rows) {
+      throw Error(ErrorCode::kInternal, "attention_decode: more rows than the plan's slots");
+    }
+    const ModelConfig& c = shape_.config;
+    const std::int64_t q_dim = static_cast<std::int64_t>(c.q_dim());
+    cuda::convert(q, n * q_dim, attn_q_, Elem::kBF16, stream_);
+    for (int i = 0; i < n; ++i) {
+      attend_tiles(attn_q_ + i * q_dim * 2, 1, rows.host_slots[i], rows.host_positions[i], view,
+                   out + i * q_dim);
+    }
+  }
+  // Rows [first_position, first_position + n) of `slot`, queries q_bf16 [n][heads][d].
+  void attend_tiles(const std::byte* q_bf16, int n, int slot, int first_position,
+                    const LayerView& view, float* out) {
+    const ModelConfig& c = shape_.config;
+    const int d = c.head_dim;
+    const int tile_keys = layout_.kernels.tile_keys;
+    std::byte* k_tile = base_ + layout_.kv_tile;
+    std::byte* v_tile = k_tile + static_cast<std::int64_t>(tile_keys) * c.kv_dim() * 2;
+    auto* tile_lse = reinterpret_cast<float*>(base_ + layout_.tile_lse);
+    auto* run_lse = reinterpret_cast<float*>(base_ + layout_.run_lse);
+    flashinfer_ops::KvLayer tile;  // [1][tile_keys][kv_heads][d] bf16
+    tile.k = k_tile;
+    tile.v = v_tile;
+    tile.type = Elem::kBF16;
+    tile.token_stride = c.kv_dim();
+    tile.head_stride = d;
+    tile.slot_stride = static_cast<std::int64_t>(tile_keys) * tile.token_stride;
+    tile.kv_heads = c.kv_heads;
+    tile.head_dim = d;
+    tile.max_seq = tile_keys;
+    const std::vector<KeyTile> tiles =
+        key_tiles(first_key(c, first_position), first_position, n, tile_keys);
+    for (std::size_t i = 0; i < tiles.size(); ++i) {
+      const KeyTile& t = tiles[i];
+      const int keys = t.end - t.begin;
+      const std::int64_t offset = slot * view.slot_stride + t.begin * view.token_stride;
+      cuda::gather_kv_block(view.k, view.v, elem(view.dtype), offset, view.token_stride,
+                            view.head_stride, view.k_scale_offset, keys, c.kv_heads, d, k_tile,
+                            v_tile, Elem::kBF16, stream_);
+      flashinfer_ops::PrefillCall call;
+      call.q = q_bf16;
+      call.out = attn_out_;
+      call.n = n;
+      call.heads = c.heads;
+      call.sm_scale = sm_scale();
+      call.tmp = prefill_tmp_;
+      call.tmp_bytes = layout_.prefill_tmp_bytes;
+      call.lse = tile_lse;
+      if (t.causal) {
+        call.first_position = first_position - t.begin;
+        call.window_left = window_left();
+        flashinfer_ops::prefill(tile, call, stream_);
+      } else {
+        call.keys = keys;
+        flashinfer_ops::prefill_unmasked(tile, call, stream_);
+      }
+      cuda::merge_attention_tile(attn_out_, Elem::kBF16, tile_lse, n, c.heads, d, i == 0, out,
+                                 run_lse, stream_);
+    }
+  }
+
   // The built-in kernels, for shapes FlashInfer does not serve.
   //
   // Prefill: keys in blocks of B = kPrefillKeyBlock, per block: S = scale Q K^T (cuBLAS, f32; a
@@ -237,7 +319,7 @@ class CudaOps final : public Ops {
       } else {
         cuda::gather_kv_block(view.k, view.v, elem(view.dtype), offset, view.token_stride,
                               view.head_stride, view.k_scale_offset, keys, c.kv_heads, d, k_block,
-                              v_block, stream_);
+                              v_block, Elem::kF32, stream_);
         k_rows = k_block;
         v_rows = v_block;
         ld = c.kv_dim();
@@ -284,7 +366,7 @@ class CudaOps final : public Ops {
   void setup_flashinfer() {
     attn_q_ = base_ + layout_.attn_q;
     attn_out_ = base_ + layout_.attn_out;
-    if (layout_.kernels.flashinfer_decode) {
+    if (layout_.kernels.flashinfer_decode && !layout_.kernels.dequant_tiles) {
       decode_ws_.float_buffer = base_ + layout_.decode_float;
       decode_ws_.float_bytes = layout_.decode_float_bytes;
       decode_ws_.int_buffer = base_ + layout_.decode_int;

@@ -142,14 +142,29 @@ void prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream) {
   const bool bf16 = kv.type == Elem::kBF16;
   switch (kv.head_dim) {
     case 64:
-      status = bf16 ? run_prefill<Elem::kBF16, 64>(kv, c, stream)
-                    : run_prefill<Elem::kF16, 64>(kv, c, stream);
+      status = bf16 ? run_prefill<Elem::kBF16, 64, true>(kv, c, stream)
+                    : run_prefill<Elem::kF16, 64, true>(kv, c, stream);
       break;
     default:
-      status = bf16 ? run_prefill<Elem::kBF16, 128>(kv, c, stream)
-                    : run_prefill<Elem::kF16, 128>(kv, c, stream);
+      status = bf16 ? run_prefill<Elem::kBF16, 128, true>(kv, c, stream)
+                    : run_prefill<Elem::kF16, 128, true>(kv, c, stream);
       break;
   }
+  KVO_MODEL_CUDA_CHECK(status);
+  KVO_MODEL_LAUNCH_CHECK();
+}
+
+void prefill_unmasked(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream) {
+  if (call.n == 0) return;
+  check_layer(kv);
+  if (kv.type != Elem::kBF16 || call.keys < 1 || call.window_left != -1) {
+    throw internal("an unmasked prefill takes bf16 tiles of at least one key and no window");
+  }
+  PrefillCall c = call;
+  if (call.heads * (kv.head_dim / 8) > 1024) c.tmp = nullptr;  // as in prefill()
+  const cudaError_t status = kv.head_dim == 64
+                                 ? run_prefill<Elem::kBF16, 64, false>(kv, c, stream)
+                                 : run_prefill<Elem::kBF16, 128, false>(kv, c, stream);
   KVO_MODEL_CUDA_CHECK(status);
   KVO_MODEL_LAUNCH_CHECK();
 }

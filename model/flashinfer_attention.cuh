@@ -149,35 +149,40 @@ cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWo
   }
 }
 
-template <Elem E, int kHeadDim>
+template <Elem E, int kHeadDim, bool kCausal>
 cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream) {
   namespace fi = ::flashinfer;
   using T = typename ElementType<E>::type;
   using Params = fi::SinglePrefillParams<T, T, T>;
-  // With a window, keys before the first row's window are never read: the keys start there, and
-  // the causal mask (aligned to the bottom right) and the window (relative to the query) hold
-  // for the shorter range as they did for the whole one.
-  const int first_key =
-      call.window_left >= 0 ? std::max(0, call.first_position - call.window_left) : 0;
+  constexpr fi::MaskMode kMask = kCausal ? fi::MaskMode::kCausal : fi::MaskMode::kNone;
+  // Causal: with a window, keys before the first row's window are never read: the keys start
+  // there, and the causal mask (aligned to the bottom right) and the window (relative to the
+  // query) hold for the shorter range as they did for the whole one. Unmasked: keys [0, keys).
+  int first_key = 0;
+  int kv_len = call.keys;
+  if constexpr (kCausal) {
+    first_key = call.window_left >= 0 ? std::max(0, call.first_position - call.window_left) : 0;
+    kv_len = call.first_position + call.n - first_key;
+  }
   const std::int64_t offset = static_cast<std::int64_t>(call.slot) * kv.slot_stride +
                               static_cast<std::int64_t>(first_key) * kv.token_stride;
   try {
     Params params(static_cast<T*>(const_cast<void*>(call.q)),
                   static_cast<T*>(const_cast<void*>(kv.k)) + offset,
                   static_cast<T*>(const_cast<void*>(kv.v)) + offset,
-                  /*maybe_custom_mask=*/nullptr, static_cast<T*>(call.out), /*lse=*/nullptr,
+                  /*maybe_custom_mask=*/nullptr, static_cast<T*>(call.out), call.lse,
                   /*maybe_alibi_slopes=*/nullptr, static_cast<std::uint32_t>(call.heads),
                   static_cast<std::uint32_t>(kv.kv_heads), static_cast<std::uint32_t>(call.n),
-                  static_cast<std::uint32_t>(call.first_position + call.n - first_key),
+                  static_cast<std::uint32_t>(kv_len),
                   static_cast<std::uint32_t>(call.heads * kHeadDim), kHeadDim,
                   static_cast<std::uint32_t>(kv.token_stride),
                   static_cast<std::uint32_t>(kv.head_stride), kHeadDim, call.window_left,
                   /*logits_soft_cap=*/0.0f, call.sm_scale, /*rope_scale=*/1.0f,
                   /*rope_theta=*/1.0f);
     return fi::SinglePrefillWithKVCacheDispatched<kHeadDim, kHeadDim, fi::PosEncodingMode::kNone,
-                                                  /*USE_FP16_QK_REDUCTION=*/false,
-                                                  fi::MaskMode::kCausal, Variant>(
-        params, static_cast<T*>(call.tmp), stream);
+                                                  /*USE_FP16_QK_REDUCTION=*/false, kMask,
+                                                  Variant>(params, static_cast<T*>(call.tmp),
+                                                           stream);
   } catch (const fi::Error& e) {
     throw Error(ErrorCode::kInternal, std::string("FlashInfer prefill: ") + e.what());
   }
@@ -193,6 +198,10 @@ cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t
                                         const std::int32_t*, const std::int32_t*,                  \
                                         const std::int32_t*, cudaStream_t);
 #define KVO_FLASHINFER_DECODE(E) KVO_FLASHINFER_DECODE_FOR(E, 64) KVO_FLASHINFER_DECODE_FOR(E, 128)
-#define KVO_FLASHINFER_PREFILL(E)                                                            \
-  template cudaError_t run_prefill<E, 64>(const KvLayer&, const PrefillCall&, cudaStream_t); \
-  template cudaError_t run_prefill<E, 128>(const KvLayer&, const PrefillCall&, cudaStream_t);
+#define KVO_FLASHINFER_PREFILL_FOR(E, CAUSAL)                                        \
+  template cudaError_t run_prefill<E, 64, CAUSAL>(const KvLayer&, const PrefillCall&, \
+                                                  cudaStream_t);                      \
+  template cudaError_t run_prefill<E, 128, CAUSAL>(const KvLayer&, const PrefillCall&, \
+                                                   cudaStream_t);
+#define KVO_FLASHINFER_PREFILL(E) KVO_FLASHINFER_PREFILL_FOR(E, true)
+#define KVO_FLASHINFER_PREFILL_UNMASKED(E) KVO_FLASHINFER_PREFILL_FOR(E, false)

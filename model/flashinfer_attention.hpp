@@ -69,7 +69,8 @@ struct DecodeCall {
 };
 
 // The query rows [first_position, first_position + n) of one slot over its keys
-// [0, first_position + n), causal.
+// [0, first_position + n), causal (prefill); or, unmasked (prefill_unmasked), over keys
+// [0, keys) of the slot, every row seeing every key.
 struct PrefillCall {
   const void* q = nullptr;  // [n][heads][head_dim] (type), device
   void* out = nullptr;      // [n][heads][head_dim] (type), device
@@ -81,6 +82,8 @@ struct PrefillCall {
   float sm_scale = 1;
   void* tmp = nullptr;  // split-KV partials, tmp_bytes; nullptr: never split the keys
   std::size_t tmp_bytes = 0;
+  int keys = 0;           // prefill_unmasked: the keys
+  float* lse = nullptr;   // [n][heads] f32, FlashInfer's log-sum-exp (log2 domain); may be null
 };
 
 // Both throw kvo::Error(kDevice) for a CUDA failure and kInternal for a shape FlashInfer does not
@@ -90,6 +93,9 @@ struct PrefillCall {
 void decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& workspace,
             cudaStream_t stream);
 void prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
+// Over keys [0, call.keys) of the slot with no mask (bf16 only: the tiles of a quantized cache
+// before the queries' own keys). REQUIRES: call.keys >= 1, call.window_left == -1.
+void prefill_unmasked(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
 
 // The instantiations behind them, one translation unit per (kernel, dtype) for a parallel build.
 // plan_decode: FlashInfer's schedule for rows whose page ranges are `host_indptr` [n + 1], written
@@ -102,7 +108,7 @@ template <Elem E, int kHeadDim>
 cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWorkspace& workspace,
                        const std::int32_t* indptr, const std::int32_t* last_page_len,
                        const std::int32_t* indices, cudaStream_t stream);
-template <Elem E, int kHeadDim>
+template <Elem E, int kHeadDim, bool kCausal>
 cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
 
 }  // namespace kvo::model::flashinfer_ops

@@ -77,13 +77,20 @@ struct PrefillBlock {
   bool first_block = false;
 };
 
-// k_out, v_out [keys][kv_heads][head_dim] f32 = keys [0, keys) of k and v (type), which start at
-// element `offset` (a slot's first key of the block) with the cache's token and head strides;
-// quantized rows are scaled by their heads' scales, `scale_offset` bytes into each row.
+// k_out, v_out [keys][kv_heads][head_dim] (out_type: f32, or bf16 rounded to nearest even) =
+// keys [0, keys) of k and v (type), which start at element `offset` (a slot's first key of the
+// block) with the cache's token and head strides; quantized rows are scaled by their heads'
+// scales, `scale_offset` bytes into each row.
 void gather_kv_block(const void* k, const void* v, Elem type, std::int64_t offset,
                      std::int64_t token_stride, std::int64_t head_stride, std::int64_t scale_offset,
-                     int keys, int kv_heads, int head_dim, float* k_out, float* v_out,
-                     cudaStream_t stream);
+                     int keys, int kv_heads, int head_dim, void* k_out, void* v_out,
+                     Elem out_type, cudaStream_t stream);
+// out [n][heads][head_dim] f32 and lse [n][heads] (log2 domain) merged with one tile's output
+// tile_out [n][heads][head_dim] (tile_type) and tile_lse [n][heads] (lse_merge,
+// model/numerics.hpp); `first`: out and lse take the tile's.
+void merge_attention_tile(const void* tile_out, Elem tile_type, const float* tile_lse, int n,
+                          int heads, int head_dim, bool first, float* out, float* lse,
+                          cudaStream_t stream);
 // scores [heads][n][key_stride]: the block's scaled scores, replaced by exp(score - running max)
 // (0 where masked: causal, and sliding_window); stats [2][heads][n] (running max, running sum)
 // updated, out [n][heads][head_dim] rescaled to the new max (zeroed on the first keys seen).

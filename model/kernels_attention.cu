@@ -133,8 +133,8 @@ __global__ void merge_kernel(const float* partials, int heads, int head_dim, int
 // grid (keys, kv_heads); threads over head_dim.
 __global__ void gather_kv_kernel(const void* k, const void* v, Elem type, std::int64_t offset,
                                  std::int64_t token_stride, std::int64_t head_stride,
-                                 std::int64_t scale_offset, int head_dim, float* k_out,
-                                 float* v_out) {
+                                 std::int64_t scale_offset, int head_dim, void* k_out,
+                                 void* v_out, Elem out_type) {
   const int key = blockIdx.x;
   const int kv_head = blockIdx.y;
   const std::int64_t row = offset + key * token_stride;
@@ -147,9 +147,24 @@ __global__ void gather_kv_kernel(const void* k, const void* v, Elem type, std::i
     v_scale = kv_scale(v, row, scale_offset, kv_head);
   }
   for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
-    k_out[to + e] = load_elem(k, from + e, type) * k_scale;
-    v_out[to + e] = load_elem(v, from + e, type) * v_scale;
+    store_elem(k_out, to + e, out_type, load_elem(k, from + e, type) * k_scale);
+    store_elem(v_out, to + e, out_type, load_elem(v, from + e, type) * v_scale);
   }
+}
+
+// grid (n, heads): out [row][head] merged with a tile's output (lse_merge).
+__global__ void merge_tile_kernel(const void* tile_out, Elem tile_type, const float* tile_lse,
+                                  int heads, int head_dim, bool first, float* out, float* lse) {
+  const int at = blockIdx.x * heads + blockIdx.y;
+  const LseMerge m =
+      first ? LseMerge{0.0f, 1.0f, tile_lse[at]} : lse_merge(lse[at], tile_lse[at]);
+  const std::int64_t base = static_cast<std::int64_t>(at) * head_dim;
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
+    const float t = load_elem(tile_out, base + e, tile_type);
+    out[base + e] = first ? t : m.keep * out[base + e] + m.take * t;
+  }
+  __syncthreads();  // every thread has read lse[at] before it changes
+  if (threadIdx.x == 0) lse[at] = m.lse;
 }
 
 // grid (n, heads); one (row, head) per block: the masked online-softmax step of one key block.
@@ -225,12 +240,21 @@ void attention(const AttentionArgs& args, int splits, float* partials, cudaStrea
 
 void gather_kv_block(const void* k, const void* v, Elem type, std::int64_t offset,
                      std::int64_t token_stride, std::int64_t head_stride, std::int64_t scale_offset,
-                     int keys, int kv_heads, int head_dim, float* k_out, float* v_out,
-                     cudaStream_t stream) {
+                     int keys, int kv_heads, int head_dim, void* k_out, void* v_out,
+                     Elem out_type, cudaStream_t stream) {
   if (keys == 0) return;
   gather_kv_kernel<<<dim3(static_cast<unsigned>(keys), static_cast<unsigned>(kv_heads)), kThreads,
                      0, stream>>>(k, v, type, offset, token_stride, head_stride, scale_offset,
-                                  head_dim, k_out, v_out);
+                                  head_dim, k_out, v_out, out_type);
+  KVO_MODEL_LAUNCH_CHECK();
+}
+
+void merge_attention_tile(const void* tile_out, Elem tile_type, const float* tile_lse, int n,
+                          int heads, int head_dim, bool first, float* out, float* lse,
+                          cudaStream_t stream) {
+  if (n == 0) return;
+  merge_tile_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), kThreads, 0,
+                      stream>>>(tile_out, tile_type, tile_lse, heads, head_dim, first, out, lse);
   KVO_MODEL_LAUNCH_CHECK();
 }
 

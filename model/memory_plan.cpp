@@ -29,7 +29,8 @@ WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, DType
   const std::uint64_t heads = static_cast<std::uint64_t>(c.heads);
   const std::uint64_t d = static_cast<std::uint64_t>(c.head_dim);
   const std::uint64_t element = dtype_size(weight_dtype);
-  const std::uint64_t kv_element = dtype_size(kv_dtype);  // FlashInfer's q and out: the K/V type
+  // FlashInfer's q and out: the K/V type, or bf16 for the tiles of a quantized cache.
+  const std::uint64_t kv_element = kernels.dequant_tiles ? 2 : dtype_size(kv_dtype);
   std::uint64_t offset = kCublasWorkspaceBytes;
   auto take = [&offset](std::uint64_t size) {
     const std::uint64_t at = offset;
@@ -44,7 +45,11 @@ WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, DType
     attn_q = take(rows * heads * d * kv_element);
     attn_out = take(rows * heads * d * kv_element);
   }
-  if (kernels.flashinfer_decode) {
+  if (kernels.dequant_tiles) {
+    tile_lse = take(f * rows * heads);
+    run_lse = take(f * rows * heads);
+    kv_tile = take(2 * static_cast<std::uint64_t>(kernels.tile_keys) * c.kv_dim() * 2);
+  } else if (kernels.flashinfer_decode) {
     // FlashInfer's decode schedule splits the keys into at most decode_grid / kv_heads partial
     // rows (or none, when the slots alone fill the grid); each array is placed at 16 bytes.
     decode_grid = kPlannedSms * kDecodeBlocksPerSm;

@@ -41,6 +41,11 @@ inline constexpr std::uint64_t kCublasWorkspaceBytes = 32ull << 20;
 //                    page indices [S][max_seq / page_size] int32
 // for its prefill:
 //   prefill_tmp      split-KV partials of prefill: kPlannedSms x rows-per-SM x (d x 2 + 4) bytes
+// With a quantized cache's bf16 tiles (kernels.dequant_tiles: both phases through FlashInfer's
+// prefill kernel, attn_q and attn_out in bf16), T = kernels.tile_keys:
+//   tile_lse         [R][heads] f32: the log-sum-exp of each row over one tile
+//   run_lse          [R][heads] f32: over the tiles merged so far
+//   kv_tile          [2][T][kv_heads][d] bf16: one tile of K, then of V, dequantized
 // With the built-in kernels, for decode:
 //   partials         [S][heads][kMaxAttentionSplits][d + 2] f32
 // and for prefill:
@@ -58,6 +63,7 @@ struct WorkspaceLayout {
   std::uint64_t decode_int = 0, decode_int_bytes = 0;
   std::uint64_t decode_pages = 0, decode_pages_count = 0;  // int32s
   std::uint64_t prefill_tmp = 0, prefill_tmp_bytes = 0;
+  std::uint64_t tile_lse = 0, run_lse = 0, kv_tile = 0;
   std::uint64_t partials = 0;
   std::uint64_t prefill_scores = 0;
   std::uint64_t prefill_stats = 0;

@@ -189,6 +189,27 @@ KVO_HD MergeScales softmax_merge(SoftmaxState& a, SoftmaxState b) {
   return scales;
 }
 
+// Merging a running attention output with the output of another, disjoint, range of keys, both
+// normalized and each with its log-sum-exp in FlashInfer's convention (log2 of the sum of
+// 2^(score * sm_scale * log2 e)): out = keep * out + take * tile, lse = log2(2^lse + 2^tile_lse).
+// -inf is "no keys": a state that has seen none takes the tile whole. Exact up to rounding, in
+// any order of the tiles.
+struct LseMerge {
+  float keep = 0;
+  float take = 1;
+  float lse = -INFINITY;
+};
+
+KVO_HD LseMerge lse_merge(float lse, float tile_lse) {
+  if (lse == -INFINITY) return {0.0f, 1.0f, tile_lse};
+  if (tile_lse == -INFINITY) return {1.0f, 0.0f, lse};
+  const float m = lse > tile_lse ? lse : tile_lse;
+  const float a = exp2f(lse - m);
+  const float b = exp2f(tile_lse - m);
+  const float sum = a + b;
+  return {a / sum, b / sum, m + log2f(sum)};
+}
+
 // One key block of an online softmax for one query row, as the blocked prefill attention runs
 // it: `block_max` is the largest unmasked score of the block (-inf when all are masked). Raises
 // state.max to it and returns the factor by which the running sum and the accumulated values

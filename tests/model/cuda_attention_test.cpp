@@ -360,6 +360,20 @@ TEST(CudaAttention, KernelChoiceFollowsTheShape) {
   EXPECT_EQ(choose(c, DType::kBF16, 4101).page_size, 1);
   EXPECT_EQ(choose(c, DType::kBF16, 4104).page_size, 8);
   EXPECT_FALSE(choose(c, DType::kF32, 4096).any_flashinfer());
+  // fp8 and int8 rows: both phases through FlashInfer over bf16 tiles, any GQA group, a tile long
+  // enough for a chunk and a sliding window before it; never with the built-in kernels asked for.
+  for (DType t : {DType::kFP8E4M3, DType::kInt8}) {
+    const AttentionKernels q = choose(c, t, 131072);
+    EXPECT_TRUE(q.dequant_tiles && q.flashinfer_prefill && q.flashinfer_decode);
+    EXPECT_EQ(q.tile_keys, kDequantTileKeys);
+    EXPECT_NE(q.describe(c, t).find("bf16 tiles of 4096 keys"), std::string::npos)
+        << q.describe(c, t);
+    EXPECT_TRUE(choose(preset("qwen2.5-7b"), t, 4096).dequant_tiles);
+    ModelConfig windowed = preset("mistral-7b");
+    windowed.sliding_window = 4096;
+    EXPECT_EQ(choose_attention_kernels(windowed, t, 1, 32768, 2048).tile_keys, 2048 + 4095);
+    EXPECT_FALSE(choose_attention_kernels(c, t, 1, 4096, 512, true).any_flashinfer());
+  }
   ModelConfig odd = c;
   odd.head_dim = 96;
   EXPECT_NE(choose(odd, DType::kBF16, 4096).prefill_reason.find("head_dim"), std::string::npos);

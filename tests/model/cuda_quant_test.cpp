@@ -4,6 +4,14 @@
 // - the built-in kernels attend over quantized rows (fp8, int8) as the host path does over the
 //   same bytes: prefill after a prefix, and decode of two slots of different lengths, one long
 //   enough to split its keys. Both compute in f32, so 1e-4 * max|v| bounds the difference.
+// - FlashInfer over bf16 tiles (attention_kernels.hpp: head_dim 64 and 128) attends as a float64
+//   reference over the same rows dequantized and rounded to bf16, and over the queries rounded to
+//   bf16: its scores are then exact products summed in f32, and what remains is FlashInfer's
+//   rounding of the softmax weights to bf16 before P.V (2u max|v|, u = 2^-8), of each tile's
+//   output (u max|v|) and of split-KV partials (u max|v|), merged in f32 as convex combinations:
+//   6u max|v| bounds it. Contexts span several tiles, with and without a sliding window; the
+//   rows' wide-ranging heads make the scores sharp, so a misplaced mask or tile moves outputs by
+//   a large part of max|v|.
 // Skipped without a GPU.
 #include <gtest/gtest.h>
 
@@ -13,6 +21,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda_required.hpp"
@@ -34,6 +43,8 @@ struct QuantShape {
   int slots = 2;
   int max_seq = 3072;
   int max_rows = 512;
+  int sliding_window = 0;
+  bool builtin = true;  // the built-in kernels; false: FlashInfer over bf16 tiles
 };
 
 class QuantRig {
@@ -43,6 +54,7 @@ class QuantRig {
     config_.heads = s.heads;
     config_.kv_heads = s.kv_heads;
     config_.head_dim = s.head_dim;
+    config_.sliding_window = s.sliding_window;
     row_bytes_ = quant_row_bytes(s.kv_heads, s.head_dim);
     OpsShape shape;
     shape.config = config_;
@@ -52,7 +64,9 @@ class QuantRig {
     shape.max_decode_rows = s.slots;
     shape.max_seq = s.max_seq;
     shape.threads = 2;
-    const WorkspaceLayout layout(config_, DType::kBF16, s.dtype, s.max_rows, s.slots, s.max_seq);
+    shape.builtin_attention = s.builtin;
+    const WorkspaceLayout layout(config_, DType::kBF16, s.dtype, s.max_rows, s.slots, s.max_seq,
+                                 s.builtin);
     kernels_ = layout.kernels;
     const std::uint64_t f = sizeof(float);
     const std::uint64_t rows = static_cast<std::uint64_t>(s.max_rows);
@@ -138,8 +152,11 @@ class QuantRig {
     ops_->attention_prefill(dq, n, slot, first, view, dout);
     cache_->release(0, stream_);
     cache_->end_step();
-    std::vector<float> host(q.size());
-    host_ops_->attention_prefill(q.data(), n, slot, first, host_view(view), host.data());
+    std::vector<float> host;
+    if (s_.builtin) {  // the host path's attention, which the built-in kernels are held to
+      host.resize(q.size());
+      host_ops_->attention_prefill(q.data(), n, slot, first, host_view(view), host.data());
+    }
     return {download(dout, q.size()), host};
   }
 
@@ -171,9 +188,64 @@ class QuantRig {
     ops_->attention_decode(dq, n, decode_rows, view, dout);
     cache_->release(0, stream_);
     cache_->end_step();
-    std::vector<float> host(q.size());
-    host_ops_->attention_decode(q.data(), n, decode_rows, host_view(view), host.data());
+    std::vector<float> host;
+    if (s_.builtin) {
+      host.resize(q.size());
+      host_ops_->attention_decode(q.data(), n, decode_rows, host_view(view), host.data());
+    }
     return {download(dout, q.size()), host};
+  }
+
+  // Worst |out - reference| / max|v| over the heads of query row `row` of q (at `position` of
+  // `slot`), the reference in float64 over the rows dequantized and rounded to bf16, and the
+  // query rounded to bf16, as the tiles hold them.
+  double bf16_tile_error(const std::vector<float>& q, const std::vector<float>& out, int row,
+                         int slot, int position) const {
+    const int d = s_.head_dim;
+    const int group = s_.heads / s_.kv_heads;
+    const int first = s_.sliding_window > 0 ? std::max(0, position - s_.sliding_window + 1) : 0;
+    const auto bf16 = [](float x) { return static_cast<double>(bf16_to_float(float_to_bf16(x))); };
+    std::vector<float> k_row(static_cast<std::size_t>(config_.kv_dim())), v_row(k_row.size());
+    const int keys = position + 1 - first;
+    std::vector<double> k(static_cast<std::size_t>(keys) * config_.kv_dim()), v(k.size());
+    double vmax = 0;
+    for (int j = first; j <= position; ++j) {
+      const std::size_t at = (static_cast<std::size_t>(slot) * s_.max_seq + j) * row_bytes_;
+      dequantize_row(host_k_.data() + at, s_.kv_heads, d, s_.dtype, k_row.data());
+      dequantize_row(host_v_.data() + at, s_.kv_heads, d, s_.dtype, v_row.data());
+      for (std::size_t e = 0; e < k_row.size(); ++e) {
+        k[static_cast<std::size_t>(j - first) * k_row.size() + e] = bf16(k_row[e]);
+        v[static_cast<std::size_t>(j - first) * k_row.size() + e] = bf16(v_row[e]);
+        vmax = std::max(vmax, std::fabs(bf16(v_row[e])));
+      }
+    }
+    double worst = 0;
+    std::vector<double> scores(static_cast<std::size_t>(keys));
+    for (int h = 0; h < s_.heads; ++h) {
+      const int g = h / group;
+      const float* qh = q.data() + (static_cast<std::size_t>(row) * s_.heads + h) * d;
+      double top = -INFINITY;
+      for (int j = 0; j < keys; ++j) {
+        const double* kj = k.data() + (static_cast<std::size_t>(j) * s_.kv_heads + g) * d;
+        double dot = 0;
+        for (int e = 0; e < d; ++e) dot += bf16(qh[e]) * kj[e];
+        scores[static_cast<std::size_t>(j)] = dot / std::sqrt(static_cast<double>(d));
+        top = std::max(top, scores[static_cast<std::size_t>(j)]);
+      }
+      std::vector<double> o(static_cast<std::size_t>(d), 0.0);
+      double sum = 0;
+      for (int j = 0; j < keys; ++j) {
+        const double p = std::exp(scores[static_cast<std::size_t>(j)] - top);
+        sum += p;
+        const double* vj = v.data() + (static_cast<std::size_t>(j) * s_.kv_heads + g) * d;
+        for (int e = 0; e < d; ++e) o[static_cast<std::size_t>(e)] += p * vj[e];
+      }
+      const float* got = out.data() + (static_cast<std::size_t>(row) * s_.heads + h) * d;
+      for (int e = 0; e < d; ++e) {
+        worst = std::max(worst, std::fabs(got[e] - o[static_cast<std::size_t>(e)] / sum));
+      }
+    }
+    return worst / vmax;
   }
 
   // Largest |v| over the rows held: the scale of the attention outputs.
@@ -245,7 +317,7 @@ TEST(CudaQuant, QuantizedRowsAreTheHostsBitsAndAttendAsOnTheHost) {
       s.kv_heads = kv_heads;
       s.heads = kv_heads * 4;
       s.head_dim = head_dim;
-      QuantRig rig(s);
+      QuantRig rig(s);  // the built-in kernels, asked for
       const std::string what = std::string(dtype_name(dtype)) + ", " + std::to_string(kv_heads) +
                                " kv heads of " + std::to_string(head_dim);
       EXPECT_FALSE(rig.kernels().any_flashinfer()) << what;
@@ -260,6 +332,51 @@ TEST(CudaQuant, QuantizedRowsAreTheHostsBitsAndAttendAsOnTheHost) {
         EXPECT_LE(worst_difference(device, host), tolerance) << what << " decode " << step;
       }
       EXPECT_EQ(rig.mismatched_bytes(), 0) << what << ": device and host quantized differently";
+    }
+  }
+}
+
+// FlashInfer over bf16 tiles of 4096 keys: a prefix of 9000 keys (three tiles, the last one
+// short) prefilled in chunks, a chunk attended after it, and decode steps of a long and a short
+// slot; with a sliding window, one causal tile holds each chunk's window.
+TEST(CudaQuant, FlashInferOverBf16TilesAttendsAsItsRoundedRows) {
+  KVO_SKIP_WITHOUT_CUDA();
+  if (!flashinfer_built()) GTEST_SKIP() << "this build has no FlashInfer";
+  const double tolerance = 6 * 0x1p-8;
+  for (DType dtype : {DType::kFP8E4M3, DType::kInt8}) {
+    for (auto [kv_heads, head_dim, window] :
+         {std::tuple{8, 128, 0}, std::tuple{3, 64, 0}, std::tuple{8, 128, 700}}) {
+      QuantShape s;
+      s.dtype = dtype;
+      s.kv_heads = kv_heads;
+      s.heads = kv_heads * 4;
+      s.head_dim = head_dim;
+      s.sliding_window = window;
+      s.max_seq = 9600;
+      s.builtin = false;
+      QuantRig rig(s);
+      const std::string what = std::string(dtype_name(dtype)) + ", " + std::to_string(kv_heads) +
+                               " kv heads of " + std::to_string(head_dim) + ", window " +
+                               std::to_string(window);
+      ASSERT_TRUE(rig.kernels().dequant_tiles) << what;
+      EXPECT_EQ(rig.kernels().tile_keys, kDequantTileKeys) << what;
+      for (int i = 0; i < 18; ++i) rig.prefill(1, 500, rig.queries(500));
+      const std::vector<float> q = rig.queries(300);
+      const std::vector<float> out = rig.prefill(1, 300, q).first;
+      for (int row : {0, 1, 77, 150, 298, 299}) {
+        EXPECT_LE(rig.bf16_tile_error(q, out, row, 1, 9000 + row), tolerance)
+            << what << " prefill row " << row;
+      }
+      rig.prefill(0, 40, rig.queries(40));
+      for (int step = 0; step < 3; ++step) {
+        const std::vector<float> dq = rig.queries(2);
+        const std::vector<float> device = rig.decode({1, 0}, dq).first;
+        EXPECT_LE(rig.bf16_tile_error(dq, device, 0, 1, 9300 + step), tolerance)
+            << what << " decode slot 1, step " << step;
+        EXPECT_LE(rig.bf16_tile_error(dq, device, 1, 0, 40 + step), tolerance)
+            << what << " decode slot 0, step " << step;
+      }
+      EXPECT_EQ(rig.mismatched_bytes(), 0) << what;
     }
   }
 }
