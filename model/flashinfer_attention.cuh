@@ -180,9 +180,8 @@ cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t
                   /*logits_soft_cap=*/0.0f, call.sm_scale, /*rope_scale=*/1.0f,
                   /*rope_theta=*/1.0f);
     return fi::SinglePrefillWithKVCacheDispatched<kHeadDim, kHeadDim, fi::PosEncodingMode::kNone,
-                                                  /*USE_FP16_QK_REDUCTION=*/false, kMask,
-                                                  Variant>(params, static_cast<T*>(call.tmp),
-                                                           stream);
+                                                  /*USE_FP16_QK_REDUCTION=*/false, kMask, Variant>(
+        params, static_cast<T*>(call.tmp), stream);
   } catch (const fi::Error& e) {
     throw Error(ErrorCode::kInternal, std::string("FlashInfer prefill: ") + e.what());
   }
@@ -198,9 +197,9 @@ cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t
                                         const std::int32_t*, const std::int32_t*,                  \
                                         const std::int32_t*, cudaStream_t);
 #define KVO_FLASHINFER_DECODE(E) KVO_FLASHINFER_DECODE_FOR(E, 64) KVO_FLASHINFER_DECODE_FOR(E, 128)
-#define KVO_FLASHINFER_PREFILL_FOR(E, CAUSAL)                                        \
-  template cudaError_t run_prefill<E, 64, CAUSAL>(const KvLayer&, const PrefillCall&, \
-                                                  cudaStream_t);                      \
+#define KVO_FLASHINFER_PREFILL_FOR(E, CAUSAL)                                          \
+  template cudaError_t run_prefill<E, 64, CAUSAL>(const KvLayer&, const PrefillCall&,  \
+                                                  cudaStream_t);                       \
   template cudaError_t run_prefill<E, 128, CAUSAL>(const KvLayer&, const PrefillCall&, \
                                                    cudaStream_t);
 #define KVO_FLASHINFER_PREFILL(E) KVO_FLASHINFER_PREFILL_FOR(E, true)

@@ -82,8 +82,8 @@ struct PrefillCall {
   float sm_scale = 1;
   void* tmp = nullptr;  // split-KV partials, tmp_bytes; nullptr: never split the keys
   std::size_t tmp_bytes = 0;
-  int keys = 0;           // prefill_unmasked: the keys
-  float* lse = nullptr;   // [n][heads] f32, FlashInfer's log-sum-exp (log2 domain); may be null
+  int keys = 0;          // prefill_unmasked: the keys
+  float* lse = nullptr;  // [n][heads] f32, FlashInfer's log-sum-exp (log2 domain); may be null
 };
 
 // Both throw kvo::Error(kDevice) for a CUDA failure and kInternal for a shape FlashInfer does not

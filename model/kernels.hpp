@@ -83,8 +83,8 @@ struct PrefillBlock {
 // scales, `scale_offset` bytes into each row.
 void gather_kv_block(const void* k, const void* v, Elem type, std::int64_t offset,
                      std::int64_t token_stride, std::int64_t head_stride, std::int64_t scale_offset,
-                     int keys, int kv_heads, int head_dim, void* k_out, void* v_out,
-                     Elem out_type, cudaStream_t stream);
+                     int keys, int kv_heads, int head_dim, void* k_out, void* v_out, Elem out_type,
+                     cudaStream_t stream);
 // out [n][heads][head_dim] f32 and lse [n][heads] (log2 domain) merged with one tile's output
 // tile_out [n][heads][head_dim] (tile_type) and tile_lse [n][heads] (lse_merge,
 // model/numerics.hpp); `first`: out and lse take the tile's.

@@ -133,8 +133,8 @@ __global__ void merge_kernel(const float* partials, int heads, int head_dim, int
 // grid (keys, kv_heads); threads over head_dim.
 __global__ void gather_kv_kernel(const void* k, const void* v, Elem type, std::int64_t offset,
                                  std::int64_t token_stride, std::int64_t head_stride,
-                                 std::int64_t scale_offset, int head_dim, void* k_out,
-                                 void* v_out, Elem out_type) {
+                                 std::int64_t scale_offset, int head_dim, void* k_out, void* v_out,
+                                 Elem out_type) {
   const int key = blockIdx.x;
   const int kv_head = blockIdx.y;
   const std::int64_t row = offset + key * token_stride;
@@ -156,8 +156,7 @@ __global__ void gather_kv_kernel(const void* k, const void* v, Elem type, std::i
 __global__ void merge_tile_kernel(const void* tile_out, Elem tile_type, const float* tile_lse,
                                   int heads, int head_dim, bool first, float* out, float* lse) {
   const int at = blockIdx.x * heads + blockIdx.y;
-  const LseMerge m =
-      first ? LseMerge{0.0f, 1.0f, tile_lse[at]} : lse_merge(lse[at], tile_lse[at]);
+  const LseMerge m = first ? LseMerge{0.0f, 1.0f, tile_lse[at]} : lse_merge(lse[at], tile_lse[at]);
   const std::int64_t base = static_cast<std::int64_t>(at) * head_dim;
   for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
     const float t = load_elem(tile_out, base + e, tile_type);
@@ -240,8 +239,8 @@ void attention(const AttentionArgs& args, int splits, float* partials, cudaStrea
 
 void gather_kv_block(const void* k, const void* v, Elem type, std::int64_t offset,
                      std::int64_t token_stride, std::int64_t head_stride, std::int64_t scale_offset,
-                     int keys, int kv_heads, int head_dim, void* k_out, void* v_out,
-                     Elem out_type, cudaStream_t stream) {
+                     int keys, int kv_heads, int head_dim, void* k_out, void* v_out, Elem out_type,
+                     cudaStream_t stream) {
   if (keys == 0) return;
   gather_kv_kernel<<<dim3(static_cast<unsigned>(keys), static_cast<unsigned>(kv_heads)), kThreads,
                      0, stream>>>(k, v, type, offset, token_stride, head_stride, scale_offset,

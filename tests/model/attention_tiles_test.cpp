@@ -70,8 +70,8 @@ void prefill_call(const std::vector<float>& q, int n, const float* k, const floa
     return;
   }
   const int first_key = window_left >= 0 ? std::max(0, first_position - window_left) : 0;
-  flashinfer_prefill(q, n, k + first_key * d, v + first_key * d, first_position + n - first_key,
-                     d, true, window_left, scale, out, lse);
+  flashinfer_prefill(q, n, k + first_key * d, v + first_key * d, first_position + n - first_key, d,
+                     true, window_left, scale, out, lse);
 }
 
 TEST(KeyTiles, CoverTheChunksKeysOnceAndEndWithTheCausalTile) {
@@ -121,8 +121,8 @@ TEST(KeyTiles, MergedTilesAreAttentionOverEveryKey) {
     const float scale = 0.25f;
     // All the keys at once.
     std::vector<float> expected, expected_lse;
-    prefill_call(q, n, k.data(), v.data(), d, true, first_position, 0, window_left, scale,
-                 expected, expected_lse);
+    prefill_call(q, n, k.data(), v.data(), d, true, first_position, 0, window_left, scale, expected,
+                 expected_lse);
     // Tile by tile, merged in the order key_tiles gives and in reverse.
     const int first_key =
         window > 0 ? std::max(0, first_position - window_left) : 0;  // first_key(c, position)
