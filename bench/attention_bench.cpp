@@ -10,9 +10,12 @@
 //   BM_PrefillAttention  a 1024-row chunk after 8K..128K keys: FLOP/s, and that over the GEMM
 //                        rate above ("gemm_fraction")
 // Both attention benchmarks run the kernels the decoder would (FlashInfer's where they serve the
-// shape); --attention=builtin runs the built-in ones instead.
+// shape; for fp8 and int8 K/V, FlashInfer over dequantized bf16 tiles); --attention=builtin runs
+// the built-in ones instead. --kv-dtype=int8 (or fp8) stores the layer as quantized rows; decode's
+// bytes are then the quantized ones.
 //
-//   kvo_bench_attention [--attention=auto|builtin] [--max-context=N] [Google Benchmark flags]
+//   kvo_bench_attention [--attention=auto|builtin] [--kv-dtype=bf16|f16|fp8|int8]
+//                       [--max-context=N] [Google Benchmark flags]
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -32,6 +35,7 @@ namespace {
 
 struct Setup {
   bool builtin = false;
+  DType kv_dtype = DType::kBF16;
   int max_context = 131072;
   double hbm_bytes_per_s = 0;  // measured by BM_HbmCopy
   double gemm_flop_per_s = 0;  // measured by BM_GemmBf16
@@ -127,13 +131,15 @@ class AttentionLayer {
  public:
   AttentionLayer(int max_seq, int max_rows)
       : config_(model::preset("llama3-8b")),
-        layout_(config_, DType::kBF16, DType::kBF16, max_rows, 1, max_seq, g_setup.builtin),
-        kv_(2 * static_cast<std::size_t>(max_seq) * config_.kv_dim() * 2),
+        layout_(config_, DType::kBF16, g_setup.kv_dtype, max_rows, 1, max_seq, g_setup.builtin),
+        row_bytes_(kv_row_bytes(g_setup.kv_dtype, config_.kv_heads, config_.head_dim)),
+        kv_(2 * static_cast<std::size_t>(max_seq) * row_bytes_),
         workspace_(layout_.bytes),
         rows_(2 * sizeof(std::int32_t)),
         q_(static_cast<std::size_t>(max_rows) * config_.q_dim() * 4),
         out_(static_cast<std::size_t>(max_rows) * config_.q_dim() * 4) {
-    check(cudaMemset(kv_.ptr, 0x3c, 2 * static_cast<std::size_t>(max_seq) * config_.kv_dim() * 2),
+    // Every byte 0x3c: bf16 0.0115, f16 1.06, fp8 1.5, int8 60, and quantized rows' scales 0.0115.
+    check(cudaMemset(kv_.ptr, 0x3c, 2 * static_cast<std::size_t>(max_seq) * row_bytes_),
           "cudaMemset");
     check(cudaMemset(q_.ptr, 0, static_cast<std::size_t>(max_rows) * config_.q_dim() * 4),
           "cudaMemset");
@@ -141,7 +147,7 @@ class AttentionLayer {
     model::OpsShape shape;
     shape.config = config_;
     shape.weight_dtype = DType::kBF16;
-    shape.kv_dtype = DType::kBF16;
+    shape.kv_dtype = g_setup.kv_dtype;
     shape.max_rows = max_rows;
     shape.max_decode_rows = 1;
     shape.max_seq = max_seq;
@@ -149,16 +155,20 @@ class AttentionLayer {
     ops_ = model::make_cuda_ops(shape, stream_, workspace_.ptr);
     view_.resident = true;
     view_.k = kv_.ptr;
-    view_.v =
-        static_cast<std::byte*>(kv_.ptr) + static_cast<std::size_t>(max_seq) * config_.kv_dim() * 2;
+    view_.v = static_cast<std::byte*>(kv_.ptr) + static_cast<std::size_t>(max_seq) * row_bytes_;
     view_.head_stride = config_.head_dim;
-    view_.token_stride = config_.kv_dim();
+    view_.token_stride =
+        static_cast<std::int64_t>(row_bytes_ / dtype_size(g_setup.kv_dtype));  // elements
+    if (is_quantized(g_setup.kv_dtype)) {
+      view_.k_scale_offset = view_.v_scale_offset = static_cast<std::int64_t>(
+          quant_scale_offset(config_.kv_heads, config_.head_dim));
+    }
     view_.slot_stride = view_.token_stride * max_seq;
     view_.slots = 1;
     view_.max_seq = max_seq;
     view_.kv_heads = config_.kv_heads;
     view_.head_dim = config_.head_dim;
-    view_.dtype = DType::kBF16;
+    view_.dtype = g_setup.kv_dtype;
   }
   ~AttentionLayer() {
     cudaStreamSynchronize(stream_);
@@ -194,11 +204,13 @@ class AttentionLayer {
     });
   }
   const model::ModelConfig& config() const { return config_; }
-  std::string kernels() const { return layout_.kernels.describe(config_, DType::kBF16); }
+  std::string kernels() const { return layout_.kernels.describe(config_, g_setup.kv_dtype); }
+  std::uint64_t row_bytes() const { return row_bytes_; }
 
  private:
   model::ModelConfig config_;
   model::WorkspaceLayout layout_;
+  std::uint64_t row_bytes_;  // one token's K (or V) row in the cache's format
   DeviceBuffer kv_, workspace_, rows_, q_, out_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<model::Ops> ops_;
@@ -215,8 +227,7 @@ void BM_DecodeAttention(benchmark::State& state) {
     state.SetIterationTime(s);
     total += s;
   }
-  const model::ModelConfig& c = layer.config();
-  const double bytes = 2.0 * context * static_cast<double>(c.kv_dim()) * 2;  // K and V, bf16
+  const double bytes = 2.0 * context * static_cast<double>(layer.row_bytes());  // K and V
   const double rate = bytes * static_cast<double>(state.iterations()) / total;
   state.SetLabel(layer.kernels());
   state.counters["context"] = context;
@@ -259,6 +270,10 @@ int main(int argc, char** argv) {
       throw kvo::Error(kvo::ErrorCode::kInvalidArgument, "--attention takes auto or builtin");
     }
     g_setup.builtin = attention == "builtin";
+    g_setup.kv_dtype = kvo::parse_dtype(take_flag(&argc, argv, "kv-dtype", "bf16"));
+    if (g_setup.kv_dtype == kvo::DType::kF32) {
+      throw kvo::Error(kvo::ErrorCode::kInvalidArgument, "--kv-dtype takes bf16, f16, fp8 or int8");
+    }
     g_setup.max_context = std::stoi(take_flag(&argc, argv, "max-context", "131072"));
     if (kvo::cuda_device_count() == 0) {
       std::fprintf(stderr, "kvo_bench_attention: needs a CUDA device\n");

@@ -6,7 +6,8 @@
 // = those bytes / the pinned H2D bandwidth measured at the start of the same run.
 //
 //   kvo_bench_decode_compare [--shape=llama3-8b|small] [--backend=auto|cuda|host]
-//                            [--max-context=N] [Google Benchmark flags]
+//                            [--dtype=bf16|f16|f32|fp8|int8] [--max-context=N]
+//                            [Google Benchmark flags]
 // Default shape: llama3-8b (4K..128K) on CUDA, small (1K..8K) on the host backend.
 #include <benchmark/benchmark.h>
 
@@ -53,8 +54,7 @@ class CacheEngine final : public Engine {
     config.resident_layers = resident ? config.layers : 0;
     config.ring_depth = 2;
     max_rows_ = static_cast<std::size_t>(config.max_seq);
-    row_bytes_ =
-        static_cast<std::size_t>(config.kv_heads) * config.head_dim * dtype_size(config.dtype);
+    row_bytes_ = kv_row_bytes(config.dtype, config.kv_heads, config.head_dim);
     config.reserved.push_back({"rows", max_rows_ * row_bytes_});
     cache_ = std::make_unique<OffloadedStaticCache>(config);
     rows_ = cache_->reserved("rows");
@@ -111,8 +111,7 @@ class HfLikeEngine final : public Engine {
   explicit HfLikeEngine(const CacheConfig& config)
       : backend_(prefetch::make_backend(config)),
         cache_(std::make_unique<HfLikeOffloadedCache>(*backend_, config)) {
-    const std::size_t row =
-        static_cast<std::size_t>(config.kv_heads) * config.head_dim * dtype_size(config.dtype);
+    const std::size_t row = kv_row_bytes(config.dtype, config.kv_heads, config.head_dim);
     rows_ = static_cast<std::uint8_t*>(backend_->alloc_device(row));
     stream_ = backend_->kind() == BackendKind::kCuda ? backend_->create_stream() : nullptr;
   }
@@ -223,7 +222,7 @@ int main(int argc, char** argv) {
       }
       g_setup.contexts = kept;
     }
-    c.dtype = kvo::DType::kBF16;
+    c.dtype = kvo::parse_dtype(take_flag(&argc, argv, "dtype", "bf16"));
     c.slots = 1;
     c.max_seq = g_setup.contexts.back() + kContextDrift + 1;
     auto probe = kvo::prefetch::make_backend(c);

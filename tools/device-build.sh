@@ -1,43 +1,90 @@
 #!/usr/bin/env bash
-# Builds, on a machine without a GPU, what tools/device-check.sh runs on a machine with one: the
-# CUDA tests, the benchmarks and the tools, for Hopper (sm_90, the H100/H200) with PTX beside it,
-# into one folder small enough to carry over (stripped binaries, Google Benchmark's shared
-# library, and FlashInfer's headers for a rebuild there). GoogleTest links statically; the
-# device machine needs only the NVIDIA driver and the CUDA 13 runtime libraries (cuBLAS).
-#   tools/device-build.sh [BUILD_DIR]      (default: build-device)
-# Environment: KVO_DEVICE_ARCHITECTURES (default "90-real;90-virtual"), KVO_JOBS.
+# Packs what tools/device-check.sh runs on a GPU machine into one archive, built on this machine
+# (which needs no GPU): at most 40 MiB, since everything that travels there, the working tree
+# included, may be 64 MiB. It holds carry/:
+#   bin/        the CUDA tests, the benchmarks, kvo-generate and kvo-replay, stripped
+#   lib/        every shared library they load besides glibc, the NVIDIA driver and cuBLAS:
+#               Google Benchmark, the tokenizers' PCRE2, utf8proc, SentencePiece and protobuf-lite,
+#               the C++ runtime, and OpenBLAS with libgfortran (loaded at run time, not linked)
+#   kvoffload/  `cmake --install` of the library, for building the Python package there against
+#               that machine's PyTorch (tools/python/CMakeLists.txt)
+#   commit, MANIFEST
+# Nothing is compiled or configured on the GPU machine but that Python module. cuBLAS is the GPU
+# machine's own: tools/device-check.sh looks for libcublas.so.13 in the CUDA toolkit's lib64 and
+# then in the nvidia-cublas wheel beside PyTorch, and stops, naming both places, where it finds
+# neither.
+#
+#   tools/device-build.sh [--build DIR] [--out FILE] [--max-mib N]
+#     --build    a CUDA build tree (default build/: tools/test.sh configures it for sm_90 and its
+#                PTX on a machine without a GPU); one that is not a CUDA build for sm_90 is
+#                replaced by build-device/, configured here
+#     --out      the archive (default: DIR/device-carry.tar.xz)
+#     --max-mib  the size it must not pass (default 40)
+# Environment: KVO_JOBS (default: the number of cores).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=${1:-$root/build-device}
+build=$root/build
+out=""
+max_mib=40
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) build=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --max-mib) max_mib=$2; shift 2 ;;
+    --help | -h) sed -n '2,27p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) echo "device-build: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
 jobs=${KVO_JOBS:-$(nproc)}
-"$root/tools/setup.sh" --deps-only
-flashinfer=$("$root/tools/flashinfer.sh")
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVO_WITH_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="${KVO_DEVICE_ARCHITECTURES:-90-real;90-virtual}" \
-  -DKVO_FLASHINFER_INCLUDE_DIR="$flashinfer" -DKVO_PYTHON= -DKVO_SMOLLM2_DIR= >/dev/null
-targets=(cuda_cache_test model_cuda_test model_cuda_attention_test kvo_bench_bandwidth
-         kvo_bench_decode_compare kvo_bench_attention kvo-replay kvo-generate)
-cmake --build "$build" -j "$jobs" --target "${targets[@]}"
-carry=$build/carry
-rm -rf "$carry"
+start=$SECONDS
+"$root/tools/setup.sh" --deps-only  # xz, binutils' strip, and what a build needs
+
+cached() { grep -s "^$1:" "$build/CMakeCache.txt" | cut -d= -f2-; }
+if [ "$(cached KVO_WITH_CUDA)" != ON ] || [[ ";$(cached CMAKE_CUDA_ARCHITECTURES);" != *";90"* ]]; then
+  echo "device-build: $build is not a CUDA build for sm_90; configuring $root/build-device" >&2
+  build=$root/build-device
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVO_WITH_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DKVO_FLASHINFER_INCLUDE_DIR="$("$root/tools/flashinfer.sh")" \
+    -DKVO_PYTHON= -DKVO_SMOLLM2_DIR= >/dev/null
+fi
+[ "$(cached KVO_WITH_FLASHINFER)" = ON ] || echo "device-build: this build has no FlashInfer" >&2
+out=${out:-$build/device-carry.tar.xz}
+
+targets=(cuda_cache_test model_cuda_test model_cuda_attention_test model_cuda_quant_test
+         kvo-generate kvo-replay kvo_bench_bandwidth kvo_bench_decode_compare kvo_bench_attention)
+cmake --build "$build" -j "$jobs" --target "${targets[@]}" kvoffload_shared >/dev/null
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+carry=$stage/carry
 mkdir -p "$carry/bin" "$carry/lib"
 for t in "${targets[@]}"; do
-  file=$(find "$build" -type f -name "$t" -perm -u+x -not -path "*/carry/*" | head -n1)
+  file=$(find "$build" -type f -name "$t" -perm -u+x -not -path "*/CMakeFiles/*" | head -n1)
+  [ -n "$file" ] || { echo "device-build: $t was not built in $build" >&2; exit 1; }
   strip -o "$carry/bin/$t" "$file"
 done
-# The shared libraries the binaries load besides glibc and the CUDA driver/toolkit (Google
-# Benchmark, the tokenizers' PCRE2, utf8proc, SentencePiece and protobuf-lite, the C++ runtime):
-# the device machine need not have them.
-# OpenBLAS is loaded at run time (model/blas.hpp), not linked, so ldd does not list it: it is
-# carried by name with what it loads itself (libgfortran), and found there through
-# LD_LIBRARY_PATH (tools/device-check.sh sets it). cuBLAS, loaded the same way, is the toolkit's.
+# OpenBLAS is loaded at run time (model/blas.hpp), so ldd does not list it: carried by name, with
+# what it loads itself.
 openblas="$(pkg-config --variable=libdir openblas)/libopenblas.so.0"
 cp -L "$openblas" "$carry/lib/libopenblas.so.0"
 for f in "$carry"/bin/* "$carry/lib/libopenblas.so.0"; do
   ldd "$f" | awk '$3 ~ /^\// {print $3}'
-done | sort -u | grep -v '/libopenblas' | grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libcuda|libcublas[^/]*|libcudart)\.so' |
+done | sort -u | grep -v '/libopenblas' |
+  grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libcuda|libcublas[^/]*|libcudart)\.so' |
   while read -r lib; do cp -L "$lib" "$carry/lib/"; done
-cp -r "$flashinfer" "$carry/flashinfer-include"
+strip --strip-unneeded "$carry"/lib/* 2>/dev/null || true
+cmake --install "$build" --prefix "$carry/kvoffload" >/dev/null
+rm -f "$carry"/kvoffload/lib/*.a "$carry"/kvoffload/lib/cmake/kvoffload/kvoffload-{static,torch}-targets*.cmake
 git -C "$root" rev-parse HEAD >"$carry/commit" 2>/dev/null || echo unknown >"$carry/commit"
-echo "device build in $carry ($(du -sh "$carry" | cut -f1)); carry it and run:" >&2
-echo "  tools/device-check.sh --build $carry" >&2
+(cd "$carry" && find . -type f -printf '%s %p\n' | sort -k2) >"$carry/MANIFEST"
+
+tar -C "$stage" -cf - carry | xz -6 -T "$jobs" >"$out.partial"
+mv "$out.partial" "$out"
+bytes=$(stat -c %s "$out")
+unpacked=$(du -sb "$carry" | cut -f1)
+awk -v out="$out" -v b="$bytes" -v u="$unpacked" -v n="$(find "$carry" -type f | wc -l)" \
+  -v s=$((SECONDS - start)) 'BEGIN { printf "device-build: %s: %.1f MiB (%.1f MiB unpacked, %d files), sm_90 + compute_90 PTX, in %d s\n", out, b / 1048576, u / 1048576, n, s }' 
+if [ "$bytes" -gt $((max_mib * 1048576)) ]; then
+  echo "device-build: the archive passes $max_mib MiB: it would not travel with the tree" >&2
+  exit 1
+fi

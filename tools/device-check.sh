@@ -1,318 +1,336 @@
 #!/usr/bin/env bash
-# The check to run on a machine with a GPU, sized for a short lease (it finishes within about 8
-# minutes on an H200). It runs a build made elsewhere (tools/device-build.sh: sm_90 and PTX,
-# carried over) and rebuilds the tools there only if that build does not run. In order:
-#   1. the driver and the GPU (nvidia-smi, then a one-second kvo-replay on CUDA);
-#   2. the CUDA tests with KVO_REQUIRE_CUDA=1 (a missing GPU fails them instead of skipping);
-#   3. the copy bandwidth benchmark;
-#   4. the attention kernels alone against HBM bandwidth and the bf16 GEMM rate;
-#   5. the decode step at 32K and 128K: all resident, kvoffload streaming every layer, and a
-#      cache that moves bytes as transformers' offloaded static cache does;
-#   6. kvo-replay at 128K with every layer streamed (bytes checked against the formula);
-#   7. kvo-generate --preset llama3-8b at 32K under --vram-budget 24GiB;
-#   8. a 128K prefill of the same, only if the figures measured above predict it under 60 s;
-#   9. with time left and a Python with torch there: the LibTorch adapter's CUDA tests, built
-#      there against that torch.
-# Every figure goes into $OUT/device-check.json with the commit, date, GPU and driver, and a
-# Markdown table is printed last: each figure beside the paper model of
-# bench/results/expected-h200.md.
+# The one check to run on a machine with a GPU: every CUDA path proven or disproven and its
+# figures judged, under one deadline. It runs the archive tools/device-build.sh makes (carried
+# over with the tree; nothing is configured or compiled there but the Python package's native
+# module, against that machine's own PyTorch). In order of what matters most:
+#   env        the GPU, driver, PCIe link, CPUs and memory; cuBLAS found (the toolkit's lib64,
+#              then the nvidia-cublas wheel beside PyTorch)
+#   smoke      a one-second kvo-replay on CUDA
+#   tests      the CUDA tests of the cache, the ring, the decoder, attention, quantized rows and
+#              sampling, with KVO_REQUIRE_CUDA=1 (a missing GPU fails them instead of skipping)
+#   memcheck   compute-sanitizer --tool memcheck, then racecheck, over a few small tests
+#   racecheck  (a report fails the step)
+#   bandwidth  pinned H2D and D2H copies
+#   attention  the attention kernels alone (bf16, then int8 over bf16 tiles) against the HBM copy
+#              and the bf16 GEMM rate measured in the same run
+#   decode     the decode step, every layer streamed, against the bytes over the measured
+#              bandwidth (bf16, then int8), beside all-resident and a transformers-like cache
+#   replay     kvo-replay at the longest context, every layer streamed, bytes checked
+#   generate   kvo-generate --preset llama3-8b at 32K under a 24 GiB budget
+#   prefill    a 128K prompt of the same, bf16 then int8 K/V
+#   dropin     the Python package built there, and tests/python/test_hf_cuda.py with
+#              KVO_REQUIRE_CUDA=1
+# Each step gets its share of what is left of the deadline; a step that no longer fits is
+# skipped with a line saying so. The judge (tools/device_judge.py) then holds every figure to
+# its band (bench/results/expected-h200.md) and exits non-zero on a failed test, a benchmark
+# that threw, a byte-model mismatch, a figure outside its band, or a step skipped for a missing
+# binary (status 1, headline FAIL); with nothing failed but something skipped for time or left
+# out with --only, it exits 3 (headline INCOMPLETE); only a whole run exits 0 (PASS). At most
+# four files are written to --out: device-check.json (every figure, band and
+# verdict, the commit, GPU, driver, PCIe link, MemTotal and MemAvailable), summary.md (PASS,
+# FAIL or SKIPPED per line, expected beside measured), logs.tar.gz (every step's log and output)
+# and, when a step failed, failed.log (the end of each failed step's log).
 #
-#   tools/device-check.sh [--build DIR] [--out DIR] [--backend cuda|host] [--small] [--no-tests]
+#   tools/device-check.sh [--archive FILE | --build DIR] [--out DIR] [--deadline SECONDS]
+#                         [--backend cuda|host] [--small] [--only STEP,STEP...] [--bands FILE]
+#                         [--set KEY=VALUE]
 #
-# --build: a carried folder (bin/, lib/) or a build tree. --small uses small sizes (seconds, any
-# backend) and, with --no-tests and --backend host, is how CI keeps this script from rotting.
-# Environment: KVO_COMMIT names the commit when neither the tree nor the build knows it.
+#   --archive  the archive of tools/device-build.sh (default build/device-carry.tar.xz)
+#   --build    a build tree or an unpacked carry/ instead of the archive
+#   --out      where the files go (default $OUT, else out/)
+#   --deadline the whole run's limit, in seconds (default 420)
+#   --backend  host: the steps that do not need a GPU, on the host backend (with --small, the
+#              CI check that keeps this script from rotting)
+#   --small    small shapes and contexts: seconds, on either backend
+#   --only     run these steps alone (the others are skipped: a second run can take the rest)
+#   --bands    the bands file (default: expected-h200.md, or expected-host-small.md with
+#              --small --backend host)
+#   --set      passed to the judge: a measured figure replaced (a test of the judge)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build=$root/build-device/carry
+archive=$root/build/device-carry.tar.xz
+build=""
 out=${OUT:-$root/out}
+deadline=420
 backend=cuda
 small=0
-tests=1
+only=""
+bands=""
+judge_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
+    --archive) archive=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --deadline) deadline=$2; shift 2 ;;
     --backend) backend=$2; shift 2 ;;
     --small) small=1; shift ;;
-    --no-tests) tests=0; shift ;;
-    --help|-h) sed -n '2,26p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --only) only=",$2,"; shift 2 ;;
+    --bands) bands=$2; shift 2 ;;
+    --set) judge_args+=(--set "$2"); shift 2 ;;
+    --help | -h) sed -n '2,48p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "device-check: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-mkdir -p "$out"
-start_s=$SECONDS
-status=0
-step() { echo "== [$((SECONDS - start_s)) s] $*" >&2; }
-fail() { echo "device-check: $*" >&2; status=1; }
+case "$backend" in cuda | host) ;; *) echo "device-check: --backend cuda or host" >&2; exit 2 ;; esac
+[[ $deadline =~ ^[0-9]+$ ]] || { echo "device-check: --deadline takes seconds" >&2; exit 2; }
+if [ -z "$bands" ]; then
+  bands=$root/bench/results/expected-h200.md
+  [ "$backend" = host ] && [ "$small" = 1 ] && bands=$root/bench/results/expected-host-small.md
+fi
+start=$SECONDS
+reserve=20  # kept for the judge and the archive of logs
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+logs=$work/logs
+mkdir -p "$logs" "$out"
 
-# Where a binary is: bin/ of a carried folder, or its place in a build tree.
-find_bin() {
-  local name=$1 dir
-  for dir in "$build/bin" "$build/bench" "$build/tools" "$build/tests" "$build/tests/model" \
-             "$build/rebuilt/tools"; do
-    [ -x "$dir/$name" ] && { echo "$dir/$name"; return 0; }
+left() { echo $((deadline - reserve - (SECONDS - start))); }
+record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$work/steps.tsv"; }
+say() { echo "== [$((SECONDS - start)) s] $*" >&2; }
+
+# step NAME SHARE BINARY... -- COMMAND...: runs COMMAND with `timeout` of the smaller of SHARE and
+# what is left, its output in logs/NAME.log; a BINARY that is missing skips it, as a failure.
+step() {
+  local name=$1 share=$2 bins=() limit rc t0
+  shift 2
+  while [ "$1" != "--" ]; do bins+=("$1"); shift; done
+  shift
+  if [ -n "$only" ] && [[ $only != *",${name%%_*},"* ]] && [[ $only != *",$name,"* ]]; then
+    record "$name" SKIPPED 0 "not in --only"
+    return 0
+  fi
+  for b in "${bins[@]}"; do
+    if ! bin_path "$b" >/dev/null; then
+      say "$name: SKIPPED, $b missing"
+      record "$name" SKIPPED 0 "binary $b missing"
+      return 1
+    fi
+  done
+  limit=$(left)
+  [ "$limit" -gt "$share" ] && limit=$share
+  if [ "$limit" -lt 5 ]; then
+    say "$name: SKIPPED, the deadline leaves ${limit} s"
+    record "$name" SKIPPED 0 "the deadline left ${limit} s of its ${share} s"
+    return 1
+  fi
+  say "$name (at most ${limit} s)"
+  t0=$SECONDS
+  # Through bash, so that COMMAND may be one of the functions below (exported).
+  timeout -k 5 "$limit" bash -c '"$@"' "$name" "$@" >"$logs/$name.log" 2>&1
+  rc=$?
+  if [ $rc = 0 ]; then
+    record "$name" PASS $((SECONDS - t0)) ""
+  elif [ $rc = 124 ] || [ $rc = 137 ]; then
+    record "$name" FAIL $((SECONDS - t0)) "timed out after ${limit} s"
+  else
+    record "$name" FAIL $((SECONDS - t0)) "exit status $rc"
+  fi
+  say "$name: $(tail -n 1 "$work/steps.tsv" | cut -f2) in $((SECONDS - t0)) s"
+  return $rc
+}
+
+# The binaries: a carried archive (unpacked here), a carry/ folder, or a build tree.
+if [ -z "$build" ]; then
+  if [ ! -f "$archive" ]; then
+    echo "device-check: no archive at $archive (make it with tools/device-build.sh)" >&2
+    exit 2
+  fi
+  say "unpacking $(basename "$archive")"
+  if ! tar -C "$work" -xJf "$archive" 2>"$logs/unpack.log"; then
+    # An image without xz: Python's own lzma reads it.
+    python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+      "$archive" "$work" 2>>"$logs/unpack.log" || { cat "$logs/unpack.log" >&2; exit 2; }
+  fi
+  build=$work/carry
+fi
+bin_path() {
+  local dir
+  for dir in "$build/bin" "$build/bench" "$build/tools" "$build/tests" "$build/tests/model"; do
+    [ -x "$dir/$1" ] && { echo "$dir/$1"; return 0; }
   done
   return 1
 }
-[ -d "$build/lib" ] && export LD_LIBRARY_PATH="$build/lib:${LD_LIBRARY_PATH:-}"
-[ -d /usr/local/cuda/lib64 ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
+run_bin() { local b; b=$(bin_path "$1") || return 127; shift; "$b" "$@"; }
+[ -d "$build/lib" ] && export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
-commit=${KVO_COMMIT:-$(git -C "$root" rev-parse HEAD 2>/dev/null || cat "$build/commit" 2>/dev/null || echo unknown)}
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)
-driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1)
+# ---- env: the machine, and cuBLAS --------------------------------------------------------------
+cublas_dir=""
+if [ "$backend" = cuda ]; then
+  torch_nvidia=$(python3 -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)) + '/nvidia')" 2>/dev/null)
+  for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+             ${torch_nvidia:+"$torch_nvidia/cu13/lib" "$torch_nvidia/cublas/lib"}; do
+    [ -e "$dir/libcublas.so.13" ] && { cublas_dir=$dir; break; }
+  done
+  [ -n "$cublas_dir" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cublas_dir"
+fi
+commit=$(cat "$build/commit" 2>/dev/null || git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
+python3 - "$work/env.json" "$commit" "$backend" "$small" "$deadline" "$cublas_dir" <<'PY'
+import datetime, json, os, subprocess, sys
+path, commit, backend, small, deadline, cublas = sys.argv[1:7]
+def smi(field):
+    try:
+        r = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+        return r.stdout.strip().splitlines()[0].strip() if r.returncode == 0 and r.stdout.strip() else None
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return None
+mem = {}
+try:
+    for line in open("/proc/meminfo"):
+        key, value = line.split(":", 1)
+        mem[key] = int(value.split()[0]) * 1024
+except OSError:
+    pass
+gib = lambda k: round(mem[k] / 2**30, 2) if k in mem else None
+json.dump({
+    "commit": commit, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    "backend": backend, "small": small == "1", "deadline_s": int(deadline),
+    "gpu": smi("name"), "driver": smi("driver_version"), "gpu_memory": smi("memory.total"),
+    "pcie_gen": smi("pcie.link.gen.current"), "pcie_gen_max": smi("pcie.link.gen.max"),
+    "pcie_width": smi("pcie.link.width.current"), "pcie_width_max": smi("pcie.link.width.max"),
+    "cpus": os.cpu_count(), "mem_total_gib": gib("MemTotal"),
+    "mem_available_gib": gib("MemAvailable"), "committed_gib": gib("Committed_AS"),
+    "cublas_dir": cublas or None,
+}, open(path, "w"), indent=1)
+PY
+if [ "$backend" = cuda ]; then
+  if [ -z "$cublas_dir" ]; then
+    msg="no libcublas.so.13 in the CUDA toolkit (/usr/local/cuda/lib64) nor in the nvidia-cublas wheel beside PyTorch (${torch_nvidia:-no PyTorch}/cu13/lib)"
+    say "env: $msg"
+    record env FAIL 0 "$msg"
+  elif ! nvidia-smi >"$logs/env.log" 2>&1; then
+    record env FAIL 0 "nvidia-smi finds no GPU"
+  else
+    record env PASS 0 "cuBLAS from $cublas_dir"
+  fi
+else
+  record env PASS 0 "host backend"
+fi
 
 if [ "$small" = 1 ]; then
   contexts=(1024 4096)
-  shape=(--layers 8 --kv-heads 2 --head-dim 64)
-  bench_shape=small
+  replay_shape=(--layers 8 --kv-heads 2 --head-dim 64)
+  decode_shape=small
   max_bytes=4MiB
   min_time=0.02
   attention_max=8192
+  preset=tiny
 else
   contexts=(32768 131072)
-  shape=(--layers 32 --kv-heads 8 --head-dim 128)
-  bench_shape=llama3-8b
+  replay_shape=(--layers 32 --kv-heads 8 --head-dim 128)
+  decode_shape=llama3-8b
   max_bytes=1GiB
   min_time=0.2
   attention_max=131072
+  preset=llama3-8b
 fi
-
-# 1. The driver, and whether the carried build runs here.
-step "driver: ${gpu:-no GPU found by nvidia-smi}, driver ${driver:-none}"
-if [ "$backend" = cuda ]; then
-  [ -n "$gpu" ] || fail "nvidia-smi finds no GPU"
-  replay=$(find_bin kvo-replay)
-  if [ -z "$replay" ] || ! "$replay" --backend cuda --layers 4 --kv-heads 2 --head-dim 64 \
-      --max-seq 256 --prompt 64 --steps 2 >"$out/smoke.log" 2>&1; then
-    tail -n 5 "$out/smoke.log" >&2
-    if [ -d "$build/flashinfer-include" ] && command -v nvcc >/dev/null; then
-      step "the carried build does not run here: rebuilding the tools (tests and benchmarks need GoogleTest and Google Benchmark, which this machine lacks)"
-      cmake -S "$root" -B "$build/rebuilt" -DCMAKE_BUILD_TYPE=Release -DKVO_BUILD_TESTS=OFF \
-        -DKVO_BUILD_BENCHMARKS=OFF -DCMAKE_CUDA_ARCHITECTURES=native \
-        -DKVO_FLASHINFER_INCLUDE_DIR="$build/flashinfer-include" >"$out/rebuild.log" 2>&1 &&
-        cmake --build "$build/rebuilt" -j "$(nproc)" --target kvo-replay kvo-generate \
-          >>"$out/rebuild.log" 2>&1 || fail "rebuild failed (see rebuild.log)"
-    else
-      fail "the build in $build does not run here (see smoke.log)"
-    fi
-  fi
-fi
-
-# 2. The CUDA tests: every test of these binaries that needs a GPU, which may not skip.
-step "CUDA tests (KVO_REQUIRE_CUDA=1)"
-: >"$out/tests.log"
-if [ "$tests" = 1 ]; then
-  for t in cuda_cache_test model_cuda_test model_cuda_attention_test; do
-    bin=$(find_bin "$t") || { fail "test binary $t not found in $build"; continue; }
-    KVO_REQUIRE_CUDA=1 timeout 240 "$bin" --gtest_filter='Cuda*' \
-      --gtest_output="json:$out/tests_$t.json" >>"$out/tests.log" 2>&1 || fail "$t failed"
-  done
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/tests.log" >&2
-else
-  echo "skipped (--no-tests)" >"$out/tests.log"
-fi
-
-run_bench() {  # name, timeout, binary, args...
-  local name=$1 limit=$2 bin
-  bin=$(find_bin "$3") || { fail "$3 not found in $build"; return; }
-  shift 3
-  timeout "$limit" "$bin" "$@" --benchmark_out="$out/$name.json" --benchmark_out_format=json \
-    >/dev/null 2>"$out/$name.log" || fail "$name failed (see $name.log)"
-}
-
-# 3. Copy bandwidth.
-step "copy bandwidth"
-run_bench bandwidth 90 kvo_bench_bandwidth --backend="$backend" --max-bytes="$max_bytes" \
-  --benchmark_min_time="$min_time"
-
-# 4. Attention kernels alone (GPU only).
-if [ "$backend" = cuda ]; then
-  step "attention kernels: decode and prefill against HBM and the bf16 GEMM rate"
-  run_bench attention 150 kvo_bench_attention --max-context="$attention_max"
-fi
-
-# 5. The decode step in three caches.
-step "decode step: all-resident, kvoffload (every layer streamed), hf-like"
-filter="context:($(IFS='|'; echo "${contexts[*]}"))/"
-run_bench decode_compare 150 kvo_bench_decode_compare --backend="$backend" \
-  --shape="$bench_shape" --benchmark_filter="$filter" --benchmark_min_time="$min_time"
-
-# 6. kvo-replay at the longest context, every layer streamed.
-ctx=${contexts[-1]}
-step "kvo-replay at $ctx tokens, every layer streamed"
-if bin=$(find_bin kvo-replay); then
-  timeout 120 "$bin" "${shape[@]}" --max-seq $((ctx + 8)) --prompt "$ctx" --steps 8 --resident 0 \
-    --backend "$backend" --verify sample --json >"$out/replay_$ctx.log" 2>&1 || fail "kvo-replay failed"
-  tail -n 1 "$out/replay_$ctx.log" >"$out/replay_$ctx.json"
-fi
-
-# 7. and 8. kvo-generate.
-generate() {  # name, timeout, args...
-  local name=$1 limit=$2 bin
+ctx_filter="context:($(IFS='|'; echo "${contexts[*]}"))/"
+bench() {  # NAME BINARY ARGS...: Google Benchmark's JSON into NAME.json
+  local name=$1 bin=$2
   shift 2
-  bin=$(find_bin kvo-generate) || { fail "kvo-generate not found"; return; }
-  timeout "$limit" "$bin" --backend "$backend" --json --quiet "$@" >"$out/$name.log" 2>&1 ||
-    fail "kvo-generate ($name) failed"
-  tail -n 1 "$out/$name.log" >"$out/$name.json"
+  run_bin "$bin" "$@" --benchmark_out="$work/$name.json" --benchmark_out_format=json
 }
-preset=llama3-8b
-[ "$small" = 1 ] && preset=tiny
-ctx=${contexts[0]}
-step "kvo-generate --preset $preset at $ctx tokens, --vram-budget 24GiB"
-generate generate_$ctx 120 --preset "$preset" --prompt-len "$ctx" --max-seq $((ctx + 32)) \
-  --max-new 16 --vram-budget 24GiB
+gtest() {  # BINARY FILTER
+  KVO_REQUIRE_CUDA=1 run_bin "$1" --gtest_filter="$2" --gtest_output="json:$work/tests_$1.json"
+}
+sanitize() {  # TOOL BINARY FILTER
+  compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 "$(bin_path "$2")" \
+    --gtest_filter="$3"
+}
+generate() { run_bin kvo-generate --backend "$backend" --json --quiet "$@"; }
+export build work backend
+export -f bin_path run_bin bench gtest sanitize generate
 
-# The 128K prefill, predicted from this run's own figures: attention at the measured rate of a
-# 1024-row chunk after 64K keys (the average prefix), the GEMMs at 0.8 of the measured bf16 rate.
+if [ "$backend" = cuda ]; then
+  step smoke 30 kvo-replay -- run_bin kvo-replay --backend cuda --layers 4 --kv-heads 2 \
+    --head-dim 64 --max-seq 256 --prompt 64 --steps 2
+  for t in cuda_cache_test model_cuda_test model_cuda_attention_test model_cuda_quant_test; do
+    step "tests_$t" 120 "$t" -- gtest "$t" 'Cuda*'
+  done
+  if command -v compute-sanitizer >/dev/null; then
+    step memcheck_cache 60 cuda_cache_test -- sanitize memcheck cuda_cache_test \
+      'CudaCache.EveryAcquireMatchesTheReference:CudaCache.PinnedStoreAndOneDeviceAllocation'
+    step memcheck_attention 90 model_cuda_attention_test -- sanitize memcheck \
+      model_cuda_attention_test 'CudaAttention.PrefillFromEmptyAndSmallChunks'
+    step memcheck_model 90 model_cuda_test -- sanitize memcheck model_cuda_test \
+      'CudaSampling.GreedyMatchesTheHostExactly'
+    step racecheck_cache 60 cuda_cache_test -- sanitize racecheck cuda_cache_test \
+      'CudaCache.ASlowReaderSeesItsOwnLayerWhileTheRingRefills'
+    step racecheck_attention 90 model_cuda_attention_test -- sanitize racecheck \
+      model_cuda_attention_test 'CudaAttention.PrefillFromEmptyAndSmallChunks'
+  else
+    record memcheck SKIPPED 0 "no compute-sanitizer on this machine"
+  fi
+fi
+
+step bandwidth 40 kvo_bench_bandwidth -- bench bandwidth kvo_bench_bandwidth \
+  --backend="$backend" --max-bytes="$max_bytes" --benchmark_min_time="$min_time"
+if [ "$backend" = cuda ]; then
+  step attention 60 kvo_bench_attention -- bench attention kvo_bench_attention \
+    --max-context="$attention_max"
+  step attention_int8 40 kvo_bench_attention -- bench attention_int8 kvo_bench_attention \
+    --kv-dtype=int8 --max-context="$attention_max" --benchmark_filter='Attention'
+fi
+step decode 60 kvo_bench_decode_compare -- bench decode_compare kvo_bench_decode_compare \
+  --backend="$backend" --shape="$decode_shape" --benchmark_filter="$ctx_filter" \
+  --benchmark_min_time="$min_time"
+step decode_int8 40 kvo_bench_decode_compare -- bench decode_compare_int8 \
+  kvo_bench_decode_compare --backend="$backend" --shape="$decode_shape" --dtype=int8 \
+  --benchmark_filter="kvoffload/$ctx_filter" --benchmark_min_time="$min_time"
+
 ctx=${contexts[-1]}
-predicted=$(python3 - "$out" "$ctx" <<'PY'
-import json, sys
-out, ctx = sys.argv[1], int(sys.argv[2])
-try:
-    bench = {b["name"]: b for b in json.load(open(f"{out}/attention.json"))["benchmarks"]}
-    gemm = next(b["flop_per_s"] for n, b in bench.items() if n.startswith("BM_GemmBf16"))
-    pre = [b for n, b in bench.items() if n.startswith("BM_PrefillAttention")]
-    rate = min(pre, key=lambda b: abs(b["prefix"] - ctx / 2))["flop_per_s"]
-except (OSError, ValueError, KeyError, StopIteration):
-    print(-1); sys.exit()
-layers, heads, d, params = 32, 32, 128, 7.0e9
-attention = 4 * ctx * ctx / 2 * heads * d * layers
-gemms = 2 * params * ctx
-print(f"{attention / rate + gemms / (0.8 * gemm) + 5:.1f}")  # + setup
-PY
-)
+step replay 40 kvo-replay -- run_bin kvo-replay "${replay_shape[@]}" --max-seq $((ctx + 8)) \
+  --prompt "$ctx" --steps 8 --resident 0 --backend "$backend" --verify sample --json
+cp "$logs/replay.log" "$work/replay_$ctx.log" 2>/dev/null
+
+ctx=${contexts[0]}
+step generate 60 kvo-generate -- generate --preset "$preset" --prompt-len "$ctx" \
+  --max-seq $((ctx + 32)) --max-new 16 --vram-budget 24GiB
+cp "$logs/generate.log" "$work/generate_$ctx.log" 2>/dev/null
 if [ "$backend" = cuda ] && [ "$small" = 0 ]; then
-  if python3 -c "import sys; p=float(sys.argv[1]); sys.exit(0 if 0 <= p < 60 else 1)" "$predicted"; then
-    step "128K prefill (predicted ${predicted} s)"
-    generate prefill_$ctx 150 --preset "$preset" --prompt-len "$ctx" --max-seq $((ctx + 8)) \
-      --max-new 4 --chunk 2048 --vram-budget 24GiB
-  else
-    step "128K prefill skipped: predicted ${predicted} s (not under 60 s, or not predicted)"
-  fi
+  ctx=${contexts[-1]}
+  for kv in bf16 int8; do
+    suffix=""
+    [ "$kv" = int8 ] && suffix=_int8
+    step "prefill$suffix" 75 kvo-generate -- generate --preset "$preset" \
+      --prompt-len "$ctx" --max-seq $((ctx + 8)) --max-new 4 --chunk 2048 --kv-dtype "$kv" \
+      --vram-budget 24GiB
+    cp "$logs/prefill$suffix.log" "$work/generate_prefill_${ctx}${suffix}.log" 2>/dev/null
+  done
 fi
 
-# 9. The LibTorch adapter on CUDA, built here against this machine's torch, with time left.
-if [ "$backend" = cuda ] && [ "$tests" = 1 ] && [ $((SECONDS - start_s)) -lt 330 ] &&
-   python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null &&
-   [ -d "$build/flashinfer-include" ]; then
-  step "LibTorch adapter: build against this torch and run its CUDA tests"
-  tb=$build/torch-build
-  if cmake -S "$root" -B "$tb" -DCMAKE_BUILD_TYPE=Release -DKVO_PYTHON="$(command -v python3)" \
-       -DCMAKE_CUDA_ARCHITECTURES=native -DKVO_BUILD_BENCHMARKS=OFF \
-       -DKVO_FLASHINFER_INCLUDE_DIR="$build/flashinfer-include" >"$out/torch.log" 2>&1 &&
-     timeout 200 cmake --build "$tb" -j "$(nproc)" --target torch_cache_test >>"$out/torch.log" 2>&1; then
-    KVO_REQUIRE_CUDA=1 timeout 60 "$tb/tests/capi/torch_cache_test" --gtest_filter='*Cuda*' \
-      --gtest_output="json:$out/tests_torch_cache_test.json" >>"$out/tests.log" 2>&1 ||
-      fail "torch_cache_test failed"
-  else
-    echo "device-check: the LibTorch build did not finish here (see torch.log); not counted" >&2
-  fi
+# The drop-in on CUDA tensors: the package built against this machine's PyTorch and the carried
+# library, then its CUDA tests.
+if [ "$backend" = cuda ] && [ -d "$build/kvoffload" ]; then
+  step dropin_build 150 -- sh -c 'cmake -S "$0/tools/python" -B "$1/py" \
+      -DCMAKE_PREFIX_PATH="$2/kvoffload" -DPython3_EXECUTABLE="$(command -v python3)" &&
+    cmake --build "$1/py" -j "$(nproc)"' "$root" "$work" "$build"
+  step dropin 90 -- env KVO_REQUIRE_CUDA=1 PYTHONPATH="$work/py/python:$root/tests/python" \
+    PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    TRANSFORMERS_VERBOSITY=error python3 -m unittest discover -v -s "$root/tests/python" \
+    -p test_hf_cuda.py
 fi
 
-step "summary"
-python3 - "$out" "$commit" "$gpu" "$driver" "$backend" "$root/bench/results/expected-h200.md" \
-  "$small" "$((SECONDS - start_s))" <<'PY' || status=1
-import datetime, glob, json, os, re, sys
-out, commit, gpu, driver, backend, expected_md, small, elapsed = sys.argv[1:9]
-
-def load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        return {"error": f"{os.path.basename(path)}: {e}"}
-
-def benches(doc):
-    return doc.get("benchmarks", []) if isinstance(doc, dict) else []
-
-figures = {
-    "commit": commit, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-    "gpu": gpu or None, "driver": driver or None, "backend": backend, "small": small == "1",
-    "elapsed_s": int(elapsed),
-    "tests": {os.path.basename(p)[6:-5]: load(p) for p in sorted(glob.glob(f"{out}/tests_*.json"))},
-    "bandwidth": load(f"{out}/bandwidth.json"),
-    "attention": load(f"{out}/attention.json"),
-    "decode_compare": load(f"{out}/decode_compare.json"),
-    "replay": {os.path.basename(p)[7:-5]: load(p) for p in sorted(glob.glob(f"{out}/replay_*.json"))},
-    "generate": {os.path.basename(p)[:-5]: load(p)
-                 for p in sorted(glob.glob(f"{out}/generate_*.json") + glob.glob(f"{out}/prefill_*.json"))},
-}
-
-# Measured figures under the keys of expected-h200.md.
-measured = {}
-h2d = [b.get("bytes_per_second", 0) for b in benches(figures["bandwidth"])
-       if b["name"].startswith("BM_Copy/H2D/")]
-if h2d:
-    measured["h2d_GBps"] = max(h2d) / 1e9
-for b in benches(figures["attention"]):
-    n = b["name"]
-    if n.startswith("BM_HbmCopy"):
-        measured["hbm_TBps"] = b["hbm_bytes_per_s"] / 1e12
-    elif n.startswith("BM_GemmBf16"):
-        measured["gemm_TFLOPs"] = b["flop_per_s"] / 1e12
-    elif n.startswith("BM_DecodeAttention"):
-        measured[f"decode_attn_{int(b['context']) // 1024}k_us"] = b["time_s"] * 1e6
-        measured[f"decode_attn_{int(b['context']) // 1024}k_hbm_fraction"] = b.get("hbm_fraction")
-    elif n.startswith("BM_PrefillAttention"):
-        measured[f"prefill_attn_{int(b['prefix']) // 1024}k_ms"] = b["time_s"] * 1e3
-        measured[f"prefill_attn_{int(b['prefix']) // 1024}k_gemm_fraction"] = b.get("gemm_fraction")
-for b in benches(figures["decode_compare"]):
-    if "error_message" in b or "step_s" not in b:
-        continue
-    kind, k = b["name"].split("/")[1], int(b["context"]) // 1024
-    if kind == "kvoffload":
-        measured[f"decode_streamed_{k}k_ms"] = b["step_s"] * 1e3
-        measured[f"step_floor_{k}k_ms"] = b["step_s"] * b["efficiency"] * 1e3
-        measured[f"decode_streamed_{k}k_efficiency"] = b["efficiency"]
-    elif kind == "hf_like":
-        measured[f"hf_like_{k}k_ms"] = b["step_s"] * 1e3
-for ctx, r in figures["replay"].items():
-    if "h2d_bytes_last_step" in r:
-        measured[f"replay_{int(ctx) // 1024}k_h2d_GiB"] = r["h2d_bytes_last_step"] / 2**30
-        measured[f"replay_{int(ctx) // 1024}k_verified"] = r.get("verified")
-for name, g in figures["generate"].items():
-    if "prefill_tokens_per_s" not in g:
-        continue
-    k = int(name.split("_")[1]) // 1024
-    if name.startswith("generate"):
-        measured[f"generate_{k}k_prefill_tok_s"] = g["prefill_tokens_per_s"]
-        measured[f"generate_{k}k_decode_tok_s"] = g["decode_tokens_per_s"]
-    else:
-        measured[f"prefill_{k}k_s"] = g["prefill_s"]
-    measured[f"{name}_attention"] = g.get("attention")
-figures["measured"] = measured
-
-expected = {}
-try:
-    for line in open(expected_md):
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 5 and re.fullmatch(r"[A-Za-z0-9_]+", cells[0]) and cells[0] != "key":
-            expected[cells[0]] = (cells[1], float(cells[2]), cells[3])
-except OSError:
-    pass
-figures["expected"] = {k: {"figure": f, "value": v, "unit": u} for k, (f, v, u) in expected.items()}
-tests = {name: {"tests": t.get("tests"), "failures": t.get("failures"), "errors": t.get("errors")}
-         for name, t in figures["tests"].items() if isinstance(t, dict)}
-figures["tests_summary"] = tests
-with open(f"{out}/device-check.json", "w") as f:
-    json.dump(figures, f, indent=1)
-
-print(f"\n| figure | measured | expected (paper) | ratio |\n| --- | ---: | ---: | ---: |")
-print(f"| commit | {commit[:12]} | | |")
-print(f"| GPU | {gpu or 'none'} (driver {driver or 'none'}, {backend} backend) | | |")
-for name, t in tests.items():
-    print(f"| tests {name} | {t['tests']} run, {t['failures']} failed | all pass | |")
-for key, (figure, value, unit) in expected.items():
-    m = measured.get(key)
-    shown = "not measured" if m is None else f"{m:.4g} {unit}"
-    ratio = "" if m is None or value == 0 else f"{m / value:.2f}"
-    print(f"| {figure} | {shown} | {value:g} {unit} | {ratio} |")
-for key in sorted(measured):
-    if key.endswith(("fraction", "efficiency", "verified", "attention")) and measured[key] is not None:
-        v = measured[key]
-        shown = v if isinstance(v, (str, bool)) else f"{v:.3f}"
-        print(f"| {key} | {shown} | | |")
-print(f"| elapsed | {elapsed} s | at most 480 s | |")
+elapsed=$((SECONDS - start))
+python3 - "$work/env.json" "$elapsed" <<'PY'
+import json, sys
+env = json.load(open(sys.argv[1]))
+env["elapsed_s"] = int(sys.argv[2])
+json.dump(env, open(sys.argv[1], "w"), indent=1)
 PY
+say "judging against $(basename "$bands")"
+cp "$work"/*.json "$logs/" 2>/dev/null
+python3 "$root/tools/device_judge.py" --work "$work" --bands "$bands" --out "$out" \
+  "${judge_args[@]}" >"$logs/judge.log" 2>&1
+status=$?
+cat "$out/summary.md" 2>/dev/null || cat "$logs/judge.log"
+if grep -q "	FAIL	" "$work/steps.tsv"; then
+  while IFS=$'\t' read -r name verdict seconds note; do
+    [ "$verdict" = FAIL ] || continue
+    printf '==== %s (%s)\n' "$name" "$note"
+    tail -n 60 "$logs/$name.log" 2>/dev/null
+  done <"$work/steps.tsv" >"$out/failed.log"
+fi
+tar -C "$work" -czf "$out/logs.tar.gz" logs
 exit $status
