@@ -77,7 +77,7 @@ for t in "${tests[@]}"; do
     echo "device-dry-run: $t ran no CUDA test and skipped none" >&2
     status=1
   else
-    grep -E "^\[  (PASSED|SKIPPED) " <<<"$out"
+    grep -E "^\[  (PASSED|SKIPPED) " <<<"$out" || true
   fi
   if out=$(in_root KVO_REQUIRE_CUDA=1 /carry/bin/"$t" --gtest_filter='Cuda*' 2>&1) ||
      ! grep -q "KVO_REQUIRE_CUDA=1" <<<"$out"; then
@@ -90,7 +90,8 @@ for b in "${benches[@]}"; do
   out=$(in_root /carry/bin/"$b" --help 2>&1) && rc=0 || rc=$?
   # cuBLAS comes from the GPU machine (kvo_bench_attention links it for its GEMM figure): the only
   # library this root may lack.
-  missing=$(grep -o "error while loading shared libraries: [^:]*" <<<"$out" | awk '{print $NF}')
+  missing=$(grep -o "error while loading shared libraries: [^:]*" <<<"$out" | awk '{print $NF}' ||
+            true)
   if [ -n "$missing" ] && [[ $missing == libcublas* ]]; then
     echo "$b: needs $missing, which the GPU machine's CUDA toolkit gives it"
   elif [ $rc = 127 ] || [ -n "$missing" ]; then
