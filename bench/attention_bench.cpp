@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "bench/bench_common.hpp"
-#include "model/attention_kernels.hpp"
-#include "model/cuda_ops.hpp"
-#include "model/memory_plan.hpp"
+#include "model/cuda/attention_kernels.hpp"
+#include "model/cuda/cuda_ops.hpp"
+#include "model/decoder/memory_plan.hpp"
 
 namespace kvo::bench {
 namespace {
@@ -160,8 +160,8 @@ class AttentionLayer {
     view_.token_stride =
         static_cast<std::int64_t>(row_bytes_ / dtype_size(g_setup.kv_dtype));  // elements
     if (is_quantized(g_setup.kv_dtype)) {
-      view_.k_scale_offset = view_.v_scale_offset = static_cast<std::int64_t>(
-          quant_scale_offset(config_.kv_heads, config_.head_dim));
+      view_.k_scale_offset = view_.v_scale_offset =
+          static_cast<std::int64_t>(quant_scale_offset(config_.kv_heads, config_.head_dim));
     }
     view_.slot_stride = view_.token_stride * max_seq;
     view_.slots = 1;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kvoffload/kvoffload.hpp"
-#include "prefetch/backend.hpp"
+#include "prefetch/backend/backend.hpp"
 
 namespace kvo::bench {
 

@@ -2,7 +2,7 @@
 // 512-token prefill chunk of the tiny preset and of SmolLM2-135M, and decode rows) through each
 // library found, loaded at run time so that both run in one process, each two ways: the library's
 // own threads (set to --threads), or single-threaded calls on --threads of our threads, each
-// computing a band of output columns (how model/host_linear.cpp calls it).
+// computing a band of output columns (how model/host/host_linear.cpp calls it).
 //
 //   kvo_bench_blas_compare [--threads=N] [--libs=path1,path2] [Google Benchmark flags]
 //

@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "bench/bench_common.hpp"
-#include "model/host_attention.hpp"
-#include "model/model_config.hpp"
-#include "model/numerics.hpp"
-#include "model/thread_pool.hpp"
+#include "model/checkpoint/model_config.hpp"
+#include "model/decoder/numerics.hpp"
+#include "model/host/host_attention.hpp"
+#include "model/host/thread_pool.hpp"
 
 namespace kvo::bench {
 namespace {

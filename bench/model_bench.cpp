@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "bench/bench_common.hpp"
-#include "model/decoder.hpp"
-#include "model/model_config.hpp"
+#include "model/checkpoint/model_config.hpp"
+#include "model/decoder/decoder.hpp"
 
 namespace kvo::bench {
 namespace {

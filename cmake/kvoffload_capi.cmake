@@ -10,7 +10,7 @@ include(CMakePackageConfigHelpers)
 set(_kvo_root ${CMAKE_CURRENT_LIST_DIR}/..)
 cmake_path(NORMAL_PATH _kvo_root)
 
-# The C ABI (prefetch/c_api.cpp) is part of kvo_core, beside the cache it wraps; kvo_core's
+# The C ABI (prefetch/api/c_api.cpp) is part of kvo_core, beside the cache it wraps; kvo_core's
 # build-only dependencies (Boost.Lockfree, xxHash, warning flags) stay inside the objects.
 
 # ---- the LibTorch adapter (optional) ---------------------------------------------------------

@@ -63,7 +63,7 @@ for t in "${targets[@]}"; do
   [ -n "$file" ] || { echo "device-build: $t was not built in $build" >&2; exit 1; }
   strip -o "$carry/bin/$t" "$file"
 done
-# OpenBLAS is loaded at run time (model/blas.hpp), so ldd does not list it: carried by name, with
+# OpenBLAS is loaded at run time (model/host/blas.hpp), so ldd does not list it: carried by name, with
 # what it loads itself.
 openblas="$(pkg-config --variable=libdir openblas)/libopenblas.so.0"
 cp -L "$openblas" "$carry/lib/libopenblas.so.0"

@@ -22,13 +22,13 @@
 
 #include "kvoffload/error.hpp"
 #include "kvoffload/quant.hpp"
-#include "model/decoder.hpp"
-#include "model/model_config.hpp"
-#include "model/tokenizer.hpp"
-#include "offload/input_file.hpp"
-#include "offload/printable.hpp"
-#include "tools/cli.hpp"
-#include "tools/progress_bar.hpp"
+#include "model/checkpoint/model_config.hpp"
+#include "model/decoder/decoder.hpp"
+#include "model/text/tokenizer.hpp"
+#include "offload/util/input_file.hpp"
+#include "offload/util/printable.hpp"
+#include "tools/cli/cli.hpp"
+#include "tools/cli/progress_bar.hpp"
 
 namespace {
 

@@ -1,9 +1,8 @@
 // kvo-generate: generates tokens with a Llama-family model whose K/V cache lives in an
 // OffloadedStaticCache. The model is a Hugging Face checkpoint directory or a preset with
-// weights drawn from a seed; the prompt is text (tools/generate_text.hpp), a file of token ids
-// or a seeded synthetic one.
-// Reports what moved and how fast: prefill and decode tokens/s, H2D bytes per token, the
-// bandwidth achieved, the time spent waiting for prefetches, and device bytes.
+// weights drawn from a seed; the prompt is text (tools/generate/generate_text.hpp), a file of token
+// ids or a seeded synthetic one. Reports what moved and how fast: prefill and decode tokens/s, H2D
+// bytes per token, the bandwidth achieved, the time spent waiting for prefetches, and device bytes.
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,12 +15,12 @@
 #include <vector>
 
 #include "kvoffload/kvoffload.hpp"
-#include "model/cuda_ops.hpp"
-#include "model/decoder.hpp"
-#include "model/model_config.hpp"
-#include "tools/cli.hpp"
-#include "tools/generate_options.hpp"
-#include "tools/progress_bar.hpp"
+#include "model/checkpoint/model_config.hpp"
+#include "model/cuda/cuda_ops.hpp"
+#include "model/decoder/decoder.hpp"
+#include "tools/cli/cli.hpp"
+#include "tools/cli/progress_bar.hpp"
+#include "tools/generate/generate_options.hpp"
 
 namespace {
 

@@ -23,12 +23,13 @@
 #include <vector>
 
 #include "kvoffload/kvoffload.hpp"
-#include "model/model_config.hpp"
-#include "model/safetensors.hpp"
-#include "model/weights.hpp"
-#include "offload/partial_files.hpp"
-#include "tools/cli.hpp"
-#include "tools/progress_bar.hpp"
+#include "model/checkpoint/model_config.hpp"
+#include "model/checkpoint/safetensors.hpp"
+#include "model/checkpoint/weights.hpp"
+#include "model/families/family.hpp"
+#include "offload/util/partial_files.hpp"
+#include "tools/cli/cli.hpp"
+#include "tools/cli/progress_bar.hpp"
 
 namespace {
 
@@ -56,7 +57,7 @@ void declare_options(CLI::App& app, Args& a) {
   using L = kvo::model::ModelLimits;
   kvo::cli::add_text(app, "--out", a.out, "DIR", "a new or empty directory to write")->required();
   kvo::cli::add_choice(app, "--preset", a.preset, kvo::model::preset_names(), "the base shape");
-  kvo::cli::add_choice(app, "--arch", a.arch, {"llama", "mistral", "qwen2"},
+  kvo::cli::add_choice(app, "--arch", a.arch, kvo::model::family_model_types(),
                        "architecture (default: the preset's)");
   app.option_defaults()->group("Dimensions (default: the preset's)");
   ModelConfig& d = a.dims;
@@ -88,15 +89,12 @@ void declare_options(CLI::App& app, Args& a) {
 ModelConfig resolve(const Args& a, const CLI::App& app) {
   ModelConfig c = kvo::model::preset(a.preset);
   if (!a.arch.empty()) {
-    if (a.arch == "llama") {
-      c.architecture = "LlamaForCausalLM", c.model_type = "llama", c.qkv_bias = false;
-    } else if (a.arch == "mistral") {
-      c.architecture = "MistralForCausalLM", c.model_type = "mistral", c.qkv_bias = false;
-    } else {
-      c.architecture = "Qwen2ForCausalLM", c.model_type = "qwen2", c.qkv_bias = true;
-    }
-    if (a.arch != "llama") c.rope_scaling = {};
-    c.o_bias = false;
+    const kvo::model::Family& family = kvo::model::family_of_model_type(a.arch, "--arch");
+    c.architecture = family.architectures.front();
+    c.model_type = family.model_type;
+    c.qkv_bias = c.o_bias = false;
+    family.settle(c);
+    if (a.arch != "llama") c.rope_scaling = {};  // llama3's rope scaling is Llama's alone
   }
   const auto given = [&](const char* name) { return app.count(name) != 0; };
   if (given("--layers")) c.layers = a.dims.layers;
@@ -153,8 +151,8 @@ std::string parent_of(const std::string& path) {
   return slash == 0 ? "/" : p.substr(0, slash);
 }
 
-// A directory of files being written (offload/partial_files.hpp: a partial, removed if the tool
-// is interrupted, or by the next run once this one is gone); removed with its files unless
+// A directory of files being written (offload/util/partial_files.hpp: a partial, removed if the
+// tool is interrupted, or by the next run once this one is gone); removed with its files unless
 // committed.
 class PartialDir {
  public:

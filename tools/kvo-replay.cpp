@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "kvoffload/kvoffload.hpp"
-#include "offload/printable.hpp"
-#include "tools/cli.hpp"
+#include "offload/util/printable.hpp"
+#include "tools/cli/cli.hpp"
 
 namespace {
 

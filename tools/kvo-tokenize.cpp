@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "kvoffload/error.hpp"
-#include "model/chat_format.hpp"
-#include "model/model_config.hpp"
-#include "model/tokenizer.hpp"
-#include "model/tokenizer_settings.hpp"
-#include "offload/printable.hpp"
-#include "tools/cli.hpp"
+#include "model/checkpoint/model_config.hpp"
+#include "model/text/chat_format.hpp"
+#include "model/text/tokenizer.hpp"
+#include "model/text/tokenizer_settings.hpp"
+#include "offload/util/printable.hpp"
+#include "tools/cli/cli.hpp"
 
 namespace {
 

@@ -10,12 +10,12 @@
 
 #include "kvoffload/kvoffload.hpp"
 #include "kvoffload/planner.hpp"
-#include "model/cuda_ops.hpp"
-#include "model/decoder.hpp"
-#include "model/memory_plan.hpp"
-#include "model/model_config.hpp"
-#include "tools/cli.hpp"
-#include "tools/svg_chart.hpp"
+#include "model/checkpoint/model_config.hpp"
+#include "model/cuda/cuda_ops.hpp"
+#include "model/decoder/decoder.hpp"
+#include "model/decoder/memory_plan.hpp"
+#include "tools/cli/cli.hpp"
+#include "tools/cli/svg_chart.hpp"
 
 namespace {
 

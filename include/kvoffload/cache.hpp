@@ -123,7 +123,8 @@ KVO_API SavedContextInfo inspect_saved_context(const std::string& path);
 // (never blocking on a FIFO or a device). Throws as inspect_saved_context. Move-only.
 class KVO_API SavedContextFile {
  public:
-  explicit SavedContextFile(const std::string& path);
+  explicit SavedContextFile(const std::string& path,
+                            ContextReading reading = ContextReading::kMapped);
   ~SavedContextFile();
   SavedContextFile(SavedContextFile&&) noexcept;
   SavedContextFile& operator=(SavedContextFile&&) noexcept;

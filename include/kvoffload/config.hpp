@@ -31,6 +31,12 @@ struct HostBackendOptions {
   std::uint64_t delay_seed = 0;
 };
 
+// How a saved context's rows are read when it is restored. kMapped (the default): copied out of
+// a mapping of the file with streaming stores, the fastest; but a page the system cannot deliver
+// (the file shrunk by another process, a failing disk, a network file system gone) raises
+// SIGBUS instead of an error. kPread: read with pread, which reports those as errors.
+enum class ContextReading { kMapped, kPread };
+
 struct CacheConfig {
   // Shape of the cache: K is [layer][slot][token][kv_head][head_dim], V the same with
   // v_head_dim (multi-head latent attention caches keys and values of different head sizes).
@@ -60,6 +66,9 @@ struct CacheConfig {
   BackendKind backend = BackendKind::kAuto;
   int device = 0;  // CUDA device ordinal
   HostBackendOptions host;
+
+  // load_slot(path) and load_slots(slots, path): how the file's rows are read.
+  ContextReading context_reading = ContextReading::kMapped;
 };
 
 // Throws kvo::Error(kInvalidArgument) naming the first field that is out of range.

@@ -6,8 +6,3 @@
 #include "kvoffload/error.hpp"
 #include "kvoffload/plan.hpp"
 #include "kvoffload/types.hpp"
-
-namespace kvo {
-// "MAJOR.MINOR.PATCH" of the library that is linked.
-KVO_API const char* version();
-}  // namespace kvo

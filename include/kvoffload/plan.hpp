@@ -93,4 +93,8 @@ KVO_API std::uint64_t plan_device_bytes(const CacheConfig& config, int resident_
 // explicitly requested one, does not fit; kvo::Error(kInvalidArgument) for a bad config.
 KVO_API CachePlan plan_cache(const CacheConfig& config, std::uint64_t budget);
 
+// What this machine can give the pinned store: the larger of MemAvailable and MemTotal less
+// Committed_AS (UINT64_MAX where /proc/meminfo cannot be read).
+KVO_API std::uint64_t host_available_bytes();
+
 }  // namespace kvo

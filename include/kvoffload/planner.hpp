@@ -2,7 +2,7 @@
 // a VRAM budget, the device bytes of every component and the host bytes, for kvoffload and for
 // the strategies a user would compare it with. The decoder allocates exactly what this plans.
 // plan_memory and compare_strategies live in the kvo_model library (they need model shapes);
-// host_available_bytes in kvoffload.
+// host_available_bytes (kvoffload/plan.hpp, included here) in kvoffload.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include "kvoffload/api.h"
 #include "kvoffload/config.hpp"
 #include "kvoffload/error.hpp"
+#include "kvoffload/plan.hpp"
 #include "kvoffload/types.hpp"
 
 namespace kvo {
@@ -67,9 +68,5 @@ KVO_API MemoryPlan plan_memory(const MemoryQuery& query);
 
 // The three strategies side by side. Never throws for a budget they do not fit: `fits` says.
 KVO_API std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query);
-
-// What this machine can give the pinned store: the larger of MemAvailable and MemTotal less
-// Committed_AS (UINT64_MAX where /proc/meminfo cannot be read).
-KVO_API std::uint64_t host_available_bytes();
 
 }  // namespace kvo

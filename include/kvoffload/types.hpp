@@ -8,6 +8,9 @@
 
 namespace kvo {
 
+// "MAJOR.MINOR.PATCH" of the library that is linked.
+KVO_API const char* version();
+
 // Storage type of K and V. The cache moves bytes and never converts, so only the row size
 // matters to it; the name is for views, tools and errors. kFP8E4M3 and kInt8 are quantized rows:
 // one byte per element and an f32 scale per (token, kv head), laid out as kvoffload/quant.hpp

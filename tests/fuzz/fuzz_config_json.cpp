@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kvoffload/error.hpp"
-#include "model/model_config.hpp"
+#include "model/checkpoint/model_config.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

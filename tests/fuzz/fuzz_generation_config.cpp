@@ -6,8 +6,8 @@
 #include <string>
 
 #include "kvoffload/error.hpp"
-#include "model/model_config.hpp"
-#include "model/tokenizer_settings.hpp"
+#include "model/checkpoint/model_config.hpp"
+#include "model/text/tokenizer_settings.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -10,9 +10,9 @@
 #include <string>
 
 #include "kvoffload/error.hpp"
-#include "model/strict_json.hpp"
-#include "model/tokenizer.hpp"
-#include "model/tokenizer_bpe.hpp"
+#include "model/checkpoint/strict_json.hpp"
+#include "model/text/tokenizer.hpp"
+#include "model/text/tokenizer_bpe.hpp"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <map>
 
 #include "kvoffload/error.hpp"
-#include "model/safetensors.hpp"
+#include "model/checkpoint/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const auto* file = reinterpret_cast<const std::byte*>(data);

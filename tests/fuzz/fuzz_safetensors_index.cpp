@@ -8,7 +8,7 @@
 #include <string>
 
 #include "kvoffload/error.hpp"
-#include "model/safetensors.hpp"
+#include "model/checkpoint/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

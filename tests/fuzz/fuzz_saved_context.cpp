@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "kvoffload/kvoffload.hpp"
-#include "offload/byte_io.hpp"
-#include "offload/context_file.hpp"
+#include "offload/context/context_file.hpp"
+#include "offload/util/byte_io.hpp"
 
 namespace {
 

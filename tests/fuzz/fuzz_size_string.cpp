@@ -10,7 +10,7 @@
 
 #include "kvoffload/error.hpp"
 #include "kvoffload/types.hpp"
-#include "tools/cli.hpp"
+#include "tools/cli/cli.hpp"
 
 namespace {
 

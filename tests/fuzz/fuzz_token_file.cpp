@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "tools/cli.hpp"
-#include "tools/token_file.hpp"
+#include "tools/cli/cli.hpp"
+#include "tools/cli/token_file.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

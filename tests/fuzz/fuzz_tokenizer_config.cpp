@@ -9,8 +9,8 @@
 #include <string>
 
 #include "kvoffload/error.hpp"
-#include "model/chat_format.hpp"
-#include "model/tokenizer_settings.hpp"
+#include "model/text/chat_format.hpp"
+#include "model/text/tokenizer_settings.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kvoffload/error.hpp"
-#include "model/tokenizer_bpe.hpp"
+#include "model/text/tokenizer_bpe.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

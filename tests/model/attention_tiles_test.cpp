@@ -1,6 +1,6 @@
-// Attention over a quantized cache's bf16 tiles (model/attention_kernels.hpp: key_tiles, and
-// lse_merge in model/numerics.hpp), checked on the CPU: the tiles cover a chunk's keys exactly,
-// and attention computed tile by tile the way the CUDA path runs FlashInfer over them (the
+// Attention over a quantized cache's bf16 tiles (model/cuda/attention_kernels.hpp: key_tiles, and
+// lse_merge in model/decoder/numerics.hpp), checked on the CPU: the tiles cover a chunk's keys
+// exactly, and attention computed tile by tile the way the CUDA path runs FlashInfer over them (the
 // queries' own tile with a causal mask aligned to the bottom right and the window relative to
 // each query, the tiles before it unmasked, each returning its normalized output and its
 // log-sum-exp in log2 units of scaled scores) and merged in any order equals attention over all
@@ -13,8 +13,8 @@
 #include <random>
 #include <vector>
 
-#include "model/attention_kernels.hpp"
-#include "model/numerics.hpp"
+#include "model/cuda/attention_kernels.hpp"
+#include "model/decoder/numerics.hpp"
 
 namespace kvo::model {
 namespace {
@@ -59,8 +59,8 @@ void flashinfer_prefill(const std::vector<float>& q, int n, const float* k, cons
   }
 }
 
-// What model/flashinfer_attention.cuh's run_prefill hands FlashInfer for a PrefillCall over the
-// keys at k, v: causal, the keys from the first row's window on (first_position - window_left)
+// What model/cuda/flashinfer_attention.cuh's run_prefill hands FlashInfer for a PrefillCall over
+// the keys at k, v: causal, the keys from the first row's window on (first_position - window_left)
 // to first_position + n; unmasked, keys [0, keys).
 void prefill_call(const std::vector<float>& q, int n, const float* k, const float* v, int d,
                   bool causal, int first_position, int keys, int window_left, float scale,

@@ -13,7 +13,7 @@
 #include "cuda_required.hpp"
 #include "kvoffload/quant.hpp"
 #include "kvoffload/types.hpp"
-#include "model/memory_plan.hpp"
+#include "model/decoder/memory_plan.hpp"
 #include "model/model_test_util.hpp"
 
 namespace kvo::model {

@@ -27,10 +27,10 @@
 #include "cuda_required.hpp"
 #include "kvoffload/cache.hpp"
 #include "kvoffload/quant.hpp"
-#include "model/attention_kernels.hpp"
-#include "model/cuda_ops.hpp"
-#include "model/host_ops.hpp"
-#include "model/memory_plan.hpp"
+#include "model/cuda/attention_kernels.hpp"
+#include "model/cuda/cuda_ops.hpp"
+#include "model/decoder/memory_plan.hpp"
+#include "model/host/host_ops.hpp"
 
 namespace kvo::model {
 namespace {

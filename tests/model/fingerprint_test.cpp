@@ -11,7 +11,7 @@
 #include <random>
 #include <string>
 
-#include "model/fingerprint.hpp"
+#include "model/checkpoint/fingerprint.hpp"
 
 namespace kvo::model {
 namespace {

@@ -3,9 +3,9 @@
 // (run by ctest as a fixture); KVO_HF_REFERENCE_DIR points at them.
 #include <cstdlib>
 
+#include "model/checkpoint/safetensors.hpp"
 #include "model/model_test_util.hpp"
 #include "model/reference_forward.hpp"
-#include "model/safetensors.hpp"
 
 namespace kvo::model {
 namespace {

@@ -10,11 +10,11 @@
 #include <tuple>
 #include <vector>
 
-#include "model/host_attention.hpp"
-#include "model/host_gemm_bf16.hpp"
-#include "model/host_kernels.hpp"
-#include "model/host_linear.hpp"
-#include "model/host_ops.hpp"
+#include "model/host/host_attention.hpp"
+#include "model/host/host_gemm_bf16.hpp"
+#include "model/host/host_kernels.hpp"
+#include "model/host/host_linear.hpp"
+#include "model/host/host_ops.hpp"
 
 namespace kvo::model {
 namespace {

@@ -7,9 +7,9 @@
 #include <fstream>
 
 #include "kvoffload/error.hpp"
+#include "model/checkpoint/safetensors.hpp"
 #include "model/model_test_util.hpp"
 #include "model/reference_forward.hpp"
-#include "model/safetensors.hpp"
 
 namespace kvo::model {
 namespace {

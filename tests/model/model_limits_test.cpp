@@ -10,9 +10,9 @@
 #include <string>
 
 #include "expect_error.hpp"
+#include "model/checkpoint/safetensors.hpp"
 #include "model/model_test_util.hpp"
-#include "model/safetensors.hpp"
-#include "prefetch/host_backend.hpp"
+#include "prefetch/backend/host_backend.hpp"
 
 namespace kvo::model {
 namespace {

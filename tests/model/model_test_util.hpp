@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "model/decoder.hpp"
-#include "model/sampler.hpp"
+#include "model/decoder/decoder.hpp"
+#include "model/decoder/sampler.hpp"
 
 namespace kvo::model::testing {
 

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "model/numerics.hpp"
+#include "model/decoder/numerics.hpp"
 
 namespace kvo::model {
 namespace {

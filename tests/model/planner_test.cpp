@@ -8,9 +8,9 @@
 
 #include "kvoffload/kvoffload.hpp"
 #include "kvoffload/planner.hpp"
-#include "model/decoder.hpp"
-#include "model/memory_plan.hpp"
-#include "model/model_config.hpp"
+#include "model/checkpoint/model_config.hpp"
+#include "model/decoder/decoder.hpp"
+#include "model/decoder/memory_plan.hpp"
 
 namespace kvo {
 namespace {

@@ -24,7 +24,7 @@
 // K/V stored in fewer bits (bf16, f16, int8, fp8) enter the same way: each sample adds their
 // storage error as random noise (see store()), so the bound covers what the format loses too;
 // and so do the activations that the host path's AVX512_BF16 GEMMs round to bf16 (bf16 weights
-// on a CPU that has it, model/host_gemm_bf16.hpp): each input of each product, in every
+// on a CPU that has it, model/host/host_gemm_bf16.hpp): each input of each product, in every
 // projection (decode rows, which a GEMM does not multiply, are bounded more loosely for it).
 //
 // A run that follows another token path (a near tie the rounding decides) is compared with the
@@ -39,11 +39,11 @@
 #include <string>
 #include <vector>
 
-#include "model/decoder.hpp"
-#include "model/host_linear.hpp"
-#include "model/numerics.hpp"
-#include "model/safetensors.hpp"
-#include "model/weights.hpp"
+#include "model/checkpoint/safetensors.hpp"
+#include "model/checkpoint/weights.hpp"
+#include "model/decoder/decoder.hpp"
+#include "model/decoder/numerics.hpp"
+#include "model/host/host_linear.hpp"
 
 namespace kvo::model::testing {
 

@@ -12,7 +12,7 @@
 
 #include "expect_error.hpp"
 #include "kvoffload/error.hpp"
-#include "model/safetensors.hpp"
+#include "model/checkpoint/safetensors.hpp"
 
 namespace kvo::model {
 namespace {

@@ -5,8 +5,8 @@
 #include <map>
 #include <vector>
 
-#include "model/numerics.hpp"
-#include "model/sampler.hpp"
+#include "model/decoder/numerics.hpp"
+#include "model/decoder/sampler.hpp"
 
 namespace kvo::model {
 namespace {

@@ -13,9 +13,9 @@
 
 #include "expect_error.hpp"
 #include "kvoffload/error.hpp"
-#include "model/tokenizer.hpp"
-#include "model/tokenizer_bpe.hpp"
-#include "model/tokenizer_settings.hpp"
+#include "model/text/tokenizer.hpp"
+#include "model/text/tokenizer_bpe.hpp"
+#include "model/text/tokenizer_settings.hpp"
 
 namespace kvo::model {
 namespace {

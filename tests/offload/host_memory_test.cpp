@@ -8,8 +8,8 @@
 #include "expect_error.hpp"
 #include "kvoffload/kvoffload.hpp"
 #include "kvoffload/planner.hpp"
-#include "offload/host_memory.hpp"
-#include "prefetch/host_backend.hpp"
+#include "offload/store/host_memory.hpp"
+#include "prefetch/backend/host_backend.hpp"
 
 namespace kvo {
 namespace {

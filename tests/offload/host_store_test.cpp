@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "kvoffload/kvoffload.hpp"
-#include "offload/device_arena.hpp"
-#include "offload/host_store.hpp"
-#include "prefetch/host_backend.hpp"
+#include "offload/store/device_arena.hpp"
+#include "offload/store/host_store.hpp"
+#include "prefetch/backend/host_backend.hpp"
 
 namespace kvo::offload {
 namespace {

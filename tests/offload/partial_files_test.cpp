@@ -14,8 +14,8 @@
 
 #include "expect_error.hpp"
 #include "kvoffload/error.hpp"
-#include "offload/byte_io.hpp"
-#include "offload/partial_files.hpp"
+#include "offload/util/byte_io.hpp"
+#include "offload/util/partial_files.hpp"
 
 namespace kvo::offload {
 namespace {

@@ -17,8 +17,8 @@
 
 #include "expect_error.hpp"
 #include "kvoffload/kvoffload.hpp"
-#include "offload/byte_io.hpp"
-#include "offload/stream_copy.hpp"
+#include "offload/util/byte_io.hpp"
+#include "offload/util/stream_copy.hpp"
 
 namespace kvo {
 namespace {
@@ -205,22 +205,22 @@ TEST_F(CacheContextTest, AFileMapsTheBytesAheadOrNothing) {
   EXPECT_EQ(std::memcmp(next, bytes.data() + 1000, sizeof(next)), 0);
 }
 
-// KVO_MAP_CONTEXTS=0 turns mapping off: files are read with pread, and still restore exactly.
+// ContextReading::kPread turns mapping off: files are read with pread, and still restore exactly.
 TEST_F(CacheContextTest, MappingCanBeTurnedOff) {
   OffloadedStaticCache source(small_config(0));
   fill(source, 0, 21, 4);
   source.save_slot(0, path("ctx"));
-  ASSERT_EQ(::setenv("KVO_MAP_CONTEXTS", "0", 1), 0);
-  {
-    offload::FileSource file(path("ctx"));
-    EXPECT_EQ(file.map_ahead(0, 1), nullptr);
-  }
-  OffloadedStaticCache target(small_config(0));
+  EXPECT_EQ(offload::FileSource(path("ctx"), false).map_ahead(0, 1), nullptr);
+  EXPECT_NE(offload::FileSource(path("ctx")).map_ahead(0, 1), nullptr);
+  CacheConfig read = small_config(0);
+  read.context_reading = ContextReading::kPread;
+  OffloadedStaticCache target(read);
   target.load_slot(0, path("ctx"));
-  ::unsetenv("KVO_MAP_CONTEXTS");
   EXPECT_EQ(snapshot(target), snapshot(source));
-  offload::FileSource file(path("ctx"));
-  EXPECT_NE(file.map_ahead(0, 1), nullptr);
+  OffloadedStaticCache from_file(small_config(0));
+  SavedContextFile file(path("ctx"), ContextReading::kPread);
+  from_file.load_slots({0}, file);
+  EXPECT_EQ(snapshot(from_file), snapshot(source));
 }
 
 // Both streaming copies (where the CPU runs them) against memcpy, for every destination and

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kvoffload/error.hpp"
-#include "prefetch/host_backend.hpp"
+#include "prefetch/backend/host_backend.hpp"
 
 namespace kvo::prefetch {
 namespace {

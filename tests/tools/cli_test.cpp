@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kvoffload/error.hpp"
-#include "tools/cli.hpp"
+#include "tools/cli/cli.hpp"
 
 namespace kvo::cli {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <string>
 
-#include "tools/progress_bar.hpp"
+#include "tools/cli/progress_bar.hpp"
 
 namespace kvo::cli {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "tools/svg_chart.hpp"
+#include "tools/cli/svg_chart.hpp"
 
 namespace kvo::tools {
 namespace {

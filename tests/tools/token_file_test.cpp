@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "tools/cli.hpp"
-#include "tools/token_file.hpp"
+#include "tools/cli/cli.hpp"
+#include "tools/cli/token_file.hpp"
 
 namespace kvo::cli {
 namespace {

@@ -1,0 +1,80 @@
+// The shape of a Llama-family decoder as Hugging Face's config.json describes it (Llama 2/3/3.1,
+// Mistral, Qwen2), and the built-in presets.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvoffload/types.hpp"
+#include "model/decoder/numerics.hpp"
+
+namespace kvo::model {
+
+struct ModelConfig {
+  std::string architecture = "LlamaForCausalLM";  // architectures[0]
+  std::string model_type = "llama";
+  int vocab_size = 32000;
+  int hidden_size = 4096;
+  int intermediate_size = 11008;
+  int layers = 32;     // num_hidden_layers
+  int heads = 32;      // num_attention_heads
+  int kv_heads = 32;   // num_key_value_heads
+  int head_dim = 128;  // head_dim, else hidden_size / heads
+  float rms_norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;  // llama3 scaling; factor 0: none
+  int max_position_embeddings = 4096;
+  int sliding_window = 0;  // Mistral: attend to the last N keys; 0: full attention
+  bool qkv_bias = false;   // Qwen2, or Llama's attention_bias
+  bool o_bias = false;     // Llama's attention_bias
+  bool tie_word_embeddings = false;
+  DType dtype = DType::kBF16;  // torch_dtype / dtype of the checkpoint
+
+  std::int64_t q_dim() const { return static_cast<std::int64_t>(heads) * head_dim; }
+  std::int64_t kv_dim() const { return static_cast<std::int64_t>(kv_heads) * head_dim; }
+};
+
+// The largest value each dimension may take, stated so that every size derived from a config
+// (weights, activations, a tensor's byte count) is far from overflowing and an absurd config is
+// refused before anything is allocated. Real Llama-family models stay well inside: Llama 3.1
+// 405B has 126 layers, hidden 16384, intermediate 53248, 128 heads, vocab 128256.
+struct ModelLimits {
+  static constexpr int kVocab = 1 << 22;         // 4,194,304
+  static constexpr int kHidden = 1 << 16;        // 65,536
+  static constexpr int kIntermediate = 1 << 20;  // 1,048,576
+  static constexpr int kLayers = 1024;
+  static constexpr int kHeads = 1024;  // attention heads and KV heads
+  static constexpr int kHeadDim = 1024;
+  static constexpr int kPositions = 1 << 30;  // max_position_embeddings, sliding_window
+};
+
+// Reads config.json (its text, `source` names it in errors). Throws kvo::Error(kInvalidArgument)
+// for malformed JSON, a missing or out-of-range field, or an unsupported architecture, naming it.
+// Integer fields must be JSON integers within ModelLimits.
+// The largest config.json read.
+inline constexpr std::uint64_t kMaxConfigBytes = std::uint64_t{16} << 20;
+
+// What a model directory's files may be, for --help: each a regular file within its bound,
+// "config.json 16 MiB, ..., each .safetensors file 1 TiB".
+std::string model_file_bounds();
+
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
+ModelConfig load_model_config(const std::string& path);
+
+// Checks every dimension against ModelLimits and the relations between fields (heads divisible
+// by kv_heads, even head_dim, ...). Throws kvo::Error(kInvalidArgument) naming the field.
+void validate(const ModelConfig& config);
+
+// Built-in shapes by name: tiny, llama3-8b, mistral-7b, qwen2.5-7b. Throws for an unknown name,
+// listing the known ones.
+ModelConfig preset(const std::string& name);
+std::vector<std::string> preset_names();
+
+// config.json text for `config`, as Hugging Face writes it (enough for transformers to load).
+std::string to_config_json(const ModelConfig& config);
+
+// Parameter count and bytes of the weights in `dtype`.
+std::int64_t parameter_count(const ModelConfig& config);
+
+}  // namespace kvo::model

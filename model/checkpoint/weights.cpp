@@ -1,0 +1,171 @@
+#include "model/checkpoint/weights.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kvoffload/error.hpp"
+#include "model/checkpoint/safetensors.hpp"
+#include "model/decoder/numerics.hpp"
+#include "model/families/family.hpp"
+
+namespace kvo::model {
+namespace {
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+Elem elem(DType d) {
+  return static_cast<Elem>(static_cast<int>(d));
+}
+
+}  // namespace
+
+WeightLayout::WeightLayout(const ModelConfig& config, DType dtype)
+    : config_(config), dtype_(dtype) {
+  const std::int64_t h = config.hidden_size;
+  const std::vector<LayerTensor> layer = layer_tensors(config);
+  add("model.embed_tokens.weight", {config.vocab_size, h}, WeightKind::kMatrix);
+  for (int l = 0; l < config.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    for (const LayerTensor& t : layer) add(p + t.name, t.shape, t.kind);
+  }
+  add("model.norm.weight", {h}, WeightKind::kNorm);
+  if (!config.tie_word_embeddings) {
+    add("lm_head.weight", {config.vocab_size, h}, WeightKind::kMatrix);
+  }
+}
+
+std::vector<LayerTensor> WeightLayout::layer_tensors(const ModelConfig& config) {
+  return family_of_architecture(config.architecture, "the model").layer_tensors(config);
+}
+
+void WeightLayout::add(const std::string& name, std::vector<std::int64_t> shape, WeightKind kind) {
+  WeightEntry e;
+  e.name = name;
+  e.elements = 1;
+  for (auto d : shape) e.elements *= d;
+  e.shape = std::move(shape);
+  e.kind = kind;
+  e.stream = entries_.size();
+  e.scale = kind == WeightKind::kMatrix
+                ? static_cast<float>(std::sqrt(3.0 / static_cast<double>(e.shape[1])))
+                : 0.1f;
+  e.offset = bytes_;
+  bytes_ += (entry_bytes(e) + 255) / 256 * 256;
+  entries_.push_back(std::move(e));
+}
+
+ModelWeights WeightLayout::bind(const void* region) const {
+  const auto* base = static_cast<const std::byte*>(region);
+  ModelWeights w;
+  w.dtype = dtype_;
+  w.layers.resize(static_cast<std::size_t>(config_.layers));
+  const std::vector<LayerTensor> layer = layer_tensors(config_);
+  // Entries come as the constructor added them: the embedding, each layer's tensors in the
+  // family's order, the final norm, and the head unless it is tied.
+  std::size_t e = 0;
+  w.embed = base + entries_[e++].offset;
+  for (LayerWeights& weights : w.layers) {
+    for (const LayerTensor& t : layer) weights.*(t.role) = base + entries_[e++].offset;
+  }
+  w.final_norm = base + entries_[e++].offset;
+  w.lm_head = e < entries_.size() ? base + entries_[e].offset : w.embed;
+  return w;
+}
+
+float synthetic_value(const WeightEntry& entry, std::uint64_t seed, std::int64_t i) {
+  const float u = seeded_uniform(seed, entry.stream, static_cast<std::uint64_t>(i));
+  return entry.kind == WeightKind::kNorm ? 1.0f + entry.scale * u : entry.scale * u;
+}
+
+void fill_synthetic(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
+                    void* out) {
+  fill_synthetic_range(layout, entry, seed, 0, entry.elements, out);
+}
+
+void fill_synthetic_range(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
+                          std::int64_t first, std::int64_t count, void* out) {
+  const Elem type = elem(layout.dtype());
+  for (std::int64_t i = 0; i < count; ++i) {
+    store_elem(out, i, type, synthetic_value(entry, seed, first + i));
+  }
+}
+
+void convert_elements(const void* src, DType from, void* dst, DType to, std::size_t count) {
+  if (from == to) {
+    std::memcpy(dst, src, count * dtype_size(from));
+    return;
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto index = static_cast<std::int64_t>(i);
+    store_elem(dst, index, elem(to), load_elem(src, index, elem(from)));
+  }
+}
+
+namespace {
+
+// Layers the checkpoint holds: one more than the largest N of a "model.layers.N." tensor.
+int checkpoint_layers(const Checkpoint& checkpoint) {
+  static const std::string kPrefix = "model.layers.";
+  long long layers = 0;
+  for (const auto& [name, info] : checkpoint.tensors()) {
+    (void)info;
+    if (name.compare(0, kPrefix.size(), kPrefix) != 0) continue;
+    const std::size_t digits = name.find_first_not_of("0123456789", kPrefix.size());
+    if (digits == kPrefix.size() || digits > kPrefix.size() + 6 || digits == std::string::npos ||
+        name[digits] != '.') {
+      continue;
+    }
+    layers = std::max(layers, std::stoll(name.substr(kPrefix.size(), digits - kPrefix.size())) + 1);
+  }
+  return static_cast<int>(layers);
+}
+
+}  // namespace
+
+void check_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint) {
+  const int config_layers = layout.config().layers;
+  const int held = checkpoint_layers(checkpoint);
+  if (held != config_layers) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        checkpoint.dir() + ": config.json has num_hidden_layers " + std::to_string(config_layers) +
+            " but the checkpoint holds " + std::to_string(held) + " layers" +
+            (held > 0 ? " (model.layers.0 to model.layers." + std::to_string(held - 1) + ")" : ""));
+  }
+  for (const auto& e : layout.entries()) {
+    const TensorInfo& t = checkpoint.tensor(e.name);
+    if (!t.dtype_supported) {
+      throw Error(ErrorCode::kInvalidArgument, t.file + ": tensor \"" + e.name + "\" has dtype " +
+                                                   t.dtype_text + " (supported: F32, F16, BF16)");
+    }
+    if (t.shape != e.shape) {
+      throw Error(ErrorCode::kInvalidArgument, t.file + ": tensor \"" + e.name + "\" has shape " +
+                                                   shape_text(t.shape) + ", the config needs " +
+                                                   shape_text(e.shape));
+    }
+  }
+}
+
+void load_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint,
+                     const UploadFn& upload, const ProgressFn& progress) {
+  check_checkpoint(layout, checkpoint);
+  std::vector<std::byte> staging;
+  const auto total = static_cast<std::int64_t>(layout.entries().size());
+  std::int64_t done = 0;
+  for (const auto& e : layout.entries()) {
+    const TensorInfo& t = checkpoint.tensor(e.name);
+    const std::size_t bytes = layout.entry_bytes(e);
+    staging.resize(bytes);
+    convert_elements(t.data, t.dtype, staging.data(), layout.dtype(),
+                     static_cast<std::size_t>(e.elements));
+    upload(e.offset, staging.data(), bytes);
+    if (progress) progress(++done, total);
+  }
+}
+
+}  // namespace kvo::model

@@ -1,0 +1,483 @@
+// The CUDA path: cuBLAS for every projection (f32 accumulation; bf16/f16 weights take their
+// input converted to the same type), FlashInfer's kernels for attention where they serve the
+// shape (model/cuda/attention_kernels.hpp), the built-in kernels elsewhere, kernels for the rest.
+// Everything is ordered on one stream and uses only the workspace planned with the cache (and two
+// small pinned host mirrors of FlashInfer's decode schedule, allocated here once).
+#include "model/cuda/cuda_ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "model/cuda/cublas_loader.hpp"
+#include "model/cuda/cuda_check.hpp"
+#include "model/cuda/flashinfer_attention.hpp"
+#include "model/cuda/kernels.hpp"
+#include "model/decoder/memory_plan.hpp"
+
+namespace kvo::model {
+namespace {
+
+Elem elem(DType d) {
+  return static_cast<Elem>(static_cast<int>(d));
+}
+
+cudaDataType_t cuda_type(DType d) {
+  return d == DType::kF32 ? CUDA_R_32F : d == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+class CudaOps final : public Ops {
+ public:
+  CudaOps(const OpsShape& shape, void* stream, void* workspace)
+      : shape_(shape),
+        elem_(elem(shape.weight_dtype)),
+        kv_elem_(elem(shape.kv_dtype)),
+        stream_(static_cast<cudaStream_t>(stream)),
+        layout_(shape.config, shape.weight_dtype, shape.kv_dtype, shape.max_rows,
+                shape.max_decode_rows, shape.max_seq, shape.builtin_attention) {
+    base_ = static_cast<std::byte*>(workspace);
+    gemm_input_ = base_ + layout_.gemm_input;
+    partials_ = reinterpret_cast<float*>(base_ + layout_.partials);
+    scores_ = reinterpret_cast<float*>(base_ + layout_.prefill_scores);
+    stats_ = reinterpret_cast<float*>(base_ + layout_.prefill_stats);
+    kv_block_ = reinterpret_cast<float*>(base_ + layout_.prefill_kv);
+    try {
+      if (layout_.kernels.any_flashinfer()) setup_flashinfer();
+      KVO_MODEL_CUBLAS_CHECK(cublas::api().create(&handle_));
+      KVO_MODEL_CUBLAS_CHECK(cublas::api().set_stream(handle_, stream_));
+      KVO_MODEL_CUBLAS_CHECK(cublas::api().set_workspace(handle_, base_, kCublasWorkspaceBytes));
+      KVO_MODEL_CUBLAS_CHECK(cublas::api().set_math_mode(handle_, CUBLAS_DEFAULT_MATH));
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~CudaOps() override { release(); }
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  void embed(const std::int32_t* tokens, int n, const void* table, float* out) override {
+    cuda::embed(tokens, n, table, elem_, shape_.config.hidden_size, out, stream_);
+  }
+  void rms_norm(const float* x, int n, const void* weight, float* out) override {
+    cuda::rms_norm(x, n, shape_.config.hidden_size, weight, elem_, shape_.config.rms_norm_eps, out,
+                   stream_);
+  }
+  void linear(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
+              bool accumulate) override {
+    if (n == 0) return;
+    gemm(gemm_input(x, n, in), n, in, w, bias, out, y, accumulate);
+  }
+  void linear_many(const float* x, int n, int in, const Projection* projections,
+                   int count) override {
+    if (n == 0) return;
+    const void* input = gemm_input(x, n, in);  // converted once for every projection
+    for (int i = 0; i < count; ++i) {
+      const Projection& p = projections[i];
+      gemm(input, n, in, p.w, p.bias, p.out, p.y, p.accumulate);
+    }
+  }
+  // x as the GEMMs read it: itself in f32, else converted to the weights' type.
+  const void* gemm_input(const float* x, int n, int in) {
+    if (shape_.weight_dtype == DType::kF32) return x;
+    cuda::convert(x, static_cast<std::int64_t>(n) * in, gemm_input_, elem_, stream_);
+    return gemm_input_;
+  }
+  void gemm(const void* input, int n, int in, const void* w, const void* bias, int out, float* y,
+            bool accumulate) {
+    const float alpha = 1.0f;
+    const float beta = accumulate ? 1.0f : 0.0f;
+    const cudaDataType_t type = cuda_type(shape_.weight_dtype);
+    // Row-major y [n][out] = x [n][in] W^T is column-major y^T [out][n] = W^T [out][in] x^T.
+    KVO_MODEL_CUBLAS_CHECK(cublas::api().gemm_ex(
+        handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, type, in, input, type, in, &beta,
+        y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias != nullptr) cuda::add_bias(y, n, out, bias, elem_, stream_);
+  }
+  void rope(float* q, float* k, int n, const std::int32_t* positions, int first_position) override {
+    const ModelConfig& c = shape_.config;
+    cuda::rope(q, k, n, c.heads, c.kv_heads, c.head_dim, shape_.inv_freq, positions, first_position,
+               stream_);
+  }
+  void to_cache_rows(const float* x, int n, void* out) override {
+    const ModelConfig& c = shape_.config;
+    if (is_quantized(kv_elem_)) {
+      cuda::quantize_rows(x, n, c.kv_heads, c.head_dim, kv_elem_,
+                          static_cast<std::int64_t>(quant_row_bytes(c.kv_heads, c.head_dim)), out,
+                          stream_);
+      return;
+    }
+    cuda::convert(x, static_cast<std::int64_t>(n) * c.kv_dim(), out, kv_elem_, stream_);
+  }
+  // Attention goes through FlashInfer where it serves the shape: the f32 queries are converted to
+  // the cache's type, FlashInfer reads the staged K/V in place, and its output is widened back.
+  void attention_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
+                         float* out) override {
+    if (n == 0) return;
+    if (layout_.kernels.dequant_tiles) {
+      tiled_prefill(q, n, slot, first_position, view, out);
+      return;
+    }
+    if (!layout_.kernels.flashinfer_prefill) {
+      builtin_prefill(q, n, slot, first_position, view, out);
+      return;
+    }
+    const ModelConfig& c = shape_.config;
+    const std::int64_t count = static_cast<std::int64_t>(n) * c.q_dim();
+    cuda::convert(q, count, attn_q_, kv_elem_, stream_);
+    flashinfer_ops::PrefillCall call;
+    call.q = attn_q_;
+    call.out = attn_out_;
+    call.n = n;
+    call.heads = c.heads;
+    call.slot = slot;
+    call.first_position = first_position;
+    call.window_left = window_left();
+    call.sm_scale = sm_scale();
+    call.tmp = prefill_tmp_;
+    call.tmp_bytes = layout_.prefill_tmp_bytes;
+    flashinfer_ops::prefill(kv_layer(view), call, stream_);
+    cuda::widen(attn_out_, count, kv_elem_, out, stream_);
+  }
+  void attention_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
+                        float* out) override {
+    if (n == 0) return;
+    if (layout_.kernels.dequant_tiles) {
+      tiled_decode(q, n, rows, view, out);
+      return;
+    }
+    if (!layout_.kernels.flashinfer_decode) {
+      builtin_decode(q, n, rows, view, out);
+      return;
+    }
+    if (n > shape_.max_decode_rows) {
+      throw Error(ErrorCode::kInternal, "attention_decode: more rows than the plan's slots");
+    }
+    const ModelConfig& c = shape_.config;
+    const std::int64_t count = static_cast<std::int64_t>(n) * c.q_dim();
+    cuda::convert(q, count, attn_q_, kv_elem_, stream_);
+    for (int i = 0; i < n; ++i) kv_lens_[static_cast<std::size_t>(i)] = rows.host_positions[i] + 1;
+    flashinfer_ops::DecodeCall call;
+    call.q = attn_q_;
+    call.out = attn_out_;
+    call.n = n;
+    call.heads = c.heads;
+    call.slots = rows.host_slots;
+    call.kv_lens = kv_lens_.data();
+    call.window_left = window_left();
+    call.sm_scale = sm_scale();
+    flashinfer_ops::decode(kv_layer(view), call, decode_ws_, stream_);
+    cuda::widen(attn_out_, count, kv_elem_, out, stream_);
+  }
+  void swiglu(float* gate, const float* up, std::int64_t count) override {
+    cuda::swiglu(gate, up, count, stream_);
+  }
+  void synchronize() override { KVO_MODEL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void fill_synthetic(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
+                      void* dst) override {
+    cuda::fill_synthetic(dst, entry.elements, elem(layout.dtype()), seed, entry.stream, entry.scale,
+                         entry.kind == WeightKind::kNorm, stream_);
+  }
+  // The rows' slots and draws go up, the draws run on the device, only the ids come back.
+  void sample(const float* logits, int n, const SampleRows& rows, const SamplingParams& params,
+              std::uint64_t seed, std::int32_t* tokens) override {
+    if (n == 0) return;
+    if (n > shape_.max_decode_rows) {
+      throw Error(ErrorCode::kInvalidArgument, "sample: more rows than the plan's slots");
+    }
+    check_sampling(params);
+    auto* device_rows = reinterpret_cast<std::int32_t*>(base_ + layout_.sampling);
+    std::int32_t* device_tokens = device_rows + 2 * shape_.max_decode_rows;
+    sample_rows_.assign(rows.slots, rows.slots + n);
+    sample_rows_.insert(sample_rows_.end(), rows.draws, rows.draws + n);
+    const std::size_t bytes = sizeof(std::int32_t) * static_cast<std::size_t>(n);
+    KVO_MODEL_CUDA_CHECK(cudaMemcpyAsync(device_rows, sample_rows_.data(), 2 * bytes,
+                                         cudaMemcpyHostToDevice, stream_));
+    cuda::sample(logits, n, shape_.config.vocab_size, params.temperature, params.top_k,
+                 params.top_p, seed, device_rows, device_tokens, stream_);
+    KVO_MODEL_CUDA_CHECK(
+        cudaMemcpyAsync(tokens, device_tokens, bytes, cudaMemcpyDeviceToHost, stream_));
+    KVO_MODEL_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  // A quantized cache through FlashInfer (attention_kernels.hpp, kDequantTileKeys): the queries
+  // in bf16, then per tile of keys (key_tiles): the tile dequantized into bf16, FlashInfer's
+  // prefill kernel over it (causal for the queries' own tile, unmasked before it) with its
+  // log-sum-exp, and its output merged into `out` in f32. A decode row is a chunk of one.
+  void tiled_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
+                     float* out) {
+    const ModelConfig& c = shape_.config;
+    cuda::convert(q, static_cast<std::int64_t>(n) * c.q_dim(), attn_q_, Elem::kBF16, stream_);
+    attend_tiles(attn_q_, n, slot, first_position, view, out);
+  }
+  void tiled_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
+                    float* out) {
+    if (n > shape_.max_decode_rows) {
+      throw Error(ErrorCode::kInternal, "attention_decode: more rows than the plan's slots");
+    }
+    const ModelConfig& c = shape_.config;
+    const std::int64_t q_dim = static_cast<std::int64_t>(c.q_dim());
+    cuda::convert(q, n * q_dim, attn_q_, Elem::kBF16, stream_);
+    for (int i = 0; i < n; ++i) {
+      attend_tiles(attn_q_ + i * q_dim * 2, 1, rows.host_slots[i], rows.host_positions[i], view,
+                   out + i * q_dim);
+    }
+  }
+  // Rows [first_position, first_position + n) of `slot`, queries q_bf16 [n][heads][d].
+  void attend_tiles(const std::byte* q_bf16, int n, int slot, int first_position,
+                    const LayerView& view, float* out) {
+    const ModelConfig& c = shape_.config;
+    const int d = c.head_dim;
+    const int tile_keys = layout_.kernels.tile_keys;
+    std::byte* k_tile = base_ + layout_.kv_tile;
+    std::byte* v_tile = k_tile + static_cast<std::int64_t>(tile_keys) * c.kv_dim() * 2;
+    auto* tile_lse = reinterpret_cast<float*>(base_ + layout_.tile_lse);
+    auto* run_lse = reinterpret_cast<float*>(base_ + layout_.run_lse);
+    flashinfer_ops::KvLayer tile;  // [1][tile_keys][kv_heads][d] bf16
+    tile.k = k_tile;
+    tile.v = v_tile;
+    tile.type = Elem::kBF16;
+    tile.token_stride = c.kv_dim();
+    tile.head_stride = d;
+    tile.slot_stride = static_cast<std::int64_t>(tile_keys) * tile.token_stride;
+    tile.kv_heads = c.kv_heads;
+    tile.head_dim = d;
+    tile.max_seq = tile_keys;
+    const std::vector<KeyTile> tiles =
+        key_tiles(first_key(c, first_position), first_position, n, tile_keys);
+    for (std::size_t i = 0; i < tiles.size(); ++i) {
+      const KeyTile& t = tiles[i];
+      const int keys = t.end - t.begin;
+      const std::int64_t offset = slot * view.slot_stride + t.begin * view.token_stride;
+      cuda::gather_kv_block(view.k, view.v, elem(view.dtype), offset, view.token_stride,
+                            view.head_stride, view.k_scale_offset, keys, c.kv_heads, d, k_tile,
+                            v_tile, Elem::kBF16, stream_);
+      flashinfer_ops::PrefillCall call;
+      call.q = q_bf16;
+      call.out = attn_out_;
+      call.n = n;
+      call.heads = c.heads;
+      call.sm_scale = sm_scale();
+      call.tmp = prefill_tmp_;
+      call.tmp_bytes = layout_.prefill_tmp_bytes;
+      call.lse = tile_lse;
+      if (t.causal) {
+        call.first_position = first_position - t.begin;
+        call.window_left = window_left();
+        flashinfer_ops::prefill(tile, call, stream_);
+      } else {
+        call.keys = keys;
+        flashinfer_ops::prefill_unmasked(tile, call, stream_);
+      }
+      cuda::merge_attention_tile(attn_out_, Elem::kBF16, tile_lse, n, c.heads, d, i == 0, out,
+                                 run_lse, stream_);
+    }
+  }
+
+  // The built-in kernels, for shapes FlashInfer does not serve.
+  //
+  // Prefill: keys in blocks of B = kPrefillKeyBlock, per block: S = scale Q K^T (cuBLAS, f32; a
+  // bf16/f16 block is converted first), the masked online-softmax step (kernel), out += P V
+  // (cuBLAS); then out /= the running sums. Per kv head g, one strided-batched GEMM covers its
+  // `group` query heads: the K/V block is shared (stride 0), the heads' Q and out columns are d
+  // apart.
+  void builtin_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
+                       float* out) {
+    const ModelConfig& c = shape_.config;
+    const int d = c.head_dim;
+    const int group = c.heads / c.kv_heads;
+    const int B = kPrefillKeyBlock;
+    const int last = first_position + n - 1;
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+    const float one = 1.0f;
+    const float zero = 0.0f;
+    const std::int64_t score_stride = static_cast<std::int64_t>(n) * B;  // one head's [n][B]
+    float* k_block = kv_block_;
+    float* v_block = kv_block_ + static_cast<std::int64_t>(B) * c.kv_dim();
+    cuda::PrefillBlock block;
+    block.n = n;
+    block.heads = c.heads;
+    block.head_dim = d;
+    block.first_position = first_position;
+    block.sliding_window = c.sliding_window;
+    block.key_stride = B;
+    const int begin = first_key(c, first_position);
+    for (int k0 = begin; k0 <= last; k0 += B) {
+      const int keys = std::min(B, last + 1 - k0);
+      const std::int64_t offset = slot * view.slot_stride + k0 * view.token_stride;
+      // K/V block as f32 rows: token j of kv head g at base + j * ld + g * head_offset.
+      const float* k_rows = nullptr;
+      const float* v_rows = nullptr;
+      std::int64_t ld = 0;
+      std::int64_t head_offset = 0;
+      if (view.dtype == DType::kF32) {
+        k_rows = static_cast<const float*>(view.k) + offset;
+        v_rows = static_cast<const float*>(view.v) + offset;
+        ld = view.token_stride;
+        head_offset = view.head_stride;
+      } else {
+        cuda::gather_kv_block(view.k, view.v, elem(view.dtype), offset, view.token_stride,
+                              view.head_stride, view.k_scale_offset, keys, c.kv_heads, d, k_block,
+                              v_block, Elem::kF32, stream_);
+        k_rows = k_block;
+        v_rows = v_block;
+        ld = c.kv_dim();
+        head_offset = d;
+      }
+      // Row-major S_h [n][B] = Q_h [n][d] K^T is column-major S_h^T [keys][n] = K [keys][d]
+      // (stored d x keys, ld) transposed times Q_h^T (d x n, ld heads * d).
+      for (int g = 0; g < c.kv_heads; ++g) {
+        KVO_MODEL_CUBLAS_CHECK(cublas::api().gemm_strided_batched_ex(
+            handle_, CUBLAS_OP_T, CUBLAS_OP_N, keys, n, d, &scale, k_rows + g * head_offset,
+            CUDA_R_32F, static_cast<int>(ld), 0, q + static_cast<std::int64_t>(g) * group * d,
+            CUDA_R_32F, c.heads * d, d, &zero, scores_ + g * group * score_stride, CUDA_R_32F, B,
+            score_stride, group, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }
+      block.key_begin = k0;
+      block.keys = keys;
+      block.first_block = k0 == begin;
+      cuda::prefill_softmax_block(block, scores_, stats_, out, stream_);
+      // Row-major O_h [n][d] += P_h [n][keys] V [keys][d] is column-major O_h^T (d x n, ld
+      // heads * d) += V^T (d x keys, ld) P_h^T (keys x n, ld B).
+      for (int g = 0; g < c.kv_heads; ++g) {
+        KVO_MODEL_CUBLAS_CHECK(cublas::api().gemm_strided_batched_ex(
+            handle_, CUBLAS_OP_N, CUBLAS_OP_N, d, n, keys, &one, v_rows + g * head_offset,
+            CUDA_R_32F, static_cast<int>(ld), 0, scores_ + g * group * score_stride, CUDA_R_32F, B,
+            score_stride, &one, out + static_cast<std::int64_t>(g) * group * d, CUDA_R_32F,
+            c.heads * d, d, group, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      }
+    }
+    cuda::prefill_normalize(n, c.heads, d, stats_, out, stream_);
+  }
+  // Decode: split-sequence over key ranges, merged after.
+  void builtin_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
+                      float* out) {
+    cuda::AttentionArgs a = args(q, n, view, out);
+    a.slots = rows.slots;
+    a.positions = rows.positions;
+    // Enough key ranges to fill the GPU when few rows decode over long prefixes.
+    int longest = 0;
+    for (int i = 0; i < n; ++i) longest = std::max(longest, rows.host_positions[i] + 1);
+    const int splits = std::clamp(longest / 256, 1, kMaxAttentionSplits);
+    cuda::attention(a, splits, partials_, stream_);
+  }
+
+  void setup_flashinfer() {
+    attn_q_ = base_ + layout_.attn_q;
+    attn_out_ = base_ + layout_.attn_out;
+    if (layout_.kernels.flashinfer_decode && !layout_.kernels.dequant_tiles) {
+      decode_ws_.float_buffer = base_ + layout_.decode_float;
+      decode_ws_.float_bytes = layout_.decode_float_bytes;
+      decode_ws_.int_buffer = base_ + layout_.decode_int;
+      decode_ws_.int_bytes = layout_.decode_int_bytes;
+      decode_ws_.pages = reinterpret_cast<std::int32_t*>(base_ + layout_.decode_pages);
+      decode_ws_.pages_count = layout_.decode_pages_count;
+      decode_ws_.grid = layout_.decode_grid;
+      KVO_MODEL_CUDA_CHECK(
+          cudaHostAlloc(&decode_ws_.int_host, layout_.decode_int_bytes, cudaHostAllocDefault));
+      void* pages_host = nullptr;
+      KVO_MODEL_CUDA_CHECK(cudaHostAlloc(
+          &pages_host, layout_.decode_pages_count * sizeof(std::int32_t), cudaHostAllocDefault));
+      decode_ws_.pages_host = static_cast<std::int32_t*>(pages_host);
+      KVO_MODEL_CUDA_CHECK(
+          cudaEventCreateWithFlags(&decode_ws_.mirrors_copied, cudaEventDisableTiming));
+      kv_lens_.resize(static_cast<std::size_t>(shape_.max_decode_rows));
+    }
+    if (layout_.kernels.flashinfer_prefill) {
+      // The prefill split-KV scratch was planned for kPlannedSms SMs: on a wider GPU FlashInfer
+      // would split further than it holds, so prefill does not split the keys there.
+      int device = 0;
+      int sms = 0;
+      KVO_MODEL_CUDA_CHECK(cudaGetDevice(&device));
+      KVO_MODEL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      prefill_tmp_ = sms <= kPlannedSms ? base_ + layout_.prefill_tmp : nullptr;
+    }
+  }
+  // Frees what the constructor made; safe on a half-built object. Never throws.
+  void release() noexcept {
+    if (handle_ != nullptr) cublas::api().destroy(handle_);
+    handle_ = nullptr;
+    if (decode_ws_.mirrors_copied != nullptr) {
+      cudaEventSynchronize(decode_ws_.mirrors_copied);  // no copy may still read the mirrors
+      cudaEventDestroy(decode_ws_.mirrors_copied);
+    }
+    if (decode_ws_.int_host != nullptr) cudaFreeHost(decode_ws_.int_host);
+    if (decode_ws_.pages_host != nullptr) cudaFreeHost(decode_ws_.pages_host);
+    decode_ws_ = flashinfer_ops::DecodeWorkspace{};
+  }
+  flashinfer_ops::KvLayer kv_layer(const LayerView& view) const {
+    flashinfer_ops::KvLayer kv;
+    kv.k = view.k;
+    kv.v = view.v;
+    kv.type = elem(view.dtype);
+    kv.slot_stride = view.slot_stride;
+    kv.token_stride = view.token_stride;
+    kv.head_stride = view.head_stride;
+    kv.kv_heads = view.kv_heads;
+    kv.head_dim = view.head_dim;
+    kv.max_seq = view.max_seq;
+    kv.page_size = layout_.kernels.page_size;
+    return kv;
+  }
+  // FlashInfer counts the window's keys to the left of the query's own.
+  int window_left() const {
+    return shape_.config.sliding_window > 0 ? shape_.config.sliding_window - 1 : -1;
+  }
+  float sm_scale() const {
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape_.config.head_dim)));
+  }
+  cuda::AttentionArgs args(const float* q, int n, const LayerView& view, float* out) const {
+    cuda::AttentionArgs a;
+    a.q = q;
+    a.out = out;
+    a.n = n;
+    a.heads = shape_.config.heads;
+    a.kv_heads = shape_.config.kv_heads;
+    a.head_dim = shape_.config.head_dim;
+    a.sliding_window = shape_.config.sliding_window;
+    a.k = view.k;
+    a.v = view.v;
+    a.type = elem(view.dtype);
+    a.slot_stride = view.slot_stride;
+    a.token_stride = view.token_stride;
+    a.head_stride = view.head_stride;
+    a.k_scale_offset = view.k_scale_offset;
+    a.v_scale_offset = view.v_scale_offset;
+    return a;
+  }
+
+  OpsShape shape_;
+  Elem elem_;     // the weights'
+  Elem kv_elem_;  // the cache's rows
+  cudaStream_t stream_;
+  WorkspaceLayout layout_;
+  cublasHandle_t handle_ = nullptr;
+  std::byte* base_ = nullptr;
+  std::byte* gemm_input_ = nullptr;
+  float* partials_ = nullptr;
+  float* scores_ = nullptr;    // [heads][max_rows][kPrefillKeyBlock]
+  float* stats_ = nullptr;     // [2][heads][max_rows]
+  float* kv_block_ = nullptr;  // [2][kPrefillKeyBlock][kv_heads][head_dim] (bf16/f16 caches)
+  // FlashInfer's (model/decoder/memory_plan.hpp):
+  std::byte* attn_q_ = nullptr;    // [R][heads][head_dim] (type)
+  std::byte* attn_out_ = nullptr;  // [R][heads][head_dim] (type)
+  std::byte* prefill_tmp_ = nullptr;
+  flashinfer_ops::DecodeWorkspace decode_ws_;
+  std::vector<std::int32_t> kv_lens_;      // [slots]: keys of each decode row
+  std::vector<std::int32_t> sample_rows_;  // [2][n]: slots, then draws, of the rows sampled
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> make_cuda_ops(const OpsShape& shape, void* stream, void* workspace) {
+  return std::make_unique<CudaOps>(shape, stream, workspace);
+}
+
+std::uint64_t cuda_device_bytes_in_use() {
+  std::size_t free_bytes = 0, total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) return 0;
+  return total - free_bytes;
+}
+
+}  // namespace kvo::model

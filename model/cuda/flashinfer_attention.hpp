@@ -1,0 +1,114 @@
+// Attention through FlashInfer's kernels, instantiated ahead of time in model/flashinfer_*.cu for
+// the configurations attention_kernels.hpp lists. This header is plain C++: the FlashInfer and
+// CUDA templates stay in those few translation units.
+//
+// K and V are the cache's views: [slot][token][kv_head][head_dim] (NHD) with explicit element
+// strides. Decode reads every slot as a run of pages of page_size tokens (slot s, token t is page
+// s * (max_seq / page_size) + t / page_size), so all decoding slots go in one launch, each with
+// its own length, and the keys are split over the GPU when the slots alone do not fill it.
+// Prefill reads one slot's keys in place with a causal mask aligned to the bottom right.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/decoder/numerics.hpp"
+
+namespace kvo::model::flashinfer_ops {
+
+// One layer's K and V on the device.
+struct KvLayer {
+  const void* k = nullptr;  // [slots][max_seq][kv_heads][head_dim]
+  const void* v = nullptr;
+  Elem type = Elem::kBF16;       // kBF16 or kF16
+  std::int64_t slot_stride = 0;  // elements
+  std::int64_t token_stride = 0;
+  std::int64_t head_stride = 0;
+  int kv_heads = 0;
+  int head_dim = 0;  // 64 or 128
+  int max_seq = 0;
+  int page_size = 0;  // divides max_seq
+};
+
+// The decode schedule's buffers: device regions of the workspace and their pinned host mirrors.
+struct DecodeWorkspace {
+  void* float_buffer = nullptr;  // split-KV partials (device)
+  std::size_t float_bytes = 0;
+  void* int_buffer = nullptr;  // the schedule (device)
+  void* int_host = nullptr;    // its pinned mirror, int_bytes
+  std::size_t int_bytes = 0;
+  std::int32_t* pages = nullptr;       // indptr, last_page_len, indices (device)
+  std::int32_t* pages_host = nullptr;  // their pinned mirror
+  std::size_t pages_count = 0;         // int32s of each
+  int grid = 0;  // the most blocks the schedule may use (it sized float_buffer)
+  // Recorded after the mirrors' copies; waited before they are written again.
+  cudaEvent_t mirrors_copied = nullptr;
+  // The last schedule (FlashInfer's plan, as offsets into int_buffer and float_buffer) and the
+  // rows it was made for: every layer of a decode step has the same rows, so only the first
+  // layer plans and copies; the others reuse the schedule and pages already on the device.
+  std::array<std::int64_t, 10> plan{};
+  std::vector<std::int32_t> planned_rows;  // [n][slot, first page, kv_len]; empty: none
+  std::vector<std::int32_t> rows;          // the same for the call at hand (scratch)
+};
+
+// n query rows, row i for slot slots[i] with keys [0, kv_lens[i]) (its own key included).
+struct DecodeCall {
+  const void* q = nullptr;  // [n][heads][head_dim] (type), device
+  void* out = nullptr;      // [n][heads][head_dim] (type), device
+  int n = 0;
+  int heads = 0;
+  const std::int32_t* slots = nullptr;    // [n], host
+  const std::int32_t* kv_lens = nullptr;  // [n], host
+  // Keys before position - window_left are masked (and, whole pages of them, not read).
+  int window_left = -1;
+  float sm_scale = 1;
+};
+
+// The query rows [first_position, first_position + n) of one slot over its keys
+// [0, first_position + n), causal (prefill); or, unmasked (prefill_unmasked), over keys
+// [0, keys) of the slot, every row seeing every key.
+struct PrefillCall {
+  const void* q = nullptr;  // [n][heads][head_dim] (type), device
+  void* out = nullptr;      // [n][heads][head_dim] (type), device
+  int n = 0;
+  int heads = 0;
+  int slot = 0;
+  int first_position = 0;
+  int window_left = -1;
+  float sm_scale = 1;
+  void* tmp = nullptr;  // split-KV partials, tmp_bytes; nullptr: never split the keys
+  std::size_t tmp_bytes = 0;
+  int keys = 0;          // prefill_unmasked: the keys
+  float* lse = nullptr;  // [n][heads] f32, FlashInfer's log-sum-exp (log2 domain); may be null
+};
+
+// Both throw kvo::Error(kDevice) for a CUDA failure and kInternal for a shape FlashInfer does not
+// serve or a layout it cannot read (choose_attention_kernels rules those out first). Everything
+// is ordered on `stream`; a decode that plans anew first waits, on the host, for the previous
+// plan's copies out of the pinned mirrors.
+void decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& workspace,
+            cudaStream_t stream);
+void prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
+// Over keys [0, call.keys) of the slot with no mask (bf16 only: the tiles of a quantized cache
+// before the queries' own keys). REQUIRES: call.keys >= 1, call.window_left == -1.
+void prefill_unmasked(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
+
+// The instantiations behind them, one translation unit per (kernel, dtype) for a parallel build.
+// plan_decode: FlashInfer's schedule for rows whose page ranges are `host_indptr` [n + 1], written
+// to the pinned mirror and copied on `stream`; its offsets go to workspace.plan.
+// run_decode: the kernel over the device page arrays, by workspace.plan.
+template <Elem E, int kHeadDim>
+cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& workspace,
+                        std::int32_t* host_indptr, cudaStream_t stream);
+template <Elem E, int kHeadDim>
+cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWorkspace& workspace,
+                       const std::int32_t* indptr, const std::int32_t* last_page_len,
+                       const std::int32_t* indices, cudaStream_t stream);
+template <Elem E, int kHeadDim, bool kCausal>
+cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
+
+}  // namespace kvo::model::flashinfer_ops

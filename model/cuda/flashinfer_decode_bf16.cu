@@ -1,0 +1,7 @@
+// FlashInfer decode attention over bf16 K/V, head_dim 64 and 128
+// (model/cuda/flashinfer_attention.cuh).
+#include "model/cuda/flashinfer_attention.cuh"
+
+namespace kvo::model::flashinfer_ops {
+KVO_FLASHINFER_DECODE(Elem::kBF16)
+}  // namespace kvo::model::flashinfer_ops

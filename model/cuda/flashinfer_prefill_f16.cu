@@ -1,0 +1,7 @@
+// FlashInfer prefill attention over f16 K/V, head_dim 64 and 128
+// (model/cuda/flashinfer_attention.cuh).
+#include "model/cuda/flashinfer_attention.cuh"
+
+namespace kvo::model::flashinfer_ops {
+KVO_FLASHINFER_PREFILL(Elem::kF16)
+}  // namespace kvo::model::flashinfer_ops

@@ -1,0 +1,115 @@
+// Launchers of the model's CUDA kernels (defined in kernels_*.cu). Every pointer is device
+// memory; every launch goes on `stream` and is checked with cudaGetLastError.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "model/decoder/numerics.hpp"
+
+namespace kvo::model::cuda {
+
+// ---- kernels_elementwise.cu ----
+// out [n][hidden] f32 = table [vocab][hidden] (type) rows tokens[n].
+void embed(const std::int32_t* tokens, int n, const void* table, Elem type, int hidden, float* out,
+           cudaStream_t stream);
+// out [n][hidden] = x * rsqrt(mean(x^2) + eps) * weight.
+void rms_norm(const float* x, int n, int hidden, const void* weight, Elem type, float eps,
+              float* out, cudaStream_t stream);
+// q [n][heads][head_dim], k [n][kv_heads][head_dim] rotated in place; row i at positions[i], or
+// at first_position + i when positions is null. inv_freq [head_dim / 2].
+void rope(float* q, float* k, int n, int heads, int kv_heads, int head_dim, const float* inv_freq,
+          const std::int32_t* positions, int first_position, cudaStream_t stream);
+// out [count] (type) = x [count] f32.
+void convert(const float* x, std::int64_t count, void* out, Elem type, cudaStream_t stream);
+// out: n quantized rows (kvoffload/quant.hpp) of `row_bytes` bytes each, row i = x [i][kv_heads]
+// [dim] f32, bit for bit what kvo::quantize_row writes on the host. type: kFP8E4M3 or kInt8.
+void quantize_rows(const float* x, int n, int kv_heads, int dim, Elem type, std::int64_t row_bytes,
+                   void* out, cudaStream_t stream);
+// out [count] f32 = x [count] (type).
+void widen(const void* x, std::int64_t count, Elem type, float* out, cudaStream_t stream);
+// y [n][out] += bias [out].
+void add_bias(float* y, int n, int out, const void* bias, Elem type, cudaStream_t stream);
+// gate [count] = silu(gate) * up.
+void swiglu(float* gate, const float* up, std::int64_t count, cudaStream_t stream);
+
+// ---- kernels_attention.cu ----
+struct AttentionArgs {
+  const float* q = nullptr;  // [n][heads][head_dim]
+  float* out = nullptr;      // [n][heads][head_dim]
+  int n = 0;
+  int heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  int sliding_window = 0;  // 0: none
+  // K and V of one layer: [slot][token][kv_head][head_dim] with these element strides.
+  const void* k = nullptr;
+  const void* v = nullptr;
+  Elem type = Elem::kBF16;
+  std::int64_t slot_stride = 0;
+  std::int64_t token_stride = 0;
+  std::int64_t head_stride = 0;
+  // Quantized types: where a K row's and a V row's scales start, in bytes (= elements) into it.
+  std::int64_t k_scale_offset = 0;
+  std::int64_t v_scale_offset = 0;
+  // Row i: slot slots[i] at position positions[i].
+  const std::int32_t* slots = nullptr;
+  const std::int32_t* positions = nullptr;
+};
+
+// Decode attention, split-sequence: each (row, head) is cut into `splits` key ranges computed in
+// parallel, each with its own online softmax, then merged. partials: [n][heads][splits][head_dim
+// + 2] f32 (unused when splits == 1).
+void attention(const AttentionArgs& args, int splits, float* partials, cudaStream_t stream);
+
+// Prefill attention runs over key blocks: cuBLAS computes the scores S = scale Q K^T of a block
+// and adds P V to the output; these kernels convert the block and do the online softmax between.
+struct PrefillBlock {
+  int n = 0;  // query rows, row i at position first_position + i
+  int heads = 0;
+  int head_dim = 0;
+  int first_position = 0;
+  int sliding_window = 0;  // 0: none
+  int key_begin = 0;       // the block's keys: [key_begin, key_begin + keys)
+  int keys = 0;
+  int key_stride = 0;  // B: row stride of the scores
+  bool first_block = false;
+};
+
+// k_out, v_out [keys][kv_heads][head_dim] (out_type: f32, or bf16 rounded to nearest even) =
+// keys [0, keys) of k and v (type), which start at element `offset` (a slot's first key of the
+// block) with the cache's token and head strides; quantized rows are scaled by their heads'
+// scales, `scale_offset` bytes into each row.
+void gather_kv_block(const void* k, const void* v, Elem type, std::int64_t offset,
+                     std::int64_t token_stride, std::int64_t head_stride, std::int64_t scale_offset,
+                     int keys, int kv_heads, int head_dim, void* k_out, void* v_out, Elem out_type,
+                     cudaStream_t stream);
+// out [n][heads][head_dim] f32 and lse [n][heads] (log2 domain) merged with one tile's output
+// tile_out [n][heads][head_dim] (tile_type) and tile_lse [n][heads] (lse_merge,
+// model/decoder/numerics.hpp); `first`: out and lse take the tile's.
+void merge_attention_tile(const void* tile_out, Elem tile_type, const float* tile_lse, int n,
+                          int heads, int head_dim, bool first, float* out, float* lse,
+                          cudaStream_t stream);
+// scores [heads][n][key_stride]: the block's scaled scores, replaced by exp(score - running max)
+// (0 where masked: causal, and sliding_window); stats [2][heads][n] (running max, running sum)
+// updated, out [n][heads][head_dim] rescaled to the new max (zeroed on the first keys seen).
+void prefill_softmax_block(const PrefillBlock& block, float* scores, float* stats, float* out,
+                           cudaStream_t stream);
+// out [n][heads][head_dim] /= the running sum in stats.
+void prefill_normalize(int n, int heads, int head_dim, const float* stats, float* out,
+                       cudaStream_t stream);
+
+// ---- kernels_sampling.cu ----
+// tokens[i] = the token sampled from logits [n][vocab] row i, for slot rows[i] and draw
+// rows[n + i] (rows [2][n] int32), by the rule of sample_token (model/decoder/sampler.hpp).
+void sample(const float* logits, int n, int vocab, float temperature, int top_k, float top_p,
+            std::uint64_t seed, const std::int32_t* rows, std::int32_t* tokens,
+            cudaStream_t stream);
+
+// ---- kernels_synthetic.cu ----
+// out [count] (type) = the synthetic weights of seed stream `stream_id` (see weights.hpp).
+void fill_synthetic(void* out, std::int64_t count, Elem type, std::uint64_t seed,
+                    std::uint64_t stream_id, float scale, bool norm, cudaStream_t stream);
+
+}  // namespace kvo::model::cuda

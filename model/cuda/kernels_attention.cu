@@ -1,0 +1,276 @@
+// Attention over the staged K/V prefix. Decode: each block takes one (query row, head, key
+// range); threads score a tile of keys (one key each), the tile goes through an online softmax,
+// and each thread accumulates its share of head_dim; with several key ranges per row (few rows,
+// long prefixes) the partial states are merged after. Prefill: the kernels between the cuBLAS
+// GEMMs of a key block (cuda_ops.cpp) -- K/V conversion, masked online softmax, normalisation.
+// Grouped-query: head h reads kv head h / (heads / kv_heads). Kernels first, then launchers.
+#include "model/cuda/cuda_check.hpp"
+#include "model/cuda/kernels.hpp"
+
+namespace kvo::model::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kMaxDimsPerThread = 1024 / kThreads;  // head_dim <= 1024
+
+__device__ float block_reduce(float value, float* shared, bool is_max) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, value, offset);
+    value = is_max ? fmaxf(value, other) : value + other;
+  }
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = value;
+  __syncthreads();
+  float total = shared[0];
+  for (int w = 1; w < kThreads / 32; ++w)
+    total = is_max ? fmaxf(total, shared[w]) : total + shared[w];
+  __syncthreads();
+  return total;
+}
+
+// grid (n, heads, splits); dynamic shared memory: q [head_dim] + probabilities [kThreads].
+__global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
+  extern __shared__ float shared[];
+  float* q = shared;               // [head_dim]
+  float* p = shared + a.head_dim;  // [kThreads]
+  __shared__ float reduce[kThreads / 32];
+  const int row = blockIdx.x;
+  const int head = blockIdx.y;
+  const int split = blockIdx.z;
+  const int slot = a.slots[row];
+  const int pos = a.positions[row];
+  const int first =
+      a.sliding_window > 0 && pos - a.sliding_window + 1 > 0 ? pos - a.sliding_window + 1 : 0;
+  const int keys = pos - first + 1;
+  const int per_split = (keys + splits - 1) / splits;
+  const int begin = first + split * per_split;
+  const int end = min(pos + 1, begin + per_split);  // exclusive
+  const int kv_head = head / (a.heads / a.kv_heads);
+  const float scale = rsqrtf(static_cast<float>(a.head_dim));
+
+  const float* q_row = a.q + (static_cast<std::int64_t>(row) * a.heads + head) * a.head_dim;
+  for (int e = threadIdx.x; e < a.head_dim; e += kThreads) q[e] = q_row[e];
+  __syncthreads();
+
+  const std::int64_t base = slot * a.slot_stride + kv_head * a.head_stride;
+  // Quantized rows: a key's score and a value's weight take the row's scale for this kv head.
+  const bool quantized = is_quantized(a.type);
+  float acc[kMaxDimsPerThread];
+  for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] = 0;
+  SoftmaxState state;
+  for (int tile = begin; tile < end; tile += kThreads) {
+    const int j = tile + threadIdx.x;
+    const std::int64_t row = slot * a.slot_stride + static_cast<std::int64_t>(j) * a.token_stride;
+    float score = -INFINITY;
+    if (j < end) {
+      const std::int64_t at = base + static_cast<std::int64_t>(j) * a.token_stride;
+      float dot = 0;
+      for (int e = 0; e < a.head_dim; ++e) dot += q[e] * load_elem(a.k, at + e, a.type);
+      if (quantized) dot *= kv_scale(a.k, row, a.k_scale_offset, kv_head);
+      score = dot * scale;
+    }
+    SoftmaxState tile_state;
+    tile_state.max = block_reduce(score, reduce, true);
+    const float prob = j < end ? expf(score - tile_state.max) : 0.0f;
+    tile_state.sum = block_reduce(prob, reduce, false);
+    p[threadIdx.x] =
+        quantized && j < end ? prob * kv_scale(a.v, row, a.v_scale_offset, kv_head) : prob;
+    __syncthreads();
+    const MergeScales k = softmax_merge(state, tile_state);
+    const int count = min(kThreads, end - tile);
+    for (int i = 0; i * kThreads + static_cast<int>(threadIdx.x) < a.head_dim; ++i) {
+      const int e = i * kThreads + threadIdx.x;
+      float sum = 0;
+      for (int t = 0; t < count; ++t) {
+        sum +=
+            p[t] *
+            load_elem(a.v, base + static_cast<std::int64_t>(tile + t) * a.token_stride + e, a.type);
+      }
+      acc[i] = acc[i] * k.a + sum * k.b;
+    }
+    __syncthreads();
+  }
+
+  if (splits == 1) {
+    float* out = a.out + (static_cast<std::int64_t>(row) * a.heads + head) * a.head_dim;
+    const float inv = state.sum > 0 ? 1.0f / state.sum : 0.0f;
+    for (int i = 0; i * kThreads + static_cast<int>(threadIdx.x) < a.head_dim; ++i) {
+      out[i * kThreads + threadIdx.x] = acc[i] * inv;
+    }
+    return;
+  }
+  // partials [row][head][split][head_dim + 2]: unnormalized values, then max and sum.
+  float* part = partials + ((static_cast<std::int64_t>(row) * a.heads + head) * splits + split) *
+                               (a.head_dim + 2);
+  for (int i = 0; i * kThreads + static_cast<int>(threadIdx.x) < a.head_dim; ++i) {
+    part[i * kThreads + threadIdx.x] = acc[i];
+  }
+  if (threadIdx.x == 0) {
+    part[a.head_dim] = state.max;
+    part[a.head_dim + 1] = state.sum;
+  }
+}
+
+// grid (n, heads); threads over head_dim: merges the splits of one (row, head).
+__global__ void merge_kernel(const float* partials, int heads, int head_dim, int splits,
+                             float* out) {
+  const std::int64_t rh = static_cast<std::int64_t>(blockIdx.x) * heads + blockIdx.y;
+  const float* part = partials + rh * splits * (head_dim + 2);
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
+    SoftmaxState state;
+    float acc = 0;
+    for (int s = 0; s < splits; ++s) {
+      const float* ps = part + static_cast<std::int64_t>(s) * (head_dim + 2);
+      SoftmaxState other;
+      other.max = ps[head_dim];
+      other.sum = ps[head_dim + 1];
+      const MergeScales k = softmax_merge(state, other);
+      acc = acc * k.a + ps[e] * k.b;
+    }
+    out[rh * head_dim + e] = state.sum > 0 ? acc / state.sum : 0.0f;
+  }
+}
+
+// grid (keys, kv_heads); threads over head_dim.
+__global__ void gather_kv_kernel(const void* k, const void* v, Elem type, std::int64_t offset,
+                                 std::int64_t token_stride, std::int64_t head_stride,
+                                 std::int64_t scale_offset, int head_dim, void* k_out, void* v_out,
+                                 Elem out_type) {
+  const int key = blockIdx.x;
+  const int kv_head = blockIdx.y;
+  const std::int64_t row = offset + key * token_stride;
+  const std::int64_t from = row + kv_head * head_stride;
+  const std::int64_t to = (static_cast<std::int64_t>(key) * gridDim.y + kv_head) * head_dim;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
+  if (is_quantized(type)) {
+    k_scale = kv_scale(k, row, scale_offset, kv_head);
+    v_scale = kv_scale(v, row, scale_offset, kv_head);
+  }
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
+    store_elem(k_out, to + e, out_type, load_elem(k, from + e, type) * k_scale);
+    store_elem(v_out, to + e, out_type, load_elem(v, from + e, type) * v_scale);
+  }
+}
+
+// grid (n, heads): out [row][head] merged with a tile's output (lse_merge).
+__global__ void merge_tile_kernel(const void* tile_out, Elem tile_type, const float* tile_lse,
+                                  int heads, int head_dim, bool first, float* out, float* lse) {
+  const int at = blockIdx.x * heads + blockIdx.y;
+  const LseMerge m = first ? LseMerge{0.0f, 1.0f, tile_lse[at]} : lse_merge(lse[at], tile_lse[at]);
+  const std::int64_t base = static_cast<std::int64_t>(at) * head_dim;
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
+    const float t = load_elem(tile_out, base + e, tile_type);
+    out[base + e] = first ? t : m.keep * out[base + e] + m.take * t;
+  }
+  __syncthreads();  // every thread has read lse[at] before it changes
+  if (threadIdx.x == 0) lse[at] = m.lse;
+}
+
+// grid (n, heads); one (row, head) per block: the masked online-softmax step of one key block.
+__global__ void prefill_softmax_kernel(PrefillBlock b, float* scores, float* stats, float* out) {
+  __shared__ float reduce[kThreads / 32];
+  const int row = blockIdx.x;
+  const int head = blockIdx.y;
+  const int pos = b.first_position + row;
+  const int first =
+      b.sliding_window > 0 && pos - b.sliding_window + 1 > 0 ? pos - b.sliding_window + 1 : 0;
+  // Unmasked keys of this row in the block: [lo, hi) in block indices.
+  const int lo = max(0, first - b.key_begin);
+  const int hi = min(b.keys, pos + 1 - b.key_begin);
+  float* s = scores + (static_cast<std::int64_t>(head) * b.n + row) * b.key_stride;
+  float* max_of = stats + static_cast<std::int64_t>(head) * b.n + row;
+  float* sum_of = max_of + static_cast<std::int64_t>(b.heads) * b.n;
+
+  float local = -INFINITY;
+  for (int j = lo + threadIdx.x; j < hi; j += kThreads) local = fmaxf(local, s[j]);
+  const float block_max = block_reduce(local, reduce, true);
+  SoftmaxState state;
+  if (!b.first_block) {
+    state.max = *max_of;
+    state.sum = *sum_of;
+  }
+  const float factor = softmax_block_rescale(state, block_max);
+  float sum = 0;
+  for (int j = threadIdx.x; j < b.keys; j += kThreads) {
+    const float p = j >= lo && j < hi && state.max != -INFINITY ? expf(s[j] - state.max) : 0.0f;
+    s[j] = p;
+    sum += p;
+  }
+  sum = block_reduce(sum, reduce, false);
+  float* o = out + (static_cast<std::int64_t>(row) * b.heads + head) * b.head_dim;
+  for (int e = threadIdx.x; e < b.head_dim; e += kThreads)
+    o[e] = factor == 0 ? 0.0f : o[e] * factor;
+  if (threadIdx.x == 0) {
+    *max_of = state.max;
+    *sum_of = state.sum * factor + sum;
+  }
+}
+
+// grid (n, heads); threads over head_dim.
+__global__ void prefill_normalize_kernel(int n, int heads, int head_dim, const float* stats,
+                                         float* out) {
+  const int row = blockIdx.x;
+  const int head = blockIdx.y;
+  const float sum =
+      stats[static_cast<std::int64_t>(heads) * n + static_cast<std::int64_t>(head) * n + row];
+  const float inv = sum > 0 ? 1.0f / sum : 0.0f;
+  float* o = out + (static_cast<std::int64_t>(row) * heads + head) * head_dim;
+  for (int e = threadIdx.x; e < head_dim; e += blockDim.x) o[e] *= inv;
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& args, int splits, float* partials, cudaStream_t stream) {
+  if (args.n == 0) return;
+  if (args.head_dim > 1024) {
+    throw Error(ErrorCode::kInvalidArgument, "attention: head_dim above 1024 is not supported");
+  }
+  const dim3 grid(static_cast<unsigned>(args.n), static_cast<unsigned>(args.heads),
+                  static_cast<unsigned>(splits));
+  const std::size_t shared = sizeof(float) * static_cast<std::size_t>(args.head_dim + kThreads);
+  attention_kernel<<<grid, kThreads, shared, stream>>>(args, splits, partials);
+  KVO_MODEL_LAUNCH_CHECK();
+  if (splits > 1) {
+    merge_kernel<<<dim3(static_cast<unsigned>(args.n), static_cast<unsigned>(args.heads)), 128, 0,
+                   stream>>>(partials, args.heads, args.head_dim, splits, args.out);
+    KVO_MODEL_LAUNCH_CHECK();
+  }
+}
+
+void gather_kv_block(const void* k, const void* v, Elem type, std::int64_t offset,
+                     std::int64_t token_stride, std::int64_t head_stride, std::int64_t scale_offset,
+                     int keys, int kv_heads, int head_dim, void* k_out, void* v_out, Elem out_type,
+                     cudaStream_t stream) {
+  if (keys == 0) return;
+  gather_kv_kernel<<<dim3(static_cast<unsigned>(keys), static_cast<unsigned>(kv_heads)), kThreads,
+                     0, stream>>>(k, v, type, offset, token_stride, head_stride, scale_offset,
+                                  head_dim, k_out, v_out, out_type);
+  KVO_MODEL_LAUNCH_CHECK();
+}
+
+void merge_attention_tile(const void* tile_out, Elem tile_type, const float* tile_lse, int n,
+                          int heads, int head_dim, bool first, float* out, float* lse,
+                          cudaStream_t stream) {
+  if (n == 0) return;
+  merge_tile_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), kThreads, 0,
+                      stream>>>(tile_out, tile_type, tile_lse, heads, head_dim, first, out, lse);
+  KVO_MODEL_LAUNCH_CHECK();
+}
+
+void prefill_softmax_block(const PrefillBlock& block, float* scores, float* stats, float* out,
+                           cudaStream_t stream) {
+  if (block.n == 0) return;
+  prefill_softmax_kernel<<<dim3(static_cast<unsigned>(block.n), static_cast<unsigned>(block.heads)),
+                           kThreads, 0, stream>>>(block, scores, stats, out);
+  KVO_MODEL_LAUNCH_CHECK();
+}
+
+void prefill_normalize(int n, int heads, int head_dim, const float* stats, float* out,
+                       cudaStream_t stream) {
+  if (n == 0) return;
+  prefill_normalize_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(heads)), kThreads,
+                             0, stream>>>(n, heads, head_dim, stats, out);
+  KVO_MODEL_LAUNCH_CHECK();
+}
+
+}  // namespace kvo::model::cuda

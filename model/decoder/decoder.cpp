@@ -1,0 +1,356 @@
+#include "model/decoder/decoder.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "kvoffload/error.hpp"
+#include "model/checkpoint/safetensors.hpp"
+#include "model/cuda/attention_kernels.hpp"
+#include "model/cuda/cuda_ops.hpp"
+#include "model/decoder/memory_plan.hpp"
+#include "model/host/host_linear.hpp"
+#include "model/host/host_ops.hpp"
+#include "model/host/thread_pool.hpp"
+
+namespace kvo::model {
+namespace {
+
+Error invalid(const std::string& what) {
+  return Error(ErrorCode::kInvalidArgument, what);
+}
+
+}  // namespace
+
+Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
+                 const DecoderOptions& options, const ProgressFn& weights_progress)
+    : config_((validate(config), config)),  // checked before layout_ sizes anything by it
+      family_(family_of_architecture(config_.architecture, "the model")),
+      options_(options),
+      layout_(config, options.override_dtype ? options.dtype : config.dtype) {
+  if (options_.threads < 0) {
+    throw invalid("threads must be 0 (the cores) or more, not " + std::to_string(options_.threads));
+  }
+  // The checkpoint's tensor table is read (mapped, no data touched) and checked against the
+  // config before a byte is allocated: a config that does not match its weights is refused here.
+  std::unique_ptr<Checkpoint> checkpoint;
+  if (!source.checkpoint_dir.empty()) {
+    checkpoint = std::make_unique<Checkpoint>(source.checkpoint_dir);
+    check_checkpoint(layout_, *checkpoint);
+  }
+  const DecoderMemory memory =
+      plan_decoder_memory(config_, options_, resolve_backend(options_.backend));
+  options_.max_prompt = memory.max_prompt;
+  const DType dtype = memory.dtype;
+  const int R = memory.max_rows;
+  const int P = memory.prompt_rows;
+  act_ = std::make_unique<ActivationLayout>();
+  activation_bytes_ = memory.activations;
+
+  OpsShape shape;
+  shape.config = config_;
+  shape.weight_dtype = dtype;
+  shape.kv_dtype = memory.kv_dtype;
+  shape.max_rows = R;
+  shape.max_decode_rows = options_.slots;
+  shape.max_seq = options_.max_seq;
+  shape.builtin_attention = options_.builtin_attention;
+  shape.f32_gemm = options_.f32_gemm;
+  shape.threads = options_.threads > 0 ? options_.threads : available_cores();
+
+  require_weights_fit(memory, options_.device_budget);
+  cache_ = std::make_unique<OffloadedStaticCache>(memory.cache);
+
+  kv_row_bytes_ = cache_->stats().plan.row_bytes;
+  act_->carve(static_cast<std::byte*>(cache_->reserved("activations")), config_, memory.kv_dtype, R,
+              P, options_.slots, memory.logit_rows);
+  logit_rows_ = memory.logit_rows;
+  std::vector<float> inv_freq(static_cast<std::size_t>(config_.head_dim / 2));
+  for (int i = 0; i < config_.head_dim / 2; ++i) {
+    inv_freq[static_cast<std::size_t>(i)] =
+        rope_inv_freq(i, config_.head_dim, config_.rope_theta, config_.rope_scaling);
+  }
+  cache_->copy_to_device(act_->inv_freq, inv_freq.data(), inv_freq.size() * sizeof(float));
+  shape.inv_freq = act_->inv_freq;
+
+  auto* weights = static_cast<std::byte*>(cache_->reserved("weights"));
+  if (cache_->backend() == BackendKind::kCuda) {
+    owned_stream_ = CacheStream(*cache_);
+    stream_ = owned_stream_.get();
+    ops_ = make_cuda_ops(shape, stream_, cache_->reserved("workspace"));
+  } else {
+    ops_ = std::make_unique<HostOps>(shape);
+  }
+  if (checkpoint) {
+    load_checkpoint(
+        layout_, *checkpoint,
+        [&](std::size_t offset, const void* host, std::size_t bytes) {
+          cache_->copy_to_device(weights + offset, host, bytes);
+        },
+        weights_progress);
+  } else {
+    const auto total = static_cast<std::int64_t>(layout_.entries().size());
+    std::int64_t done = 0;
+    for (const auto& e : layout_.entries()) {
+      ops_->fill_synthetic(layout_, e, source.seed, weights + e.offset);
+      if (weights_progress) weights_progress(++done, total);
+    }
+    ops_->synchronize();
+  }
+  weights_ = layout_.bind(weights);
+  shape_ = shape;
+  draws_.assign(static_cast<std::size_t>(options_.slots), 0);
+  draw_rows_.resize(static_cast<std::size_t>(options_.slots));
+  batch_ = DecodeBatch(options_.slots);
+}
+
+Decoder::~Decoder() {
+  // The ops' kernels and copies on the stream finish before anything they use is freed.
+  if (ops_) {
+    try {
+      ops_->synchronize();
+    } catch (...) {
+    }
+  }
+}
+
+std::string Decoder::attention_kernels() const {
+  if (cache_->backend() != BackendKind::kCuda) return "host";
+  return choose_attention_kernels(config_, shape_.kv_dtype, options_.slots, options_.max_seq,
+                                  shape_.max_rows, options_.builtin_attention)
+      .describe(config_, shape_.kv_dtype);
+}
+
+std::string Decoder::gemm_kernels() const {
+  if (cache_->backend() == BackendKind::kCuda) return "cuBLAS";
+  return gemm_library(static_cast<Elem>(static_cast<int>(shape_.weight_dtype)), shape_.f32_gemm) +
+         ", " + std::to_string(shape_.threads) + " threads";
+}
+
+void Decoder::check_tokens(const std::vector<std::int32_t>& tokens) const {
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] >= config_.vocab_size) {
+      throw invalid("token id " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                    " is outside the vocabulary (vocab_size " + std::to_string(config_.vocab_size) +
+                    ")");
+    }
+  }
+}
+
+LayerContext Decoder::layer_context(int layer) {
+  return {*ops_, config_, weights_.layers[static_cast<std::size_t>(layer)], *act_};
+}
+
+void Decoder::prefill_attention(int layer, const LayerView& view, float* x, int n, int slot,
+                                int first_position) {
+  const LayerContext l = layer_context(layer);
+  ActivationLayout& a = *act_;
+  family_.attention_inputs(l, x, n, nullptr, first_position);
+  ops_->to_cache_rows(a.k, n, a.k_rows);
+  ops_->to_cache_rows(a.v, n, a.v_rows);
+  cache_->append(layer, slot, a.k_rows, a.v_rows, n, stream_);
+  ops_->attention_prefill(a.q, n, slot, first_position, view, a.attn);
+  family_.attention_output(l, x, n);
+}
+
+void Decoder::decode_attention(int layer, const LayerView& view) {
+  const LayerContext l = layer_context(layer);
+  ActivationLayout& a = *act_;
+  const int n = batch_.size();
+  const int slots = options_.slots;
+  DecodeRows rows;
+  rows.slots = a.rows + slots;
+  rows.positions = a.rows + 2 * slots;
+  rows.host_slots = batch_.slots();
+  rows.host_positions = batch_.positions();
+  family_.attention_inputs(l, a.residual, n, rows.positions, 0);
+  ops_->to_cache_rows(a.k, n, a.k_rows);
+  ops_->to_cache_rows(a.v, n, a.v_rows);
+  // Each row goes to its own slot: one append per row.
+  const std::size_t row_bytes = kv_row_bytes_;
+  for (int i = 0; i < n; ++i) {
+    cache_->append(layer, batch_.slots()[i], static_cast<std::byte*>(a.k_rows) + i * row_bytes,
+                   static_cast<std::byte*>(a.v_rows) + i * row_bytes, 1, stream_);
+  }
+  ops_->attention_decode(a.q, n, rows, view, a.attn);
+  family_.attention_output(l, a.residual, n);
+}
+
+void Decoder::head(const float* rows, int n) {
+  ops_->rms_norm(rows, n, weights_.final_norm, act_->xnorm);
+  ops_->linear(act_->xnorm, n, config_.hidden_size, weights_.lm_head, nullptr, config_.vocab_size,
+               act_->logits, false);
+}
+
+void Decoder::logits_of(const float* rows, int n, float* host_logits) {
+  head(rows, n);
+  ops_->synchronize();
+  cache_->copy_to_host(host_logits, act_->logits,
+                       sizeof(float) * static_cast<std::size_t>(n) * config_.vocab_size);
+}
+
+void Decoder::reset(int slot) {
+  cache_->reset_slot(slot);
+  draws_.at(static_cast<std::size_t>(slot)) = 0;
+}
+
+void Decoder::set_sampling(const SamplingParams& params, std::uint64_t seed) {
+  check_sampling(params);
+  sampling_ = params;
+  sampling_seed_ = seed;
+}
+
+void Decoder::sample_of(const float* rows, int n, const std::int32_t* row_slots,
+                        std::int32_t* tokens) {
+  head(rows, n);
+  for (int i = 0; i < n; ++i) {
+    draw_rows_[static_cast<std::size_t>(i)] =
+        static_cast<std::int32_t>(draws_[static_cast<std::size_t>(row_slots[i])]++);
+  }
+  SampleRows sample_rows;
+  sample_rows.slots = row_slots;
+  sample_rows.draws = draw_rows_.data();
+  ops_->sample(act_->logits, n, sample_rows, sampling_, sampling_seed_, tokens);
+}
+
+void Decoder::prefill(int slot, const std::vector<std::int32_t>& tokens, float* logits,
+                      const ProgressFn& progress) {
+  prefill_layers(slot, tokens, progress);
+  const int n = static_cast<int>(tokens.size());
+  logits_of(act_->residual + static_cast<std::int64_t>(n - 1) * config_.hidden_size, 1, logits);
+}
+
+void Decoder::prefill_scored(int slot, const std::vector<std::int32_t>& tokens,
+                             const RowLogitsFn& row, const ProgressFn& progress) {
+  prefill_layers(slot, tokens, progress);
+  const int n = static_cast<int>(tokens.size());
+  const int vocab = config_.vocab_size;
+  std::vector<float> logits(static_cast<std::size_t>(std::min(n, logit_rows_)) * vocab);
+  for (int r0 = 0; r0 < n; r0 += logit_rows_) {
+    const int m = std::min(logit_rows_, n - r0);
+    logits_of(act_->residual + static_cast<std::int64_t>(r0) * config_.hidden_size, m,
+              logits.data());
+    for (int i = 0; i < m; ++i) row(r0 + i, logits.data() + static_cast<std::int64_t>(i) * vocab);
+  }
+}
+
+std::int32_t Decoder::prefill_sample(int slot, const std::vector<std::int32_t>& tokens,
+                                     const ProgressFn& progress) {
+  prefill_layers(slot, tokens, progress);
+  const int n = static_cast<int>(tokens.size());
+  std::int32_t token = 0;
+  sample_of(act_->residual + static_cast<std::int64_t>(n - 1) * config_.hidden_size, 1, &slot,
+            &token);
+  return token;
+}
+
+void Decoder::prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
+                             const ProgressFn& progress) {
+  if (slot < 0 || slot >= options_.slots) {
+    throw invalid("slot " + std::to_string(slot) + " is out of range (" +
+                  std::to_string(options_.slots) + " slots)");
+  }
+  const int n = static_cast<int>(tokens.size());
+  if (n == 0) throw invalid("prefill needs at least one token");
+  const int start = cache_->length(slot);
+  if (static_cast<std::int64_t>(start) + n > options_.max_seq) {
+    throw invalid("the prompt has " + std::to_string(n) + " tokens" +
+                  (start > 0 ? " after " + std::to_string(start) + " already held" : "") +
+                  ", more than max_seq (" + std::to_string(options_.max_seq) + ")");
+  }
+  if (n > options_.max_prompt) {
+    throw invalid("the prompt has " + std::to_string(n) + " tokens, more than the " +
+                  std::to_string(options_.max_prompt) + " the decoder was planned for");
+  }
+  check_tokens(tokens);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0) throw invalid("token id " + std::to_string(tokens[i]) + " is negative");
+  }
+  ActivationLayout& a = *act_;
+  ops_->synchronize();  // the previous step's kernels may still read a.tokens
+  cache_->copy_to_device(a.tokens, tokens.data(), tokens.size() * sizeof(std::int32_t));
+  ops_->embed(a.tokens, n, weights_.embed, a.residual);
+
+  std::vector<std::int32_t> counts(static_cast<std::size_t>(options_.slots), 0);
+  counts[static_cast<std::size_t>(slot)] = n;
+  cache_->begin_step(counts);
+  const int chunk = options_.chunk;
+  const std::int64_t chunks = (n + chunk - 1) / chunk;
+  const std::int64_t total = chunks * config_.layers;
+  std::int64_t done = 0;
+  for (int layer = 0; layer < config_.layers; ++layer) {
+    const LayerView view = cache_->acquire(layer, stream_);
+    for (int c0 = 0; c0 < n; c0 += chunk) {
+      const int m = std::min(chunk, n - c0);
+      float* x = a.residual + static_cast<std::int64_t>(c0) * config_.hidden_size;
+      prefill_attention(layer, view, x, m, slot, start + c0);
+      family_.mlp(layer_context(layer), x, m);
+      // On CUDA the chunk is only enqueued here; the bar then runs ahead of the device by at
+      // most the queue, and the layer's release orders it again.
+      if (progress) progress(++done, total);
+    }
+    cache_->release(layer, stream_);
+  }
+  cache_->end_step();
+}
+
+void Decoder::decode(const std::vector<std::int32_t>& tokens, float* logits) {
+  const int n = decode_layers(tokens);
+  if (n == 0) return;
+  // Logits of the n rows, then spread to their slots' places.
+  std::vector<float>& staging = decode_logits_;
+  staging.resize(static_cast<std::size_t>(n) * config_.vocab_size);
+  logits_of(act_->residual, n, staging.data());
+  for (int i = 0; i < n; ++i) {
+    const int s = batch_.slots()[i];
+    std::memcpy(logits + static_cast<std::int64_t>(s) * config_.vocab_size,
+                staging.data() + static_cast<std::int64_t>(i) * config_.vocab_size,
+                sizeof(float) * static_cast<std::size_t>(config_.vocab_size));
+  }
+}
+
+void Decoder::decode_sample(const std::vector<std::int32_t>& tokens, std::int32_t* next) {
+  const int n = decode_layers(tokens);
+  if (n == 0) return;
+  std::vector<std::int32_t> drawn(static_cast<std::size_t>(n));
+  sample_of(act_->residual, n, batch_.slots(), drawn.data());
+  for (int i = 0; i < n; ++i) next[batch_.slots()[i]] = drawn[i];
+}
+
+int Decoder::decode_layers(const std::vector<std::int32_t>& tokens) {
+  const int slots = options_.slots;
+  if (static_cast<int>(tokens.size()) != slots) {
+    throw invalid("decode needs one token per slot (" + std::to_string(slots) + "), got " +
+                  std::to_string(tokens.size()));
+  }
+  check_tokens(tokens);
+  std::vector<std::int32_t> counts(static_cast<std::size_t>(slots), 0);
+  // The previous step's kernels may still read the device copy of the batch.
+  ops_->synchronize();
+  batch_.clear();
+  for (int s = 0; s < slots; ++s) {
+    if (tokens[static_cast<std::size_t>(s)] < 0) continue;
+    if (cache_->length(s) + 1 > options_.max_seq) {
+      throw invalid("slot " + std::to_string(s) + " is full (max_seq " +
+                    std::to_string(options_.max_seq) + ")");
+    }
+    batch_.add(tokens[static_cast<std::size_t>(s)], s, cache_->length(s));
+    counts[static_cast<std::size_t>(s)] = 1;
+  }
+  const int n = batch_.size();
+  if (n == 0) return 0;
+  ActivationLayout& a = *act_;
+  cache_->copy_to_device(a.rows, batch_.data(), batch_.bytes());
+  ops_->embed(a.rows, n, weights_.embed, a.residual);
+  cache_->begin_step(counts);
+  for (int layer = 0; layer < config_.layers; ++layer) {
+    const LayerView view = cache_->acquire(layer, stream_);
+    decode_attention(layer, view);
+    family_.mlp(layer_context(layer), a.residual, n);
+    cache_->release(layer, stream_);
+  }
+  cache_->end_step();
+  return n;
+}
+
+}  // namespace kvo::model

@@ -1,0 +1,164 @@
+#include "model/decoder/memory_plan.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "kvoffload/error.hpp"
+#include "kvoffload/plan.hpp"
+#include "kvoffload/quant.hpp"
+#include "model/checkpoint/weights.hpp"
+
+namespace kvo::model {
+namespace {
+
+std::uint64_t align256(std::uint64_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+}  // namespace
+
+WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, DType kv_dtype,
+                                 int max_rows, int max_decode_rows, int max_seq,
+                                 bool builtin_attention)
+    : kernels(choose_attention_kernels(c, kv_dtype, max_decode_rows, max_seq, max_rows,
+                                       builtin_attention)) {
+  const std::uint64_t f = sizeof(float);
+  const std::uint64_t i32 = sizeof(std::int32_t);
+  const std::uint64_t rows = static_cast<std::uint64_t>(max_rows);
+  const std::uint64_t decode_rows = static_cast<std::uint64_t>(max_decode_rows);
+  const std::uint64_t heads = static_cast<std::uint64_t>(c.heads);
+  const std::uint64_t d = static_cast<std::uint64_t>(c.head_dim);
+  const std::uint64_t element = dtype_size(weight_dtype);
+  // FlashInfer's q and out: the K/V type, or bf16 for the tiles of a quantized cache.
+  const std::uint64_t kv_element = kernels.dequant_tiles ? 2 : dtype_size(kv_dtype);
+  std::uint64_t offset = kCublasWorkspaceBytes;
+  auto take = [&offset](std::uint64_t size) {
+    const std::uint64_t at = offset;
+    offset += align256(size);
+    return at;
+  };
+  const std::uint64_t widest = static_cast<std::uint64_t>(
+      std::max({c.hidden_size, c.intermediate_size, static_cast<int>(c.q_dim())}));
+  gemm_input = take(weight_dtype == DType::kF32 ? 0 : rows * widest * element);
+  sampling = take(i32 * 3 * decode_rows);
+  if (kernels.any_flashinfer()) {
+    attn_q = take(rows * heads * d * kv_element);
+    attn_out = take(rows * heads * d * kv_element);
+  }
+  if (kernels.dequant_tiles) {
+    tile_lse = take(f * rows * heads);
+    run_lse = take(f * rows * heads);
+    kv_tile = take(2 * static_cast<std::uint64_t>(kernels.tile_keys) * c.kv_dim() * 2);
+  } else if (kernels.flashinfer_decode) {
+    // FlashInfer's decode schedule splits the keys into at most decode_grid / kv_heads partial
+    // rows (or none, when the slots alone fill the grid); each array is placed at 16 bytes.
+    decode_grid = kPlannedSms * kDecodeBlocksPerSm;
+    const std::uint64_t partial_rows =
+        std::max<std::uint64_t>(decode_rows, static_cast<std::uint64_t>(decode_grid / c.kv_heads));
+    decode_float_bytes = (heads * partial_rows * d * f + 15) + (heads * partial_rows * f + 15);
+    decode_float = take(decode_float_bytes);
+    decode_int_bytes = 3 * (partial_rows * i32 + 15) + i32 + i32 + (partial_rows + 15);
+    decode_int = take(decode_int_bytes);
+    decode_pages_count = (decode_rows + 1) + decode_rows +
+                         decode_rows * static_cast<std::uint64_t>(max_seq / kernels.page_size);
+    decode_pages = take(decode_pages_count * i32);
+  } else {
+    partials = take(decode_rows * heads * kMaxAttentionSplits * (d + 2) * f);
+  }
+  if (kernels.flashinfer_prefill) {
+    prefill_tmp_bytes = static_cast<std::uint64_t>(kPlannedSms) *
+                        flashinfer_prefill_rows_per_sm(c.head_dim) * (d * kv_element + f);
+    prefill_tmp = take(prefill_tmp_bytes);
+  } else {
+    prefill_scores = take(f * heads * rows * kPrefillKeyBlock);
+    prefill_stats = take(f * 2 * heads * rows);
+    prefill_kv = take(kv_dtype == DType::kF32 ? 0 : f * 2 * kPrefillKeyBlock * c.kv_dim());
+  }
+  bytes = offset;
+}
+
+std::uint64_t ActivationLayout::carve(std::byte* base, const ModelConfig& c, DType kv_dtype, int R,
+                                      int P, int slots, int logit_rows) {
+  std::uint64_t offset = 0;
+  auto take = [&](std::uint64_t bytes) {
+    std::byte* p = base == nullptr ? nullptr : base + offset;
+    offset += align256(bytes);
+    return p;
+  };
+  const auto f = sizeof(float);
+  const std::uint64_t r = static_cast<std::uint64_t>(R);
+  residual = reinterpret_cast<float*>(take(f * static_cast<std::uint64_t>(P) * c.hidden_size));
+  xnorm = reinterpret_cast<float*>(take(f * r * c.hidden_size));
+  q = reinterpret_cast<float*>(take(f * r * c.q_dim()));
+  k = reinterpret_cast<float*>(take(f * r * c.kv_dim()));
+  v = reinterpret_cast<float*>(take(f * r * c.kv_dim()));
+  attn = reinterpret_cast<float*>(take(f * r * c.q_dim()));
+  gate = reinterpret_cast<float*>(take(f * r * c.intermediate_size));
+  up = reinterpret_cast<float*>(take(f * r * c.intermediate_size));
+  k_rows = take(r * kv_row_bytes(kv_dtype, c.kv_heads, c.head_dim));
+  v_rows = take(r * kv_row_bytes(kv_dtype, c.kv_heads, c.head_dim));
+  logits = reinterpret_cast<float*>(
+      take(f * static_cast<std::uint64_t>(std::max(slots, logit_rows)) * c.vocab_size));
+  tokens = reinterpret_cast<std::int32_t*>(take(4 * static_cast<std::uint64_t>(P)));
+  rows = reinterpret_cast<std::int32_t*>(take(4 * 3 * static_cast<std::uint64_t>(slots)));
+  inv_freq = reinterpret_cast<float*>(take(f * static_cast<std::uint64_t>(c.head_dim / 2)));
+  return offset;
+}
+
+void require_weights_fit(const DecoderMemory& memory, std::uint64_t budget) {
+  if (budget != 0 && memory.weights > budget) {
+    throw Error(ErrorCode::kOutOfMemory, "the weights alone need " + format_bytes(memory.weights) +
+                                             " (" + dtype_name(memory.dtype) +
+                                             "), more than the device budget of " +
+                                             format_bytes(budget));
+  }
+}
+
+DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOptions& options,
+                                  BackendKind backend) {
+  if (options.max_seq < 1 || options.slots < 1 || options.chunk < 1 || options.logit_rows < 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "max_seq, slots and chunk must be positive, and logit_rows not negative");
+  }
+  DecoderMemory m;
+  m.dtype = options.override_dtype ? options.dtype : config.dtype;
+  m.kv_dtype = options.override_kv_dtype ? options.kv_dtype : m.dtype;
+  if (is_quantized(m.dtype)) {
+    throw Error(ErrorCode::kInvalidArgument, std::string("weights are f32, f16 or bf16, not ") +
+                                                 dtype_name(m.dtype) +
+                                                 " (fp8 and int8 are K/V dtypes: kv_dtype)");
+  }
+  m.max_prompt = options.max_prompt <= 0 || options.max_prompt > options.max_seq
+                     ? options.max_seq
+                     : options.max_prompt;
+  m.max_rows = std::max(std::min(options.chunk, m.max_prompt), options.slots);
+  m.prompt_rows = std::max(m.max_prompt, options.slots);
+  m.logit_rows = std::max(std::min(options.logit_rows, m.max_prompt), options.slots);
+  m.weights = WeightLayout(config, m.dtype).bytes();
+  m.activations = ActivationLayout().carve(nullptr, config, m.kv_dtype, m.max_rows, m.prompt_rows,
+                                           options.slots, m.logit_rows);
+  m.workspace = backend == BackendKind::kCuda
+                    ? WorkspaceLayout(config, m.dtype, m.kv_dtype, m.max_rows, options.slots,
+                                      options.max_seq, options.builtin_attention)
+                          .bytes
+                    : 0;
+
+  CacheConfig& cc = m.cache;
+  cc.layers = config.layers;
+  cc.kv_heads = config.kv_heads;
+  cc.head_dim = config.head_dim;
+  cc.max_seq = options.max_seq;
+  cc.slots = options.slots;
+  cc.dtype = m.kv_dtype;
+  cc.resident_layers = options.resident_layers;
+  cc.ring_depth = options.ring_depth;
+  cc.device_budget = options.device_budget;
+  cc.backend = backend;
+  cc.host = options.host;
+  cc.reserved.push_back({"weights", m.weights});
+  cc.reserved.push_back({"activations", m.activations});
+  if (m.workspace > 0) cc.reserved.push_back({"workspace", m.workspace});
+  return m;
+}
+
+}  // namespace kvo::model

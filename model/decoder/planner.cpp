@@ -1,0 +1,162 @@
+// The public memory planner (include/kvoffload/planner.hpp) over the decoder's own memory plan.
+#include "kvoffload/planner.hpp"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "kvoffload/error.hpp"
+#include "kvoffload/plan.hpp"
+#include "model/checkpoint/model_config.hpp"
+#include "model/decoder/memory_plan.hpp"
+
+namespace kvo {
+namespace {
+
+model::DecoderMemory decoder_memory(const MemoryQuery& q, const model::ModelConfig& config) {
+  if (q.backend == BackendKind::kAuto) {
+    throw Error(ErrorCode::kInvalidArgument, "the planner needs a backend: cuda or host");
+  }
+  return model::plan_decoder_memory(config, model::decoder_options(q), q.backend);
+}
+
+MemoryPlan base_plan(Strategy strategy, const model::DecoderMemory& m, int layers) {
+  MemoryPlan p;
+  p.strategy = strategy;
+  p.weights_bytes = m.weights;
+  p.activation_bytes = m.activations;
+  p.workspace_bytes = m.workspace;
+  p.layers = layers;
+  p.host_available_bytes = host_available_bytes();
+  return p;
+}
+
+// On the host backend the "device" bytes are host memory as well, so both count against it.
+void finish(MemoryPlan& p, std::uint64_t budget, BackendKind backend) {
+  p.total_bytes = p.weights_bytes + p.kv_device_bytes + p.activation_bytes + p.workspace_bytes;
+  p.fits = budget == 0 || p.total_bytes <= budget;
+  const std::uint64_t host_need =
+      backend == BackendKind::kHost ? p.total_bytes + p.host_bytes : p.host_bytes;
+  p.host_fits = host_need <= p.host_available_bytes;
+}
+
+MemoryPlan kvoffload_plan(const model::DecoderMemory& m, int layers, std::uint64_t budget) {
+  MemoryPlan p = base_plan(Strategy::kKvoffload, m, layers);
+  model::require_weights_fit(m, budget);
+  const CachePlan cache = plan_cache(m.cache, budget);
+  p.kv_device_bytes = cache.resident_bytes + cache.staging_bytes;
+  p.host_bytes = cache.host_bytes;
+  p.resident_layers = cache.resident_layers;
+  finish(p, budget, m.cache.backend);
+  if (p.total_bytes != cache.device_bytes) {
+    throw Error(ErrorCode::kInternal, "the memory plan does not add up to the cache's plan");
+  }
+  return p;
+}
+
+// K and V of one layer as a plain [batch][kv_heads][max_seq][head_dim] tensor pair (no padding;
+// quantized rows with their scales).
+std::uint64_t plain_layer_bytes(const model::DecoderMemory& m) {
+  const CacheConfig& c = m.cache;
+  return 2ull * static_cast<std::uint64_t>(c.slots) * static_cast<std::uint64_t>(c.max_seq) *
+         kv_row_bytes(c.dtype, c.kv_heads, c.head_dim);
+}
+
+}  // namespace
+
+const char* strategy_name(Strategy strategy) {
+  switch (strategy) {
+    case Strategy::kAllOnDevice:
+      return "all-on-device";
+    case Strategy::kHfOffloadedStatic:
+      return "hf-offloaded-static";
+    case Strategy::kKvoffload:
+      return "kvoffload";
+  }
+  return "?";
+}
+
+MemoryPlan plan_memory(const MemoryQuery& query) {
+  const model::ModelConfig config = model::resolve_model(query.model);
+  return kvoffload_plan(decoder_memory(query, config), config.layers, query.budget);
+}
+
+std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query) {
+  const model::ModelConfig config = model::resolve_model(query.model);
+  const model::DecoderMemory m = decoder_memory(query, config);
+  const std::uint64_t layer = plain_layer_bytes(m);
+  const auto layers = static_cast<std::uint64_t>(config.layers);
+  std::vector<MemoryPlan> plans;
+
+  MemoryPlan all = base_plan(Strategy::kAllOnDevice, m, config.layers);
+  all.kv_device_bytes = layers * layer;
+  all.resident_layers = config.layers;
+  finish(all, query.budget, query.backend);
+  plans.push_back(all);
+
+  // transformers' OffloadedStaticCache: layer 0's K/V stays on the device, two device buffers of
+  // one full-length layer each take the prefetched layer and the one being computed, and the
+  // other layers live in pinned host memory.
+  MemoryPlan hf = base_plan(Strategy::kHfOffloadedStatic, m, config.layers);
+  hf.kv_device_bytes = (layers > 1 ? 3 : 1) * layer;
+  hf.host_bytes = (layers - 1) * layer;
+  hf.resident_layers = 1;
+  finish(hf, query.budget, query.backend);
+  plans.push_back(hf);
+
+  try {
+    plans.push_back(kvoffload_plan(m, config.layers, query.budget));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kOutOfMemory) throw;
+    // Even the smallest plan does not fit: report it, marked as not fitting.
+    plans.push_back(kvoffload_plan(
+        [&] {
+          model::DecoderMemory smallest = m;
+          smallest.cache.resident_layers = 0;
+          return smallest;
+        }(),
+        config.layers, 0));
+    plans.back().fits = false;
+  }
+  return plans;
+}
+
+}  // namespace kvo
+
+namespace kvo::model {
+
+ModelConfig resolve_model(const std::string& name) {
+  const auto presets = preset_names();
+  if (std::find(presets.begin(), presets.end(), name) != presets.end()) {
+    return preset(name);
+  }
+  const std::filesystem::path path(name);
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return load_model_config((path / "config.json").string());
+  }
+  if (std::filesystem::is_regular_file(path, ec)) return load_model_config(name);
+  std::string known;
+  for (const auto& p : presets) known += (known.empty() ? "" : ", ") + p;
+  throw Error(ErrorCode::kInvalidArgument, "unknown model '" + name + "': neither a preset (" +
+                                               known +
+                                               ") nor a config.json or a directory holding one");
+}
+
+DecoderOptions decoder_options(const MemoryQuery& q) {
+  DecoderOptions options;
+  options.max_seq = q.max_seq;
+  options.slots = q.slots;
+  options.chunk = q.chunk;
+  options.max_prompt = q.max_prompt;
+  options.resident_layers = q.resident_layers;
+  options.ring_depth = q.ring_depth;
+  options.device_budget = q.budget;
+  options.override_dtype = q.override_dtype;
+  options.dtype = q.dtype;
+  options.override_kv_dtype = q.override_kv_dtype;
+  options.kv_dtype = q.kv_dtype;
+  options.backend = q.backend;
+  return options;
+}
+
+}  // namespace kvo::model

@@ -1,0 +1,19 @@
+// The Llama block, which Mistral and Qwen2 share (model/families/mistral.cpp, qwen2.cpp): an
+// RMSNorm before attention and before the MLP, q, k and v projections (with biases where the
+// config says), rotary embeddings, the output projection (with a bias where it says), and a
+// SwiGLU MLP; and the tensors of its layers, as transformers names them.
+#pragma once
+
+#include <vector>
+
+#include "model/families/family.hpp"
+
+namespace kvo::model::llama {
+
+std::vector<LayerTensor> layer_tensors(const ModelConfig& c);
+void attention_inputs(const LayerContext& l, const float* x, int n, const std::int32_t* positions,
+                      int first_position);
+void attention_output(const LayerContext& l, float* x, int n);
+void mlp(const LayerContext& l, float* x, int n);
+
+}  // namespace kvo::model::llama

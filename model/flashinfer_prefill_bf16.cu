@@ -1,6 +1,0 @@
-// FlashInfer prefill attention over bf16 K/V, head_dim 64 and 128 (model/flashinfer_attention.cuh).
-#include "model/flashinfer_attention.cuh"
-
-namespace kvo::model::flashinfer_ops {
-KVO_FLASHINFER_PREFILL(Elem::kBF16)
-}  // namespace kvo::model::flashinfer_ops

@@ -1,7 +1,0 @@
-// FlashInfer prefill attention without a mask over bf16 K/V, head_dim 64 and 128
-// (model/flashinfer_attention.cuh): the tiles of a quantized cache before the queries' own keys.
-#include "model/flashinfer_attention.cuh"
-
-namespace kvo::model::flashinfer_ops {
-KVO_FLASHINFER_PREFILL_UNMASKED(Elem::kBF16)
-}  // namespace kvo::model::flashinfer_ops

@@ -1,0 +1,250 @@
+#include "model/host/host_attention.hpp"
+
+#include "model/host/blas.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/decoder/ops.hpp"
+#include "model/host/host_kernels.hpp"
+
+namespace kvo::model {
+namespace {
+
+std::int64_t elem_bytes(Elem type) {
+  return type == Elem::kF32 ? 4 : is_quantized(type) ? 1 : 2;
+}
+
+// Where one kv head's rows of K or V are: rows start every token_stride elements from `rows` (the
+// first key's row), the head head_offset elements into each; quantized rows keep their scales
+// scale_offset bytes in.
+struct HeadRows {
+  const char* rows = nullptr;
+  std::int64_t token_stride = 0;
+  std::int64_t head_offset = 0;
+  std::int64_t scale_offset = 0;
+  int kv_head = 0;
+};
+
+// Keys [0, keys) of one kv head as an f32 matrix: in place (leading dimension = the token
+// stride) when the cache is f32, else converted, or dequantized, into `buffer` (leading dimension
+// head_dim).
+const float* key_block(const HeadRows& h, int keys, int head_dim, Elem type, float* buffer,
+                       int* ld) {
+  const std::int64_t bytes = elem_bytes(type);
+  if (type == Elem::kF32) {
+    *ld = static_cast<int>(h.token_stride);
+    return reinterpret_cast<const float*>(h.rows) + h.head_offset;
+  }
+  for (int j = 0; j < keys; ++j) {
+    const char* row = h.rows + j * h.token_stride * bytes;
+    float* out = buffer + static_cast<std::int64_t>(j) * head_dim;
+    if (is_quantized(type)) {
+      const float scale = kv_scale(row, 0, h.scale_offset, h.kv_head);
+      for (int e = 0; e < head_dim; ++e) out[e] = load_elem(row, h.head_offset + e, type) * scale;
+    } else {
+      kernels::to_f32(row + h.head_offset * bytes, type, head_dim, out);
+    }
+  }
+  *ld = head_dim;
+  return buffer;
+}
+
+}  // namespace
+
+HostAttention::HostAttention(const ModelConfig& config, Elem type, int max_decode_rows,
+                             ThreadPool& pool)
+    : config_(config),
+      type_(type),
+      pool_(pool),
+      group_(config.heads / config.kv_heads),
+      scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)))),
+      avx512_(kernels::have_avx512() && config.head_dim % 16 == 0) {
+  const std::size_t d = static_cast<std::size_t>(config.head_dim);
+  const std::size_t rows = static_cast<std::size_t>(kQueryBlock) * group_;
+  prefill_.resize(static_cast<std::size_t>(pool_.threads()));
+  for (auto& s : prefill_) {
+    s.q.resize(rows * d);
+    s.scores.resize(rows * kPrefillKeyBlock);
+    s.out.resize(rows * d);
+    s.k.resize(kPrefillKeyBlock * d);
+    s.v.resize(kPrefillKeyBlock * d);
+    s.state.resize(rows);
+    s.first.resize(rows);
+    s.last.resize(rows);
+  }
+  decode_.resize(static_cast<std::size_t>(pool_.threads()));
+  for (auto& s : decode_) {
+    s.q.resize(static_cast<std::size_t>(config.heads) * d);
+    s.kv.resize(static_cast<std::size_t>(kernels::kKeyBlock) * config.kv_heads * d);
+    s.scores.resize(static_cast<std::size_t>(config.heads) * kernels::kKeyBlock);
+    if (is_quantized(type)) {
+      s.k.resize(static_cast<std::size_t>(kDequantKeys) * config.kv_heads * d);
+      s.v.resize(s.k.size());
+    }
+  }
+  const std::size_t parts = static_cast<std::size_t>(max_decode_rows) * kMaxParts * config.heads;
+  part_state_.resize(parts);
+  part_values_.resize(parts * d);
+  first_task_.resize(static_cast<std::size_t>(max_decode_rows) + 1);
+}
+
+HostAttention::Split HostAttention::split(int keys) {
+  Split s;
+  s.parts = std::clamp((keys + kMinPartKeys - 1) / kMinPartKeys, 1, kMaxParts);
+  s.part_keys = (keys + s.parts - 1) / s.parts;
+  s.parts = std::max(1, (keys + s.part_keys - 1) / s.part_keys);
+  return s;
+}
+
+void HostAttention::prefill(const float* q, int n, int slot, int first_position,
+                            const LayerView& view, float* out) {
+  const int blocks = (n + kQueryBlock - 1) / kQueryBlock;
+  const int kv_heads = config_.kv_heads;
+  // The last query blocks see the most keys: hand them out first.
+  pool_.run(blocks * kv_heads, [&](int task, int thread) {
+    prefill_block(q, n, slot, first_position, view, task % kv_heads, blocks - 1 - task / kv_heads,
+                  prefill_[static_cast<std::size_t>(thread)], out);
+  });
+}
+
+void HostAttention::prefill_block(const float* q, int n, int slot, int first_position,
+                                  const LayerView& view, int kv_head, int block, PrefillScratch& s,
+                                  float* out) {
+  const int d = config_.head_dim;
+  const int heads = config_.heads;
+  const int t0 = block * kQueryBlock;
+  const int tokens = std::min(kQueryBlock, n - t0);
+  const int rows = tokens * group_;
+  // Queries of the group packed as row t * group + r, and the keys each row sees.
+  for (int t = 0; t < tokens; ++t) {
+    const int pos = first_position + t0 + t;
+    for (int r = 0; r < group_; ++r) {
+      const int i = t * group_ + r;
+      const float* src = q + (static_cast<std::int64_t>(t0 + t) * heads + kv_head * group_ + r) * d;
+      std::copy(src, src + d, s.q.data() + static_cast<std::int64_t>(i) * d);
+      s.first[static_cast<std::size_t>(i)] = first_key(config_, pos);
+      s.last[static_cast<std::size_t>(i)] = pos;
+      s.state[static_cast<std::size_t>(i)] = SoftmaxState{};
+    }
+  }
+  std::fill(s.out.begin(), s.out.begin() + static_cast<std::int64_t>(rows) * d, 0.0f);
+  const int key_begin = first_key(config_, first_position + t0);
+  const int key_end = first_position + t0 + tokens;  // exclusive
+  const std::int64_t bytes = elem_bytes(type_);
+  for (int key0 = key_begin; key0 < key_end; key0 += kPrefillKeyBlock) {
+    const int keys = std::min(kPrefillKeyBlock, key_end - key0);
+    const std::int64_t at =
+        slot * view.slot_stride + static_cast<std::int64_t>(key0) * view.token_stride;
+    const HeadRows k_rows{static_cast<const char*>(view.k) + at * bytes, view.token_stride,
+                          kv_head * view.head_stride, view.k_scale_offset, kv_head};
+    const HeadRows v_rows{static_cast<const char*>(view.v) + at * bytes, view.token_stride,
+                          kv_head * view.head_stride, view.v_scale_offset, kv_head};
+    int ldk = 0;
+    const float* k = key_block(k_rows, keys, d, type_, s.k.data(), &ldk);
+    blas::sgemm(true, rows, keys, d, scale_, s.q.data(), d, k, ldk, 0.0f, s.scores.data(),
+                kPrefillKeyBlock);
+    kernels::softmax_block(s.scores.data(), rows, keys, kPrefillKeyBlock, key0, s.first.data(),
+                           s.last.data(), s.state.data(), s.out.data(), d);
+    int ldv = 0;
+    const float* v = key_block(v_rows, keys, d, type_, s.v.data(), &ldv);
+    blas::sgemm(false, rows, d, keys, 1.0f, s.scores.data(), kPrefillKeyBlock, v, ldv, 1.0f,
+                s.out.data(), d);
+  }
+  for (int t = 0; t < tokens; ++t) {
+    for (int r = 0; r < group_; ++r) {
+      const int i = t * group_ + r;
+      const float inv = 1.0f / s.state[static_cast<std::size_t>(i)].sum;
+      const float* src = s.out.data() + static_cast<std::int64_t>(i) * d;
+      float* dst = out + (static_cast<std::int64_t>(t0 + t) * heads + kv_head * group_ + r) * d;
+      for (int e = 0; e < d; ++e) dst[e] = src[e] * inv;
+    }
+  }
+}
+
+void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
+                           const std::int32_t* positions, const LayerView& view, float* out) {
+  const int d = config_.head_dim;
+  const int heads = config_.heads;
+  const int kv_heads = config_.kv_heads;
+  first_task_[0] = 0;
+  for (int i = 0; i < n; ++i) {
+    const int keys = positions[i] - first_key(config_, positions[i]) + 1;
+    first_task_[static_cast<std::size_t>(i) + 1] =
+        first_task_[static_cast<std::size_t>(i)] + split(keys).parts;
+  }
+  // Partials of (row i, part p): states [heads], values [heads][d].
+  auto part_index = [&](int i, int p) { return static_cast<std::size_t>(i) * kMaxParts + p; };
+  const std::size_t values_per_part = static_cast<std::size_t>(heads) * d;
+  // 1. Each (row, part of the keys): a partial softmax over its keys for every kv head.
+  const std::int64_t bytes = elem_bytes(type_);
+  pool_.run(first_task_[static_cast<std::size_t>(n)], [&](int task, int thread) {
+    const int i =
+        static_cast<int>(std::upper_bound(first_task_.begin(), first_task_.begin() + n + 1, task) -
+                         first_task_.begin() - 1);
+    const int first = first_key(config_, positions[i]);
+    const int keys = positions[i] - first + 1;
+    const Split sp = split(keys);
+    const int p = task - first_task_[static_cast<std::size_t>(i)];
+    const int part0 = first + p * sp.part_keys;
+    DecodeScratch& s = decode_[static_cast<std::size_t>(thread)];
+    const float* qi = q + static_cast<std::int64_t>(i) * heads * d;
+    for (std::size_t e = 0; e < values_per_part; ++e) s.q[e] = qi[e] * scale_;
+    SoftmaxState* state = part_state_.data() + part_index(i, p) * heads;
+    float* values = part_values_.data() + part_index(i, p) * values_per_part;
+    std::fill(state, state + heads, SoftmaxState{});
+    std::fill(values, values + values_per_part, 0.0f);
+    const std::int64_t at =
+        slots[i] * view.slot_stride + static_cast<std::int64_t>(part0) * view.token_stride;
+    const char* k_first = static_cast<const char*>(view.k) + at * bytes;
+    const char* v_first = static_cast<const char*>(view.v) + at * bytes;
+    const int part_keys = std::min(sp.part_keys, keys - p * sp.part_keys);
+    const auto attend = avx512_ ? kernels::attend_keys_avx512 : kernels::attend_keys;
+    if (!is_quantized(type_)) {
+      const kernels::KeyRows k{k_first, view.token_stride, view.head_stride, type_};
+      const kernels::KeyRows v{v_first, view.token_stride, view.head_stride, type_};
+      attend(s.q.data(), kv_heads, group_, d, k, v, part_keys, state, values, s.kv.data(),
+             s.scores.data());
+      return;
+    }
+    // Quantized rows: blocks of keys dequantized, every head at once, then attended as f32.
+    const DType dtype = static_cast<DType>(static_cast<int>(type_));
+    const std::int64_t row = static_cast<std::int64_t>(kv_heads) * d;
+    const kernels::KeyRows k{s.k.data(), row, d, Elem::kF32};
+    const kernels::KeyRows v{s.v.data(), row, d, Elem::kF32};
+    for (int j0 = 0; j0 < part_keys; j0 += kDequantKeys) {
+      const int block = std::min(kDequantKeys, part_keys - j0);
+      for (int j = 0; j < block; ++j) {
+        const std::int64_t from = (j0 + j) * view.token_stride;
+        dequantize_row(k_first + from, kv_heads, d, dtype, s.k.data() + j * row);
+        dequantize_row(v_first + from, kv_heads, d, dtype, s.v.data() + j * row);
+      }
+      attend(s.q.data(), kv_heads, group_, d, k, v, block, state, values, s.kv.data(),
+             s.scores.data());
+    }
+  });
+  // 2. Each (row, kv head): merge its parts in order, normalize.
+  pool_.run(n * kv_heads, [&](int task, int) {
+    const int i = task / kv_heads;
+    const int g = task % kv_heads;
+    const int keys = positions[i] - first_key(config_, positions[i]) + 1;
+    const int parts = split(keys).parts;
+    for (int h = g * group_; h < (g + 1) * group_; ++h) {
+      SoftmaxState state = part_state_[part_index(i, 0) * heads + h];
+      float* dst = out + (static_cast<std::int64_t>(i) * heads + h) * d;
+      const float* first_values = part_values_.data() + part_index(i, 0) * values_per_part +
+                                  static_cast<std::size_t>(h) * d;
+      std::copy(first_values, first_values + d, dst);
+      for (int p = 1; p < parts; ++p) {
+        const MergeScales m = softmax_merge(state, part_state_[part_index(i, p) * heads + h]);
+        const float* values = part_values_.data() + part_index(i, p) * values_per_part +
+                              static_cast<std::size_t>(h) * d;
+        for (int e = 0; e < d; ++e) dst[e] = dst[e] * m.a + values[e] * m.b;
+      }
+      const float inv = 1.0f / state.sum;
+      for (int e = 0; e < d; ++e) dst[e] *= inv;
+    }
+  });
+}
+
+}  // namespace kvo::model

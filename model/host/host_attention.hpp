@@ -1,0 +1,85 @@
+// Attention on the host path, reading the cache's K/V rows in place (f32, f16 or bf16, through
+// the view's strides) with an online softmax, all query heads of a GQA group per K/V pass.
+// Quantized rows (fp8, int8) are dequantized block by block into f32 scratch first.
+//
+// Prefill is blocked over queries and keys: a task is (kv head, block of kQueryBlock tokens);
+// it packs the block's queries of the group as [tokens x group][head_dim], and for each block of
+// kPrefillKeyBlock keys computes the scores and the weighted values with OpenBLAS's sgemm
+// (single-threaded, inside the pool). f16/bf16 keys are converted block by block.
+//
+// Decode splits each row over parts of the keys, as a GPU split-K decode does: a task is
+// (row, part), which walks its keys front to back, every kv head of a block of keys at once (the
+// rows are token-major, so a task reads one contiguous range; a task per kv head would read a
+// 1/kv_heads slice of every page, which measured 10x slower). Each leaves a partial softmax state
+// and weighted sum per kv head, and a second pass, (row, kv head) per task, merges the parts in
+// order. How the keys are split depends on the key count only, so the result is the same for any
+// thread count, and a row's result does not depend on the other rows.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kvoffload/cache.hpp"
+#include "model/checkpoint/model_config.hpp"
+#include "model/decoder/numerics.hpp"
+#include "model/host/thread_pool.hpp"
+
+namespace kvo::model {
+
+class HostAttention {
+ public:
+  static constexpr int kQueryBlock = 64;
+  static constexpr int kPrefillKeyBlock = 128;
+  static constexpr int kMinPartKeys = 256;  // decode: keys per part, at least...
+  static constexpr int kMaxParts = 64;      // ...and at most this many parts per (row, kv head)
+
+  HostAttention(const ModelConfig& config, Elem type, int max_decode_rows, ThreadPool& pool);
+
+  // q [n][heads][head_dim], row i at position first_position + i, over the keys of `slot` up to
+  // its own position (sliding window honoured). out [n][heads][head_dim].
+  void prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
+               float* out);
+  // Row i: q [heads][head_dim] of slots[i] at positions[i] (host arrays), over keys
+  // [first_key(positions[i]), positions[i]]. out [n][heads][head_dim].
+  void decode(const float* q, int n, const std::int32_t* slots, const std::int32_t* positions,
+              const LayerView& view, float* out);
+
+  // How decode splits `keys` keys: parts of part_keys keys (the last may be shorter).
+  struct Split {
+    int parts = 1;
+    int part_keys = 0;
+  };
+  static Split split(int keys);
+
+ private:
+  struct PrefillScratch {
+    std::vector<float> q, scores, out, k,
+        v;                            // [rows][d], [rows][key block], [rows][d], [key block][d] x2
+    std::vector<SoftmaxState> state;  // [rows]
+    std::vector<int> first, last;     // [rows]: keys each row sees
+  };
+  // Decode over quantized rows: keys dequantized (every head) per block of this many.
+  static constexpr int kDequantKeys = 64;
+  struct DecodeScratch {
+    std::vector<float> q, kv, scores;  // [heads][d] (scaled), [kKeyBlock][d], [group][kKeyBlock]
+    std::vector<float> k, v;           // quantized rows: [kDequantKeys][kv_heads][d] each
+  };
+
+  void prefill_block(const float* q, int n, int slot, int first_position, const LayerView& view,
+                     int kv_head, int block, PrefillScratch& s, float* out);
+
+  ModelConfig config_;
+  Elem type_;
+  ThreadPool& pool_;
+  int group_;
+  float scale_;
+  bool avx512_;                          // decode through kernels::attend_keys_avx512
+  std::vector<PrefillScratch> prefill_;  // [threads]
+  std::vector<DecodeScratch> decode_;    // [threads]
+  // Decode partials: [rows][kMaxParts] of states [heads] and values [heads][head_dim].
+  std::vector<SoftmaxState> part_state_;
+  std::vector<float> part_values_;
+  std::vector<int> first_task_;  // [rows + 1]: tasks of the rows before
+};
+
+}  // namespace kvo::model

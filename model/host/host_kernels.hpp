@@ -1,0 +1,71 @@
+// The inner loops of the host path. Each is compiled for three x86-64 levels (AVX-512, AVX2 with
+// FMA, and the SSE2 baseline every x86-64 has) and the loader picks the one the CPU runs; other
+// targets get one portable build. They are plain loops over blocks of kLanes floats, which the
+// compiler turns into vectors of the level's width: the order of every sum is fixed by the source,
+// so the levels differ only in whether a multiply-add is fused.
+#pragma once
+
+#include <cstdint>
+
+#include "model/decoder/numerics.hpp"
+
+namespace kvo::model::kernels {
+
+constexpr int kLanes = 16;
+
+// dst [count] = src [count] of `type`, exactly.
+void to_f32(const void* src, Elem type, std::int64_t count, float* dst);
+// dst [count] of `type` = src [count], rounded to nearest even (as store_elem).
+void from_f32(const float* src, std::int64_t count, Elem type, void* dst);
+// x[i] = exp(x[i]) for i < n, within a few ulp of expf; exp(-inf) = 0, overflow gives inf.
+void exp_inplace(float* x, int n);
+
+// gate [count] = silu(gate) * up.
+void swiglu(float* gate, const float* up, std::int64_t count);
+// out [rows][h] = x / sqrt(mean(x^2) + eps) * w, the mean of squares summed in double.
+void rms_norm_rows(const float* x, int rows, int h, const float* w, float eps, float* out);
+
+// y[t * ldy + o] = dot(x[t * ldx ...], row o of w) + bias[o] (added to y[...] when
+// `accumulate`) for t < rows, o in [o0, o1). w [out][in] and bias [out] (or null) are of
+// `type`; a row of w that is not f32 is converted into `row` [in] first. Each element of y is
+// computed the same way whatever rows, o0 and o1 are, so a decode batch gives each slot the bits
+// it gets alone.
+void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void* w, Elem type,
+                 const void* bias, int o0, int o1, float* y, std::int64_t ldy, bool accumulate,
+                 float* row);
+
+// Rows of K or V of one slot: token j, kv head g at `base` + j * token_stride + g * head_stride
+// elements of `type`.
+struct KeyRows {
+  const void* base = nullptr;
+  std::int64_t token_stride = 0;
+  std::int64_t head_stride = 0;
+  Elem type = Elem::kF32;
+};
+
+constexpr int kKeyBlock = 16;  // keys per step of attend_keys
+
+// The online softmax of the query rows of every kv head, q [kv_heads * group][head_dim] (already
+// scaled by 1/sqrt(head_dim); row g * group + r belongs to kv head g), over keys [0, keys): on
+// return state[row] holds the max score and the sum of exp(score - max), and acc [row][head_dim]
+// the values weighted by the same exponentials. Both start from "nothing seen" (state default,
+// acc zero) and may continue a previous call. A block of keys is converted for all heads at once,
+// so K and V are read front to back. Scratch: kv [kKeyBlock][kv_heads][head_dim],
+// scores [kv_heads * group][kKeyBlock].
+void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
+                 int keys, SoftmaxState* state, float* acc, float* kv, float* scores);
+
+// attend_keys with AVX-512 intrinsics (model/host/host_attention_avx512.cpp), the same results up
+// to rounding. REQUIRES: have_avx512(), head_dim a multiple of 16.
+void attend_keys_avx512(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
+                        int keys, SoftmaxState* state, float* acc, float* kv, float* scores);
+bool have_avx512();
+
+// One key block of the blocked prefill attention: s [rows][lds] holds the (scaled) scores of
+// `rows` query rows against keys [key0, key0 + keys); row i sees keys [first[i], last[i]]. The
+// visible scores become exp(score - running max) and the others 0; state[i] moves on, and o [rows]
+// [head_dim], the row's accumulated values, is rescaled to the new max.
+void softmax_block(float* s, int rows, int keys, std::int64_t lds, int key0, const int* first,
+                   const int* last, SoftmaxState* state, float* o, int head_dim);
+
+}  // namespace kvo::model::kernels

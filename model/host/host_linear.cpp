@@ -1,0 +1,99 @@
+#include "model/host/host_linear.hpp"
+
+#include <algorithm>
+
+#include "model/host/blas.hpp"
+#include "model/host/host_gemm_bf16.hpp"
+#include "model/host/host_kernels.hpp"
+
+namespace kvo::model {
+
+// BLAS: OpenBLAS (Debian's libopenblas-dev, its pthread build; model/host/blas.hpp loads it with
+// the kernels chosen for the CPU), chosen over BLIS by measurement on this project's GEMM shapes
+// (bench/results/blas-choice.md): on the 2-core AMD EPYC (Zen 5) development machine OpenBLAS
+// 0.3.21 ran the prefill shapes at 140-220 GFLOP/s, while BLIS 0.9.0 does not know that CPU and
+// falls back to its generic kernels (1-75 GFLOP/s). Single-threaded calls on our own pool ran on
+// par with OpenBLAS's own threads (ahead on some shapes, behind on others), and leave one pool on
+// the cores with results independent of the thread count.
+std::string gemm_library(Elem weights, bool f32_gemm) {
+  std::string what = blas::description();
+  if (uses_bf16_gemm(weights, f32_gemm)) {
+    what += "; bf16 weights: AVX512_BF16 (activations rounded to bf16)";
+  }
+  return what;
+}
+
+bool uses_bf16_gemm(Elem weights, bool f32_gemm) {
+  return weights == Elem::kBF16 && !f32_gemm && bf16_gemm::available();
+}
+
+HostLinear::HostLinear(ThreadPool& pool, Elem type, int max_in, bool f32_gemm)
+    : pool_(pool), type_(type), bf16_gemm_(uses_bf16_gemm(type, f32_gemm)) {
+  static_assert(kGemmColBlock == bf16_gemm::kCols, "a tile is one panel of the bf16 kernel");
+  blas::description();  // loads OpenBLAS now (single-threaded), not in the first GEMM
+  // A GEMM tile's converted panel, or the bf16 kernel's scratch and the one row linear_rows
+  // converts at a time.
+  std::size_t floats = static_cast<std::size_t>(type_ == Elem::kF32 ? 1 : kGemmColBlock) * max_in;
+  if (bf16_gemm_) {
+    floats = std::max<std::size_t>(bf16_gemm::scratch_bytes(max_in) / sizeof(float),
+                                   static_cast<std::size_t>(max_in));
+  }
+  panels_.assign(static_cast<std::size_t>(pool_.threads()), std::vector<float>(floats));
+}
+
+void HostLinear::operator()(const float* x, int n, int in, const void* w, const void* bias, int out,
+                            float* y, bool accumulate) {
+  if (n >= kGemmMinRows) {
+    gemm(x, n, in, w, bias, out, y, accumulate);
+    return;
+  }
+  const int blocks = (out + kDotColBlock - 1) / kDotColBlock;
+  pool_.run(blocks, [&](int b, int thread) {
+    const int o0 = b * kDotColBlock;
+    kernels::linear_rows(x, n, in, in, w, type_, bias, o0, std::min(out, o0 + kDotColBlock), y, out,
+                         accumulate, panels_[static_cast<std::size_t>(thread)].data());
+  });
+}
+
+void HostLinear::gemm(const float* x, int n, int in, const void* w, const void* bias, int out,
+                      float* y, bool accumulate) {
+  const int row_blocks = (n + kGemmRowBlock - 1) / kGemmRowBlock;
+  const int col_blocks = (out + kGemmColBlock - 1) / kGemmColBlock;
+  const std::size_t elem = type_ == Elem::kF32 ? 4 : 2;
+  pool_.run(row_blocks * col_blocks, [&](int task, int thread) {
+    const int r0 = (task / col_blocks) * kGemmRowBlock;
+    const int rows = std::min(kGemmRowBlock, n - r0);
+    const int c0 = (task % col_blocks) * kGemmColBlock;
+    const int cols = std::min(kGemmColBlock, out - c0);
+    const void* w_block = static_cast<const char*>(w) + static_cast<std::size_t>(c0) * in * elem;
+    const float* panel = static_cast<const float*>(w_block);
+    if (type_ != Elem::kF32 && !bf16_gemm_) {
+      float* p = panels_[static_cast<std::size_t>(thread)].data();
+      kernels::to_f32(w_block, type_, static_cast<std::int64_t>(cols) * in, p);
+      panel = p;
+    }
+    float* y_block = y + static_cast<std::int64_t>(r0) * out + c0;
+    float beta = accumulate ? 1.0f : 0.0f;
+    if (bias != nullptr) {
+      // y = (y + bias) + x W^T, or bias + x W^T
+      for (int t = 0; t < rows; ++t) {
+        float* yt = y_block + static_cast<std::int64_t>(t) * out;
+        for (int o = 0; o < cols; ++o) {
+          const float b = load_elem(bias, c0 + o, type_);
+          yt[o] = accumulate ? yt[o] + b : b;
+        }
+      }
+      beta = 1.0f;
+    }
+    const float* x_block = x + static_cast<std::int64_t>(r0) * in;
+    if (bf16_gemm_) {
+      bf16_gemm::multiply(x_block, rows, in, in, static_cast<const std::uint16_t*>(w_block), cols,
+                          beta != 0.0f, y_block, out,
+                          panels_[static_cast<std::size_t>(thread)].data());
+      return;
+    }
+    blas::sgemm(true, rows, cols, in, 1.0f, x_block, in, panel, in, beta, y_block, out);
+  });
+}
+
+}  // namespace kvo::model

@@ -1,0 +1,61 @@
+// The host path's GEMMs: y [n][out] = x [n][in] W^T + bias, W [out][in] in the model dtype.
+//
+// Prefill-sized calls (n >= kGemmMinRows) go to OpenBLAS's sgemm, one call per tile of
+// [kGemmRowBlock rows][kGemmColBlock outputs], the tiles spread over the thread pool with BLAS
+// itself single-threaded. f16/bf16 weights are not kept as f32 copies: each tile converts its
+// kGemmColBlock rows of W into a per-thread f32 panel first (kGemmColBlock x in floats per thread,
+// 7 MiB at in = 14336), work that is 1/n of the tile's multiply-adds. bf16 weights on a CPU with
+// AVX512_BF16 multiply as they are instead (model/host/host_gemm_bf16.hpp: the activations rounded
+// to bf16, twice the rate), unless f32 is asked for.
+//
+// Decode-sized calls (a few rows) read W in place, one output row at a time
+// (kernels::linear_rows), spread over blocks of outputs: they are bound by reading W, and every
+// row of y comes out the same whatever the batch, so slots decoded together get exactly the bits
+// each gets alone. Tiles and blocks depend on the shapes only, never on the thread count.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/decoder/numerics.hpp"
+#include "model/host/thread_pool.hpp"
+
+namespace kvo::model {
+
+// The BLAS the host path's GEMMs call and the kernels chosen for this CPU, e.g. "OpenBLAS
+// 0.3.21, SkylakeX kernels (chosen for AVX-512)" (model/host/blas.hpp), and for `weights` in bf16
+// what multiplies them: "; bf16 weights: AVX512_BF16 (activations rounded to bf16)".
+std::string gemm_library(Elem weights, bool f32_gemm);
+
+// Whether prefill GEMMs of `weights` go through the AVX512_BF16 kernel: bf16 weights, a CPU
+// that has it, and f32 not asked for.
+bool uses_bf16_gemm(Elem weights, bool f32_gemm);
+
+class HostLinear {
+ public:
+  static constexpr int kGemmMinRows = 16;
+  static constexpr int kGemmRowBlock = 256;
+  static constexpr int kGemmColBlock = 128;
+  static constexpr int kDotColBlock = 32;
+
+  // max_in: the widest input of any call. Loads OpenBLAS (single-threaded) if need be.
+  // f32_gemm: bf16 weights multiply in f32 even where the CPU has AVX512_BF16.
+  HostLinear(ThreadPool& pool, Elem type, int max_in, bool f32_gemm = false);
+
+  // y [n][out] = x [n][in] W^T + bias (bias [out] or null); y += instead with `accumulate`.
+  void operator()(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
+                  bool accumulate);
+
+ private:
+  void gemm(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
+            bool accumulate);
+
+  ThreadPool& pool_;
+  Elem type_;
+  bool bf16_gemm_;
+  // [threads]: a tile's f32 panel, kGemmColBlock x max_in; with bf16_gemm_, its scratch and the
+  // one row linear_rows converts at a time.
+  std::vector<std::vector<float>> panels_;
+};
+
+}  // namespace kvo::model

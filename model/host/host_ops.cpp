@@ -1,0 +1,153 @@
+#include "model/host/host_ops.hpp"
+
+#include "model/host/blas.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/host/host_kernels.hpp"
+
+namespace kvo::model {
+namespace {
+
+constexpr int kRowBlock = 16;                 // rows per task of the row-wise operations
+constexpr std::int64_t kElemBlock = 1 << 14;  // elements per task of the elementwise ones
+
+int blocks_of(std::int64_t count, std::int64_t block) {
+  return static_cast<int>((count + block - 1) / block);
+}
+
+int widest_input(const ModelConfig& c) {
+  return std::max({c.hidden_size, c.intermediate_size, static_cast<int>(c.q_dim())});
+}
+
+}  // namespace
+
+HostOps::HostOps(const OpsShape& shape)
+    : shape_(shape),
+      elem_(static_cast<Elem>(static_cast<int>(shape.weight_dtype))),
+      pool_(std::max(1, shape.threads)),
+      linear_(pool_, elem_, widest_input(shape.config), shape.f32_gemm),
+      kv_elem_(static_cast<Elem>(static_cast<int>(shape.kv_dtype))),
+      attention_(shape.config, kv_elem_, shape.max_decode_rows, pool_) {
+  norm_weight_.resize(static_cast<std::size_t>(shape_.config.hidden_size));
+  rope_angles_.assign(static_cast<std::size_t>(pool_.threads()),
+                      std::vector<float>(static_cast<std::size_t>(shape_.config.head_dim)));
+  // Everything else is mapped by now; OpenBLAS maps a buffer in each thread's first GEMM, and
+  // retries forever when it cannot.
+  blas::check_address_space(pool_.threads(), 0);
+}
+
+void HostOps::embed(const std::int32_t* tokens, int n, const void* table, float* out) {
+  const int h = shape_.config.hidden_size;
+  const std::size_t row_bytes = static_cast<std::size_t>(h) * (elem_ == Elem::kF32 ? 4 : 2);
+  pool_.run(blocks_of(n, kRowBlock), [&](int b, int) {
+    for (int i = b * kRowBlock; i < std::min(n, (b + 1) * kRowBlock); ++i) {
+      kernels::to_f32(static_cast<const char*>(table) + tokens[i] * row_bytes, elem_, h,
+                      out + static_cast<std::int64_t>(i) * h);
+    }
+  });
+}
+
+void HostOps::rms_norm(const float* x, int n, const void* weight, float* out) {
+  const int h = shape_.config.hidden_size;
+  kernels::to_f32(weight, elem_, h, norm_weight_.data());
+  pool_.run(blocks_of(n, kRowBlock), [&](int b, int) {
+    const int t0 = b * kRowBlock;
+    const std::int64_t at = static_cast<std::int64_t>(t0) * h;
+    kernels::rms_norm_rows(x + at, std::min(kRowBlock, n - t0), h, norm_weight_.data(),
+                           shape_.config.rms_norm_eps, out + at);
+  });
+}
+
+void HostOps::linear(const float* x, int n, int in, const void* w, const void* bias, int out,
+                     float* y, bool accumulate) {
+  linear_(x, n, in, w, bias, out, y, accumulate);
+}
+
+// The rotation of rope_rotate, with each position's angles computed once for all its heads.
+void HostOps::rope(float* q, float* k, int n, const std::int32_t* positions, int first_position) {
+  const ModelConfig& c = shape_.config;
+  const int d = c.head_dim;
+  const int half = d / 2;
+  pool_.run(blocks_of(n, kRowBlock), [&](int b, int thread) {
+    float* cos_sin = rope_angles_[static_cast<std::size_t>(thread)].data();
+    for (int i = b * kRowBlock; i < std::min(n, (b + 1) * kRowBlock); ++i) {
+      const int pos = positions != nullptr ? positions[i] : first_position + i;
+      for (int e = 0; e < half; ++e) {
+        const float angle = static_cast<float>(pos) * shape_.inv_freq[e];
+        cos_sin[e] = cosf(angle);
+        cos_sin[half + e] = sinf(angle);
+      }
+      auto rotate = [&](float* x) {
+        for (int e = 0; e < half; ++e) {
+          const float a = x[e];
+          const float bb = x[e + half];
+          x[e] = a * cos_sin[e] - bb * cos_sin[half + e];
+          x[e + half] = bb * cos_sin[e] + a * cos_sin[half + e];
+        }
+      };
+      for (int h = 0; h < c.heads; ++h)
+        rotate(q + (static_cast<std::int64_t>(i) * c.heads + h) * d);
+      for (int h = 0; h < c.kv_heads; ++h) {
+        rotate(k + (static_cast<std::int64_t>(i) * c.kv_heads + h) * d);
+      }
+    }
+  });
+}
+
+void HostOps::to_cache_rows(const float* x, int n, void* out) {
+  const ModelConfig& c = shape_.config;
+  const std::int64_t row = static_cast<std::int64_t>(c.kv_heads) * c.head_dim;
+  if (is_quantized(shape_.kv_dtype)) {
+    // The arithmetic of the CUDA path's quantize_rows kernel, row by row.
+    const auto row_bytes = static_cast<std::int64_t>(quant_row_bytes(c.kv_heads, c.head_dim));
+    pool_.run(n, [&](int i, int) {
+      quantize_row(x + i * row, c.kv_heads, c.head_dim, shape_.kv_dtype,
+                   static_cast<char*>(out) + i * row_bytes);
+    });
+    return;
+  }
+  const std::int64_t count = n * row;
+  const auto bytes = static_cast<std::int64_t>(dtype_size(shape_.kv_dtype));
+  pool_.run(blocks_of(count, kElemBlock), [&](int b, int) {
+    const std::int64_t at = b * kElemBlock;
+    kernels::from_f32(x + at, std::min(kElemBlock, count - at), kv_elem_,
+                      static_cast<char*>(out) + at * bytes);
+  });
+}
+
+void HostOps::attention_prefill(const float* q, int n, int slot, int first_position,
+                                const LayerView& view, float* out) {
+  attention_.prefill(q, n, slot, first_position, view, out);
+}
+
+void HostOps::attention_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
+                               float* out) {
+  attention_.decode(q, n, rows.host_slots, rows.host_positions, view, out);
+}
+
+void HostOps::swiglu(float* gate, const float* up, std::int64_t count) {
+  pool_.run(blocks_of(count, kElemBlock), [&](int b, int) {
+    const std::int64_t at = b * kElemBlock;
+    kernels::swiglu(gate + at, up + at, std::min(kElemBlock, count - at));
+  });
+}
+
+void HostOps::fill_synthetic(const WeightLayout& layout, const WeightEntry& entry,
+                             std::uint64_t seed, void* dst) {
+  model::fill_synthetic(layout, entry, seed, dst);
+}
+
+void HostOps::sample(const float* logits, int n, const SampleRows& rows,
+                     const SamplingParams& params, std::uint64_t seed, std::int32_t* tokens) {
+  const int vocab = shape_.config.vocab_size;
+  for (int i = 0; i < n; ++i) {
+    const float u = sampling_uniform(seed, static_cast<std::uint64_t>(rows.slots[i]),
+                                     static_cast<std::uint32_t>(rows.draws[i]));
+    tokens[i] = sample_token(logits + static_cast<std::int64_t>(i) * vocab, vocab, params, u,
+                             sample_scratch_);
+  }
+}
+
+}  // namespace kvo::model

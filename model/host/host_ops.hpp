@@ -1,0 +1,56 @@
+// The host path: every operation on the CPU with f32 activations and f32 accumulation, computing
+// directly on the host backend's "device" memory. The reference the CUDA path is tested against.
+//
+// One thread pool runs it all (OpsShape::threads threads): GEMMs through OpenBLAS in tiles
+// (model/host/host_linear.hpp), attention from the cache's rows in place
+// (model/host/host_attention.hpp), and the elementwise work in blocks of rows. Work is split by
+// shape, not by thread count, so a given input gives the same bits on every run; see each part for
+// what else holds.
+#pragma once
+
+#include <vector>
+
+#include "model/decoder/ops.hpp"
+#include "model/host/host_attention.hpp"
+#include "model/host/host_linear.hpp"
+#include "model/host/thread_pool.hpp"
+
+namespace kvo::model {
+
+class HostOps final : public Ops {
+ public:
+  explicit HostOps(const OpsShape& shape);
+
+  void synchronize() override {}
+  void fill_synthetic(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
+                      void* dst) override;
+  void sample(const float* logits, int n, const SampleRows& rows, const SamplingParams& params,
+              std::uint64_t seed, std::int32_t* tokens) override;
+
+  void embed(const std::int32_t* tokens, int n, const void* table, float* out) override;
+  void rms_norm(const float* x, int n, const void* weight, float* out) override;
+  void linear(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
+              bool accumulate) override;
+  void rope(float* q, float* k, int n, const std::int32_t* positions, int first_position) override;
+  void to_cache_rows(const float* x, int n, void* out) override;
+  void attention_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
+                         float* out) override;
+  void attention_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
+                        float* out) override;
+  void swiglu(float* gate, const float* up, std::int64_t count) override;
+
+  int threads() const { return pool_.threads(); }
+
+ private:
+  OpsShape shape_;
+  Elem elem_;
+  ThreadPool pool_;
+  HostLinear linear_;
+  Elem kv_elem_;  // the cache's rows
+  HostAttention attention_;
+  std::vector<float> norm_weight_;               // [hidden] as f32
+  std::vector<std::vector<float>> rope_angles_;  // [threads][head_dim]: cos, sin of a position
+  std::vector<float> sample_scratch_;
+};
+
+}  // namespace kvo::model

@@ -1,0 +1,495 @@
+#include "offload/context/context_file.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "kvoffload/error.hpp"
+#include "kvoffload/plan.hpp"
+#include "offload/util/checked_math.hpp"
+#include "offload/util/printable.hpp"
+#include "offload/util/stream_copy.hpp"
+
+// xxHash from its header alone (Debian libxxhash-dev): nothing to link, here or for consumers of
+// the installed library.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace kvo::offload {
+
+#if defined(KVO_HASH_AVX2)
+void xxh3_update_avx2(void* state, const void* data, std::size_t bytes);  // context_hash_avx2.cpp
+#endif
+
+namespace {
+
+constexpr char kMagic[8] = {'K', 'V', 'O', 'C', 'T', 'X', '\r', '\n'};
+constexpr std::uint32_t kVersion = 1;
+// magic, version, layers, kv_heads, head_dim, max_seq, dtype, length, row_bytes, model_bytes,
+// token_count
+constexpr std::size_t kFixedHeaderBytes = 8 + 4 * 7 + 8 + 4 + 4;
+// A fingerprint is a few hundred lines; anything far larger is a corrupted size field.
+constexpr std::uint32_t kMaxModelBytes = 16u << 20;
+// Rows move in pieces of this size, so that hashing and device copies need no large buffer.
+constexpr std::size_t kChunkBytes = 8u << 20;
+
+Error bad_file(const std::string& what, const std::string& why) {
+  return Error(ErrorCode::kInvalidArgument, what + ": " + why);
+}
+
+void put_u32(std::string& out, std::uint32_t value) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+void put_u64(std::string& out, std::uint64_t value) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+}
+std::uint32_t get_u32(const unsigned char* p) {
+  std::uint32_t value = 0;
+  for (int i = 0; i < 4; ++i) value |= static_cast<std::uint32_t>(p[i]) << (8 * i);
+  return value;
+}
+std::uint64_t get_u64(const unsigned char* p) {
+  std::uint64_t value = 0;
+  for (int i = 0; i < 8; ++i) value |= static_cast<std::uint64_t>(p[i]) << (8 * i);
+  return value;
+}
+
+// The widest XXH3 update this CPU runs (the same hashes either way).
+using UpdateFn = void (*)(void* state, const void* data, std::size_t bytes);
+void xxh3_update_sse2(void* state, const void* data, std::size_t bytes) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state), data, bytes);
+}
+UpdateFn xxh3_update() {
+#if defined(KVO_HASH_AVX2)
+  static const UpdateFn update =
+      __builtin_cpu_supports("avx2") ? xxh3_update_avx2 : xxh3_update_sse2;
+  return update;
+#else
+  return xxh3_update_sse2;
+#endif
+}
+
+// A streaming XXH3-64 state.
+class Hash {
+ public:
+  Hash() : state_(XXH3_createState()), update_(xxh3_update()) {
+    if (state_ == nullptr) throw std::bad_alloc();
+    XXH3_64bits_reset(state_);
+  }
+  ~Hash() { XXH3_freeState(state_); }
+  Hash(const Hash&) = delete;
+  Hash& operator=(const Hash&) = delete;
+  void update(const void* data, std::size_t bytes) { update_(state_, data, bytes); }
+  std::uint64_t digest() const { return XXH3_64bits_digest(state_); }
+
+ private:
+  XXH3_state_t* state_;
+  UpdateFn update_;
+};
+
+int dtype_code(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 0;
+    case DType::kF16:
+      return 1;
+    case DType::kBF16:
+      return 2;
+    case DType::kFP8E4M3:
+      return 3;
+    case DType::kInt8:
+      return 4;
+  }
+  return -1;
+}
+
+std::string layer_name(int layer, int layers) {
+  return "layer " + std::to_string(layer) + " of " + std::to_string(layers);
+}
+
+std::uint64_t tensor_bytes(const ContextHeader& header) {
+  return checked_mul(static_cast<std::uint64_t>(header.length), header.shape.row_bytes,
+                     "context rows");
+}
+
+}  // namespace
+
+void skip_context_rows(ByteSource& source, const ContextHeader& header, const std::string& what) {
+  const std::uint64_t block =
+      checked_add(checked_mul(2, tensor_bytes(header), "context"), 8, "context");
+  // Block by block, so that a truncation names its layer as a read would.
+  for (int layer = 0; layer < header.shape.layers; ++layer) {
+    if (!source.skip(block)) {
+      throw bad_file(what, "truncated in the block of " + layer_name(layer, header.shape.layers) +
+                               "; the cache was left as it was");
+    }
+  }
+}
+
+std::uint64_t context_record_bytes(const ContextHeader& header) {
+  const std::uint64_t head = kFixedHeaderBytes + header.model.size() + 4 * header.tokens.size() + 8;
+  const std::uint64_t block =
+      checked_add(checked_mul(2, tensor_bytes(header), "context block"), 8, "context block");
+  return checked_add(head,
+                     checked_mul(static_cast<std::uint64_t>(header.shape.layers), block, "context"),
+                     "context");
+}
+
+void write_context(ByteSink& sink, const ContextHeader& header, SlotRows& rows) {
+  const ContextShape& s = header.shape;
+  std::string head(kMagic, sizeof(kMagic));
+  put_u32(head, kVersion);
+  for (int value :
+       {s.layers, s.kv_heads, s.head_dim, s.max_seq, dtype_code(s.dtype), header.length}) {
+    put_u32(head, static_cast<std::uint32_t>(value));
+  }
+  put_u64(head, s.row_bytes);
+  put_u32(head, static_cast<std::uint32_t>(header.model.size()));
+  put_u32(head, static_cast<std::uint32_t>(header.tokens.size()));
+  head += header.model;
+  for (std::int32_t id : header.tokens) put_u32(head, static_cast<std::uint32_t>(id));
+  put_u64(head, XXH3_64bits(head.data(), head.size()));
+  sink.write(head.data(), head.size());
+
+  const std::uint64_t bytes = tensor_bytes(header);
+  std::unique_ptr<std::byte[]> bounce;
+  for (int layer = 0; layer < s.layers; ++layer) {
+    Hash hash;
+    for (int kv = 0; kv < 2; ++kv) {
+      if (const std::byte* host = rows.host_rows(layer, kv)) {
+        hash.update(host, bytes);
+        sink.write(host, bytes);
+        continue;
+      }
+      if (!bounce) bounce = std::make_unique<std::byte[]>(kChunkBytes);
+      for (std::uint64_t offset = 0; offset < bytes; offset += kChunkBytes) {
+        const std::size_t piece =
+            static_cast<std::size_t>(std::min<std::uint64_t>(kChunkBytes, bytes - offset));
+        rows.copy_from_device(layer, kv, offset, piece, bounce.get());
+        hash.update(bounce.get(), piece);
+        sink.write(bounce.get(), piece);
+      }
+    }
+    std::string sum;
+    put_u64(sum, hash.digest());
+    sink.write(sum.data(), sum.size());
+  }
+}
+
+ContextHeader read_context_header(ByteSource& source, const std::string& what) {
+  unsigned char fixed[kFixedHeaderBytes];
+  const std::size_t got = read_fully(source, fixed, sizeof(fixed));
+  if (got < sizeof(kMagic) || std::memcmp(fixed, kMagic, sizeof(kMagic)) != 0) {
+    throw bad_file(what, got == 0 ? "empty: no saved context in it"
+                                  : "not a saved context (no KVOCTX header)");
+  }
+  if (got < sizeof(fixed)) throw bad_file(what, "truncated inside the header");
+  const std::uint32_t version = get_u32(fixed + 8);
+  if (version != kVersion) {
+    throw bad_file(what, "a saved context of format version " + std::to_string(version) +
+                             "; this library reads version " + std::to_string(kVersion));
+  }
+  const unsigned char* p = fixed + 12;
+  ContextHeader header;
+  ContextShape& s = header.shape;
+  std::uint32_t fields[6];
+  for (std::uint32_t& field : fields) {
+    field = get_u32(p);
+    p += 4;
+  }
+  s.row_bytes = get_u64(p);
+  const std::uint32_t model_bytes = get_u32(p + 8);
+  const std::uint32_t token_count = get_u32(p + 12);
+  const std::string corrupted = "the header is corrupted";
+  if (model_bytes > kMaxModelBytes) {
+    throw bad_file(
+        what, corrupted + " (a model fingerprint of " + std::to_string(model_bytes) + " bytes)");
+  }
+  if (token_count != 0 && token_count != fields[5]) {
+    throw bad_file(what, corrupted + " (" + std::to_string(token_count) + " token ids for " +
+                             std::to_string(fields[5]) + " rows)");
+  }
+
+  Hash hash;
+  hash.update(fixed, sizeof(fixed));
+  header.model.resize(model_bytes);
+  if (read_fully(source, header.model.data(), model_bytes) < model_bytes) {
+    throw bad_file(what, "truncated inside the header (model fingerprint)");
+  }
+  hash.update(header.model.data(), model_bytes);
+  // Token ids arrive in pieces, so that a wrong count in a short input fails as truncated
+  // instead of allocating for it first.
+  std::vector<unsigned char> piece;
+  for (std::uint32_t done = 0; done < token_count;) {
+    const std::uint32_t n = std::min<std::uint32_t>(token_count - done, 1u << 16);
+    piece.resize(4 * static_cast<std::size_t>(n));
+    if (read_fully(source, piece.data(), piece.size()) < piece.size()) {
+      throw bad_file(what, "truncated inside the header (token ids)");
+    }
+    hash.update(piece.data(), piece.size());
+    for (std::uint32_t i = 0; i < n; ++i) {
+      header.tokens.push_back(static_cast<std::int32_t>(get_u32(piece.data() + 4 * i)));
+    }
+    done += n;
+  }
+  unsigned char sum[8];
+  if (read_fully(source, sum, sizeof(sum)) < sizeof(sum)) {
+    throw bad_file(what, "truncated inside the header (checksum)");
+  }
+  if (get_u64(sum) != hash.digest()) {
+    throw bad_file(what, corrupted + " (checksum mismatch)");
+  }
+
+  // The checksum held, so these are the values that were written; check they make sense.
+  const std::uint32_t max_int = 0x7fffffff;
+  for (std::uint32_t field : fields) {
+    if (field > max_int) throw bad_file(what, corrupted + " (a field out of range)");
+  }
+  s.layers = static_cast<int>(fields[0]);
+  s.kv_heads = static_cast<int>(fields[1]);
+  s.head_dim = static_cast<int>(fields[2]);
+  s.max_seq = static_cast<int>(fields[3]);
+  static const DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3,
+                                  DType::kInt8};
+  if (fields[4] >= sizeof(kDTypes) / sizeof(kDTypes[0])) {
+    throw bad_file(what, corrupted + " (an unknown K/V dtype)");
+  }
+  s.dtype = kDTypes[fields[4]];
+  header.length = static_cast<int>(fields[5]);
+  if (header.length > s.max_seq) {
+    throw bad_file(what, corrupted + " (" + std::to_string(header.length) + " rows for max_seq " +
+                             std::to_string(s.max_seq) + ")");
+  }
+  if (s.kv_heads == 0 || s.head_dim == 0 ||
+      s.row_bytes != kv_row_bytes(s.dtype, s.kv_heads, s.head_dim)) {
+    throw bad_file(what, corrupted + " (row size does not match the shape)");
+  }
+  return header;
+}
+
+void check_context_fits(const ContextHeader& file, const ContextShape& shape,
+                        const std::string& model, const std::string& what) {
+  const ContextShape& f = file.shape;
+  auto refuse = [&](const std::string& field, const std::string& in_file, const std::string& here) {
+    throw bad_file(what, "saved from a cache with " + field + " " + in_file + ", this one has " +
+                             field + " " + here + "; nothing was loaded");
+  };
+  if (f.layers != shape.layers) {
+    refuse("layers", std::to_string(f.layers), std::to_string(shape.layers));
+  }
+  if (f.kv_heads != shape.kv_heads) {
+    refuse("kv_heads", std::to_string(f.kv_heads), std::to_string(shape.kv_heads));
+  }
+  if (f.head_dim != shape.head_dim) {
+    refuse("head_dim", std::to_string(f.head_dim), std::to_string(shape.head_dim));
+  }
+  if (f.dtype != shape.dtype) refuse("K/V dtype", dtype_name(f.dtype), dtype_name(shape.dtype));
+  if (f.max_seq != shape.max_seq) {
+    refuse("max_seq", std::to_string(f.max_seq), std::to_string(shape.max_seq));
+  }
+  if (file.model == model) return;
+  // Name the first line that differs (the fingerprint is "key=value" lines).
+  auto lines = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::size_t start = 0;
+    while (start < text.size()) {
+      std::size_t end = text.find('\n', start);
+      if (end == std::string::npos) end = text.size();
+      out.push_back(text.substr(start, end - start));
+      start = end + 1;
+    }
+    return out;
+  };
+  const std::vector<std::string> a = lines(file.model);
+  const std::vector<std::string> b = lines(model);
+  std::size_t i = 0;
+  while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+  // The file's line is escaped: a crafted file may hold any bytes there.
+  const std::string in_file = i < a.size() ? "'" + printable(a[i], 200) + "'" : "nothing more";
+  const std::string here = i < b.size() ? "'" + printable(b[i], 200) + "'" : "nothing more";
+  throw bad_file(what, "saved for another model: its fingerprint has " + in_file +
+                           " where this model's has " + here + "; nothing was loaded");
+}
+
+namespace {
+
+// Pieces a reader thread hashes and copies: small enough to stay in its core's cache between the
+// two.
+constexpr std::size_t kCachedBytes = 256u << 10;
+
+// Threads that read a record's layer blocks at once from a file: copying out of the page cache
+// and hashing scale with cores (one core reaches about 0.4 of a sequential read into a small
+// buffer; the rows' destination is a gigabyte, not a cache line).
+int reader_threads(int layers) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return std::max(1, std::min({layers, cores == 0 ? 1 : static_cast<int>(cores), 4}));
+}
+
+// The blocks of every layer, read at their offsets by several threads into host memory
+// (dst[2 * layer + kv]), each checked against its checksum; then the source stands past them.
+// Errors as read_context_rows's, for the first failing layer. A source that maps its bytes (a
+// file) is copied from the mapping, each piece hashed and then copied with streaming stores: on
+// the 2-core development machine that restored at 0.82 of a sequential read where pread, which
+// copies through the cache, reached 0.70 (medians of 7 alternating runs,
+// bench/results/context-restore-host.json). Other sources, a file shorter than the blocks, and
+// every file opened with ContextReading::kPread are read with read_ahead.
+void read_blocks_in_parallel(ByteSource& source, const std::vector<std::byte*>& dst, int layers,
+                             std::uint64_t bytes, const std::string& what) {
+  const std::uint64_t block = 2 * bytes + 8;
+  enum class Problem : unsigned char { kNone, kTruncated, kCorrupted };
+  std::vector<Problem> problems(static_cast<std::size_t>(layers), Problem::kNone);
+  std::atomic<int> next{0};
+  std::mutex failed;
+  std::exception_ptr error;
+  const std::uint64_t all = checked_mul(block, static_cast<std::uint64_t>(layers), "context");
+  const std::byte* mapped = source.map_ahead(0, all);
+  const bool from_mapping = mapped != nullptr;
+  const CopyFn copy = copy_streaming();
+  // One layer's block, piece by piece: from the mapping, hashed there and then copied around the
+  // cache; or read with read_ahead into the rows and hashed there.
+  auto load_layer = [&](int layer) {
+    const std::uint64_t at = static_cast<std::uint64_t>(layer) * block;
+    Hash hash;
+    for (int kv = 0; kv < 2; ++kv) {
+      std::byte* rows = dst[2 * static_cast<std::size_t>(layer) + kv];
+      for (std::uint64_t offset = 0; offset < bytes; offset += kCachedBytes) {
+        const std::size_t piece =
+            static_cast<std::size_t>(std::min<std::uint64_t>(kCachedBytes, bytes - offset));
+        const std::uint64_t from = at + kv * bytes + offset;
+        if (from_mapping) {
+          hash.update(mapped + from, piece);
+          copy(rows + offset, mapped + from, piece);
+        } else if (source.read_ahead(rows + offset, piece, from) == piece) {
+          hash.update(rows + offset, piece);
+        } else {
+          return Problem::kTruncated;
+        }
+      }
+    }
+    unsigned char sum[8];
+    if (from_mapping) {
+      std::memcpy(sum, mapped + at + 2 * bytes, sizeof(sum));
+    } else if (source.read_ahead(sum, sizeof(sum), at + 2 * bytes) < sizeof(sum)) {
+      return Problem::kTruncated;
+    }
+    return get_u64(sum) != hash.digest() ? Problem::kCorrupted : Problem::kNone;
+  };
+  auto work = [&] {
+    try {
+      for (int layer = next++; layer < layers; layer = next++) {
+        problems[static_cast<std::size_t>(layer)] = load_layer(layer);
+      }
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(failed);
+      if (!error) error = std::current_exception();
+      next = layers;
+    }
+    fence_streaming_stores();
+  };
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < reader_threads(layers); ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& helper : helpers) helper.join();
+  if (error) std::rethrow_exception(error);
+  for (int layer = 0; layer < layers; ++layer) {
+    switch (problems[static_cast<std::size_t>(layer)]) {
+      case Problem::kNone:
+        break;
+      case Problem::kTruncated:
+        throw bad_file(what, "truncated in the block of " + layer_name(layer, layers) +
+                                 "; the cache was left as it was");
+      case Problem::kCorrupted:
+        throw bad_file(what, "the block of " + layer_name(layer, layers) +
+                                 " is corrupted (checksum mismatch); the cache was left as it was");
+    }
+  }
+  if (!source.skip(all)) {
+    throw bad_file(what, "truncated in the layer blocks; the cache was left as it was");
+  }
+}
+
+}  // namespace
+
+void read_context_rows(ByteSource& source, const ContextHeader& header, SlotRows& rows,
+                       std::vector<std::byte>* staged, const std::string& what) {
+  const int layers = header.shape.layers;
+  const std::uint64_t bytes = tensor_bytes(header);
+  if (staged != nullptr) {
+    staged->resize(static_cast<std::size_t>(
+        checked_mul(2 * static_cast<std::uint64_t>(layers), bytes, "staged context")));
+  }
+  // Where each block's rows go; all of them in host memory and a file to read from: in
+  // parallel.
+  std::vector<std::byte*> dst;
+  for (int layer = 0; layer < layers && bytes > 0; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) {
+      dst.push_back(staged != nullptr
+                        ? staged->data() + (2 * static_cast<std::size_t>(layer) + kv) * bytes
+                        : rows.host_rows(layer, kv));
+    }
+  }
+  if (source.positional() && !dst.empty() &&
+      std::find(dst.begin(), dst.end(), nullptr) == dst.end()) {
+    read_blocks_in_parallel(source, dst, layers, bytes, what);
+    return;
+  }
+  std::unique_ptr<std::byte[]> bounce;
+  for (int layer = 0; layer < layers; ++layer) {
+    auto truncated = [&] {
+      return bad_file(what, "truncated in the block of " + layer_name(layer, layers) +
+                                "; the cache was left as it was");
+    };
+    Hash hash;
+    for (int kv = 0; kv < 2; ++kv) {
+      std::byte* host = staged != nullptr
+                            ? staged->data() + (2 * static_cast<std::size_t>(layer) + kv) * bytes
+                            : rows.host_rows(layer, kv);
+      if (host != nullptr) {
+        for (std::uint64_t offset = 0; offset < bytes; offset += kChunkBytes) {
+          const std::size_t piece =
+              static_cast<std::size_t>(std::min<std::uint64_t>(kChunkBytes, bytes - offset));
+          if (read_fully(source, host + offset, piece) < piece) throw truncated();
+          hash.update(host + offset, piece);
+        }
+        continue;
+      }
+      // A device layer of an empty slot: rows go up as they arrive; a later refusal leaves
+      // the slot empty, so nobody sees them.
+      if (!bounce) bounce = std::make_unique<std::byte[]>(kChunkBytes);
+      for (std::uint64_t offset = 0; offset < bytes; offset += kChunkBytes) {
+        const std::size_t piece =
+            static_cast<std::size_t>(std::min<std::uint64_t>(kChunkBytes, bytes - offset));
+        if (read_fully(source, bounce.get(), piece) < piece) throw truncated();
+        hash.update(bounce.get(), piece);
+        rows.copy_to_device(layer, kv, offset, piece, bounce.get());
+      }
+    }
+    unsigned char sum[8];
+    if (read_fully(source, sum, sizeof(sum)) < sizeof(sum)) throw truncated();
+    if (get_u64(sum) != hash.digest()) {
+      throw bad_file(what, "the block of " + layer_name(layer, layers) +
+                               " is corrupted (checksum mismatch); the cache was left as it was");
+    }
+  }
+}
+
+void commit_staged_rows(const ContextHeader& header, SlotRows& rows,
+                        const std::vector<std::byte>& staged) {
+  const std::uint64_t bytes = tensor_bytes(header);
+  for (int layer = 0; layer < header.shape.layers; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::byte* src = staged.data() + (2 * static_cast<std::size_t>(layer) + kv) * bytes;
+      if (std::byte* host = rows.host_rows(layer, kv)) {
+        std::memcpy(host, src, bytes);
+      } else if (bytes > 0) {
+        rows.copy_to_device(layer, kv, 0, bytes, src);
+      }
+    }
+  }
+}
+
+}  // namespace kvo::offload

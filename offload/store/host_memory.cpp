@@ -1,0 +1,73 @@
+#include "offload/store/host_memory.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "kvoffload/error.hpp"
+#include "kvoffload/plan.hpp"
+#include "offload/util/checked_math.hpp"
+
+namespace kvo {
+
+std::uint64_t host_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  if (!in) return UINT64_MAX;
+  std::ostringstream text;
+  text << in.rdbuf();
+  const offload::MemInfo info = offload::parse_meminfo(text.str());
+  if (info.total == 0 && info.available == 0) return UINT64_MAX;
+  return offload::available_bytes(info);
+}
+
+namespace offload {
+
+MemInfo parse_meminfo(const std::string& text) {
+  MemInfo info;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string key;
+    std::uint64_t kib = 0;
+    if (!(fields >> key >> kib) || kib > UINT64_MAX / 1024) continue;
+    if (key == "MemTotal:") info.total = kib * 1024;
+    if (key == "MemAvailable:") info.available = kib * 1024;
+    if (key == "Committed_AS:") info.committed = kib * 1024;
+  }
+  return info;
+}
+
+std::uint64_t available_bytes(const MemInfo& info) {
+  const std::uint64_t uncommitted = info.total > info.committed ? info.total - info.committed : 0;
+  return std::max(info.available, uncommitted);
+}
+
+void require_host_memory(const CachePlan& plan, BackendKind backend, std::uint64_t available) {
+  if (backend == BackendKind::kHost) {
+    const std::uint64_t need =
+        checked_add(plan.device_bytes, plan.host_bytes, "host bytes of the plan");
+    if (need <= available) return;
+    throw Error(
+        ErrorCode::kOutOfMemory,
+        "the plan needs " + format_bytes(need) + " of host memory (" +
+            format_bytes(plan.device_bytes) +
+            " for the device arena, which is host memory on the host backend, and " +
+            format_bytes(plan.host_bytes) + " for the KV store) but this machine has " +
+            format_bytes(available) + " available: missing " + format_bytes(need - available) +
+            ". Lower max_seq or slots (on the host backend, keeping layers resident "
+            "does not reduce it), or run on a GPU, where resident layers live in device memory");
+  }
+  if (plan.host_bytes <= available) return;
+  throw Error(ErrorCode::kOutOfMemory,
+              "the pinned host KV store needs " + format_bytes(plan.host_bytes) + " (" +
+                  std::to_string(plan.streamed_layers) + " streamed layers) but this machine has " +
+                  format_bytes(available) + " available: missing " +
+                  format_bytes(plan.host_bytes - available) +
+                  ". Keep more layers resident on the device (a larger budget or "
+                  "resident_layers), or lower max_seq or slots");
+}
+
+}  // namespace offload
+}  // namespace kvo

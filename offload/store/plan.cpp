@@ -1,0 +1,178 @@
+// Config validation and the device-memory plan.
+#include "kvoffload/plan.hpp"
+#include "kvoffload/quant.hpp"
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include "kvoffload/error.hpp"
+#include "offload/util/checked_math.hpp"
+
+namespace kvo {
+
+namespace {
+
+Error invalid(const std::string& what) {
+  return Error(ErrorCode::kInvalidArgument, what);
+}
+
+void require_positive(int value, const char* name) {
+  if (value <= 0) {
+    throw invalid(std::string("CacheConfig.") + name + " must be positive, got " +
+                  std::to_string(value));
+  }
+}
+
+std::uint64_t reserved_bytes(const CacheConfig& config) {
+  std::uint64_t total = 0;
+  for (const ReservedRegion& region : config.reserved) {
+    total = offload::checked_add(total, offload::align_up(region.bytes, offload::kDeviceAlignment),
+                                 "reserved device regions");
+  }
+  return total;
+}
+
+std::uint64_t layer_bytes(const CacheConfig& config) {
+  return kv_layout(config).layer_bytes();
+}
+
+int effective_resident(const CacheConfig& config, int resident) {
+  return config.layers - resident <= config.ring_depth ? config.layers : resident;
+}
+
+}  // namespace
+
+std::uint64_t device_headroom(std::uint64_t total_bytes) {
+  return std::max<std::uint64_t>(1ull << 30, total_bytes / 20);
+}
+
+std::uint64_t default_device_budget(std::uint64_t free_bytes, std::uint64_t total_bytes) {
+  const std::uint64_t headroom = device_headroom(total_bytes);
+  return free_bytes > headroom ? free_bytes - headroom : 0;
+}
+
+std::uint64_t kv_row_bytes(DType dtype, int kv_heads, int dim) {
+  using offload::checked_mul;
+  const std::uint64_t elements = checked_mul(static_cast<std::uint64_t>(kv_heads),
+                                             static_cast<std::uint64_t>(dim), "row bytes");
+  if (!is_quantized(dtype)) return checked_mul(elements, dtype_size(dtype), "row bytes");
+  // quant_row_bytes: elements rounded up to 4, then a 4-byte scale per head
+  return offload::checked_add(offload::align_up(elements, 4),
+                              checked_mul(4, static_cast<std::uint64_t>(kv_heads), "row bytes"),
+                              "row bytes");
+}
+
+KvLayout kv_layout(const CacheConfig& config) {
+  using offload::checked_mul;
+  const auto u64 = [](int x) { return static_cast<std::uint64_t>(x); };
+  KvLayout layout;
+  layout.slots = config.slots;
+  layout.max_seq = config.max_seq;
+  layout.kv_heads = config.kv_heads;
+  layout.head_dim = config.head_dim;
+  layout.v_head_dim = config.v_head_dim == 0 ? config.head_dim : config.v_head_dim;
+  layout.dtype = config.dtype;
+  layout.element_size = dtype_size(config.dtype);
+  layout.k_row_bytes = kv_row_bytes(config.dtype, config.kv_heads, layout.head_dim);
+  layout.v_row_bytes = kv_row_bytes(config.dtype, config.kv_heads, layout.v_head_dim);
+  if (is_quantized(config.dtype)) {
+    layout.k_scale_offset = quant_scale_offset(config.kv_heads, layout.head_dim);
+    layout.v_scale_offset = quant_scale_offset(config.kv_heads, layout.v_head_dim);
+  }
+  const std::uint64_t rows = checked_mul(u64(config.slots), u64(config.max_seq), "rows");
+  layout.k_tensor_bytes = offload::align_up(checked_mul(rows, layout.k_row_bytes, "tensor bytes"),
+                                            offload::kDeviceAlignment);
+  layout.v_tensor_bytes = offload::align_up(checked_mul(rows, layout.v_row_bytes, "tensor bytes"),
+                                            offload::kDeviceAlignment);
+  offload::checked_add(layout.k_tensor_bytes, layout.v_tensor_bytes, "layer bytes");
+  return layout;
+}
+
+void validate(const CacheConfig& config) {
+  require_positive(config.layers, "layers");
+  require_positive(config.kv_heads, "kv_heads");
+  require_positive(config.head_dim, "head_dim");
+  if (config.v_head_dim < 0) {
+    throw invalid("CacheConfig.v_head_dim must be positive, or 0 for head_dim; got " +
+                  std::to_string(config.v_head_dim));
+  }
+  require_positive(config.max_seq, "max_seq");
+  require_positive(config.slots, "slots");
+  require_positive(config.ring_depth, "ring_depth");
+  if (config.resident_layers != kAutoResidentLayers &&
+      (config.resident_layers < 0 || config.resident_layers > config.layers)) {
+    throw invalid("CacheConfig.resident_layers must be between 0 and layers (" +
+                  std::to_string(config.layers) + ") or kAutoResidentLayers, got " +
+                  std::to_string(config.resident_layers));
+  }
+  if (config.device < 0) {
+    throw invalid("CacheConfig.device must be >= 0, got " + std::to_string(config.device));
+  }
+  std::set<std::string> names;
+  for (const ReservedRegion& region : config.reserved) {
+    if (region.name.empty()) throw invalid("a reserved device region needs a name");
+    if (!names.insert(region.name).second) {
+      throw invalid("the reserved device region '" + region.name + "' is listed twice");
+    }
+  }
+  // Throws if the whole cache, every layer K and V, overflows 64 bits.
+  offload::checked_mul(layer_bytes(config), static_cast<std::uint64_t>(config.layers),
+                       "cache bytes");
+  (void)reserved_bytes(config);
+}
+
+std::uint64_t plan_device_bytes(const CacheConfig& config, int resident_layers) {
+  const int resident = effective_resident(config, resident_layers);
+  const int buffers = resident == config.layers ? config.layers : resident + config.ring_depth;
+  const std::uint64_t layer = layer_bytes(config);
+  return offload::checked_add(
+      offload::checked_mul(layer, static_cast<std::uint64_t>(buffers), "device bytes"),
+      reserved_bytes(config), "device bytes");
+}
+
+CachePlan plan_cache(const CacheConfig& config, std::uint64_t budget) {
+  validate(config);
+  int resident = config.resident_layers;
+  if (resident == kAutoResidentLayers) {
+    resident = config.layers;
+    if (budget != 0) {
+      while (resident > 0 && plan_device_bytes(config, resident) > budget) --resident;
+    }
+  }
+  const std::uint64_t need = plan_device_bytes(config, resident);
+  if (budget != 0 && need > budget) {
+    throw Error(ErrorCode::kOutOfMemory,
+                "the cache needs " + format_bytes(need) + " of device memory (" +
+                    std::to_string(effective_resident(config, resident)) +
+                    " resident layers, a ring of " + std::to_string(config.ring_depth) +
+                    ", reserved regions) but the budget is " + format_bytes(budget) + ": missing " +
+                    format_bytes(need - budget) +
+                    ". Raise the budget, or lower max_seq, slots, ring_depth or resident_layers");
+  }
+
+  CachePlan plan;
+  plan.layers = config.layers;
+  plan.resident_layers = effective_resident(config, resident);
+  plan.streamed_layers = config.layers - plan.resident_layers;
+  plan.ring_depth = plan.streamed_layers == 0 ? 0 : config.ring_depth;
+  plan.layout = kv_layout(config);
+  plan.row_bytes = plan.layout.k_row_bytes;
+  plan.tensor_bytes = plan.layout.k_tensor_bytes;
+  plan.layer_bytes = plan.layout.layer_bytes();
+  plan.resident_bytes = offload::checked_mul(
+      plan.layer_bytes, static_cast<std::uint64_t>(plan.resident_layers), "resident bytes");
+  plan.staging_bytes = offload::checked_mul(
+      plan.layer_bytes, static_cast<std::uint64_t>(plan.ring_depth), "staging bytes");
+  plan.reserved_bytes = reserved_bytes(config);
+  plan.device_bytes = need;
+  plan.host_bytes = offload::checked_mul(
+      plan.layer_bytes, static_cast<std::uint64_t>(plan.streamed_layers), "host bytes");
+  plan.budget = budget;
+  if (plan.resident_bytes + plan.staging_bytes + plan.reserved_bytes != plan.device_bytes) {
+    throw Error(ErrorCode::kInternal, "device plan does not add up");
+  }
+  return plan;
+}
+
+}  // namespace kvo

@@ -1,0 +1,621 @@
+// OffloadedStaticCache: checks the per-step protocol, then hands resident layers to the arena
+// and streamed layers to the staging ring. Every check runs before any state changes, so a call
+// that throws leaves the cache as it was.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvoffload/cache.hpp"
+#include "kvoffload/plan.hpp"
+#include "offload/context/context_file.hpp"
+#include "offload/store/device_arena.hpp"
+#include "offload/store/host_memory.hpp"
+#include "offload/store/host_store.hpp"
+#include "offload/util/byte_io.hpp"
+#include "prefetch/backend/backend.hpp"
+#include "prefetch/ring/staging_ring.hpp"
+
+namespace kvo {
+
+namespace {
+
+Error protocol(const std::string& what) {
+  return Error(ErrorCode::kProtocol, what);
+}
+Error invalid(const std::string& what) {
+  return Error(ErrorCode::kInvalidArgument, what);
+}
+
+}  // namespace
+
+// Hidden: the library exports the class, not its insides.
+struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
+  explicit Impl(const CacheConfig& cfg) : config(cfg) {
+    validate(config);
+    backend = prefetch::make_backend(config);
+    std::uint64_t budget = config.device_budget;
+    if (budget == 0) {
+      budget = backend->default_budget();
+      if (budget == 0 && backend->kind() == BackendKind::kCuda) {
+        throw Error(ErrorCode::kOutOfMemory,
+                    "the GPU has no memory free beyond the headroom kept for cuBLAS, kernel "
+                    "modules and the caller's tensors (max(1 GiB, 5% of its memory)); free "
+                    "memory on the device or set a budget explicitly");
+      }
+    }
+    plan = plan_cache(config, budget);
+    offload::require_host_memory(plan, backend->kind(), host_available_bytes());
+    store = std::make_unique<offload::HostStore>(*backend, plan);
+    arena = std::make_unique<offload::DeviceArena>(*backend, plan, config.reserved);
+    lengths.assign(static_cast<std::size_t>(config.slots), 0);
+    if (plan.streamed_layers > 0) {
+      ring =
+          std::make_unique<prefetch::StagingRing>(*backend, *store, *arena, plan, lengths.data());
+    }
+    for (int l = 0; l < plan.resident_layers; ++l) resident_released.emplace_back(*backend);
+    new_tokens.assign(static_cast<std::size_t>(config.slots), 0);
+    appended.assign(static_cast<std::size_t>(config.slots), 0);
+  }
+
+  // The caller's streams may still read or append to the arena: let them finish before anything
+  // is freed, then destroy in reverse order of construction.
+  ~Impl() {
+    try {
+      if (backend) backend->synchronize_all();
+    } catch (...) {
+      // A destructor has no caller to report to; freeing goes on regardless.
+    }
+  }
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  void check_slot(int slot) const {
+    if (slot < 0 || slot >= config.slots) {
+      throw invalid("slot " + std::to_string(slot) + " is out of range (the cache has " +
+                    std::to_string(config.slots) + " slots)");
+    }
+  }
+  void check_between_steps(const char* call) const {
+    if (in_step) {
+      throw protocol(std::string(call) +
+                     " is only allowed between steps (call end_step or "
+                     "abort_step first)");
+    }
+  }
+  void check_held(int layer, const char* call) const {
+    if (!in_step) throw protocol(std::string(call) + " outside a step (call begin_step first)");
+    if (held_layer < 0) {
+      throw protocol(std::string(call) + " on layer " + std::to_string(layer) +
+                     " without acquire (acquire the layer first)");
+    }
+    if (layer != held_layer) {
+      throw protocol(std::string(call) + " on layer " + std::to_string(layer) + " while layer " +
+                     std::to_string(held_layer) + " is the one acquired");
+    }
+  }
+  bool is_resident(int layer) const { return layer < plan.resident_layers; }
+  void check_slots(const std::vector<int>& slots, const char* call) const {
+    check_between_steps(call);
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      check_slot(slots[i]);
+      for (std::size_t j = 0; j < i; ++j) {
+        if (slots[j] == slots[i]) {
+          throw invalid(std::string(call) + ": slot " + std::to_string(slots[i]) +
+                        " is named twice");
+        }
+      }
+    }
+  }
+  offload::ContextShape context_shape(const char* call) const {
+    if (plan.layout.v_row_bytes != plan.layout.k_row_bytes) {
+      throw invalid(std::string(call) +
+                    ": saved contexts hold K and V rows of one size; this cache's V rows "
+                    "(v_head_dim " +
+                    std::to_string(plan.layout.v_head_dim) + ") differ from its K rows");
+    }
+    return {config.layers,  config.kv_heads, config.head_dim,
+            config.max_seq, config.dtype,    plan.row_bytes};
+  }
+  // Saving reads rows that write-backs and the callers' kernels may still be writing; loading
+  // overwrites rows that prefetches may still be reading.
+  void quiesce() const { backend->synchronize_all(); }
+  void save(const std::vector<int>& slots, offload::ByteSink& sink,
+            const std::vector<SlotContext>& contexts, const char* call);
+  std::vector<SlotContext> load(const std::vector<int>& slots, offload::ByteSource& source,
+                                const std::string& model, const std::string& what,
+                                bool whole_input);
+  std::byte* layer_base(int layer) const {
+    return is_resident(layer) ? arena->resident_layer(layer) : held_buffer;
+  }
+
+  CacheConfig config;
+  CachePlan plan;
+  // Declared in construction order; destroyed in reverse (the ring drains first).
+  std::unique_ptr<prefetch::Backend> backend;
+  std::unique_ptr<offload::HostStore> store;
+  std::unique_ptr<offload::DeviceArena> arena;
+  // [slots]: committed rows of each slot, the same for every layer. Sized once: the ring reads
+  // it through a pointer.
+  std::vector<std::int32_t> lengths;
+  std::unique_ptr<prefetch::StagingRing> ring;
+  // Per resident layer: recorded at release on the caller's stream, waited at acquire, so a
+  // step on another stream starts after the previous one's work on the layer (as the ring's
+  // events do for streamed layers).
+  std::vector<prefetch::Event> resident_released;
+
+  bool in_step = false;
+  int next_layer = 0;
+  int held_layer = -1;
+  std::byte* held_buffer = nullptr;
+  std::vector<std::int32_t> new_tokens;  // [slots] of the open step
+  std::vector<std::int32_t> appended;    // [slots] rows appended to the held layer
+  std::uint64_t steps = 0;
+};
+
+namespace {
+
+// One slot's rows as a saved context sees them: streamed layers in the host store, resident
+// layers in the device arena.
+class CacheSlotRows : public offload::SlotRows {
+ public:
+  CacheSlotRows(prefetch::Backend& backend, offload::HostStore& store, offload::DeviceArena& arena,
+                const CachePlan& plan, int slot)
+      : backend_(backend), store_(store), arena_(arena), plan_(plan), slot_(slot) {}
+
+  std::byte* host_rows(int layer, int kv) override {
+    if (layer < plan_.resident_layers) return nullptr;
+    const int streamed = layer - plan_.resident_layers;
+    return kv == 0 ? store_.k(streamed, slot_) : store_.v(streamed, slot_);
+  }
+  void copy_from_device(int layer, int kv, std::size_t offset, std::size_t bytes,
+                        void* host) override {
+    backend_.copy_sync(host, device_rows(layer, kv) + offset, bytes);
+  }
+  void copy_to_device(int layer, int kv, std::size_t offset, std::size_t bytes,
+                      const void* host) override {
+    backend_.copy_sync(device_rows(layer, kv) + offset, host, bytes);
+  }
+
+ private:
+  std::byte* device_rows(int layer, int kv) const {
+    const KvLayout& l = plan_.layout;
+    return arena_.resident_layer(layer) +
+           (kv == 0 ? l.k_offset(slot_, 0) : l.v_begin() + l.v_offset(slot_, 0));
+  }
+  prefetch::Backend& backend_;
+  offload::HostStore& store_;
+  offload::DeviceArena& arena_;
+  const CachePlan& plan_;
+  int slot_;
+};
+
+}  // namespace
+
+void OffloadedStaticCache::Impl::save(const std::vector<int>& slots, offload::ByteSink& sink,
+                                      const std::vector<SlotContext>& contexts, const char* call) {
+  check_slots(slots, call);
+  if (contexts.size() != slots.size()) {
+    throw invalid(std::string(call) + ": " + std::to_string(contexts.size()) + " contexts for " +
+                  std::to_string(slots.size()) + " slots");
+  }
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const std::size_t ids = contexts[i].tokens.size();
+    if (ids != 0 && ids != static_cast<std::size_t>(lengths[slots[i]])) {
+      throw invalid(std::string(call) + ": slot " + std::to_string(slots[i]) + " holds " +
+                    std::to_string(lengths[slots[i]]) + " rows but " + std::to_string(ids) +
+                    " token ids were given (give one per row, or none)");
+    }
+  }
+  const offload::ContextShape shape = context_shape(call);
+  quiesce();
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    offload::ContextHeader header{shape, lengths[slots[i]], contexts[i].model, contexts[i].tokens};
+    CacheSlotRows rows(*backend, *store, *arena, plan, slots[i]);
+    offload::write_context(sink, header, rows);
+  }
+}
+
+std::vector<SlotContext> OffloadedStaticCache::Impl::load(const std::vector<int>& slots,
+                                                          offload::ByteSource& source,
+                                                          const std::string& model,
+                                                          const std::string& what,
+                                                          bool whole_input) {
+  check_slots(slots, "load_slot");
+  const offload::ContextShape shape = context_shape("load_slot");
+  quiesce();
+  // Every record is read and checked before any length changes: a slot that holds rows gets
+  // its record staged, an empty one gets it in place (rows past length 0 are nobody's).
+  std::vector<offload::ContextHeader> headers;
+  std::vector<std::vector<std::byte>> staged(slots.size());
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const std::string record = slots.size() > 1
+                                   ? what + " (saved context " + std::to_string(i + 1) + " of " +
+                                         std::to_string(slots.size()) + ")"
+                                   : what;
+    offload::ContextHeader header = offload::read_context_header(source, record);
+    offload::check_context_fits(header, shape, model, record);
+    CacheSlotRows rows(*backend, *store, *arena, plan, slots[i]);
+    const bool in_place = lengths[slots[i]] == 0;
+    offload::read_context_rows(source, header, rows, in_place ? nullptr : &staged[i], record);
+    headers.push_back(std::move(header));
+  }
+  if (whole_input) {
+    char extra = 0;
+    if (source.read(&extra, 1) != 0) {
+      throw invalid(what + ": more bytes follow its " + std::to_string(slots.size()) +
+                    " saved context(s) (load as many slots as were saved); nothing was loaded");
+    }
+  }
+  std::vector<SlotContext> contexts;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    CacheSlotRows rows(*backend, *store, *arena, plan, slots[i]);
+    if (lengths[slots[i]] != 0) offload::commit_staged_rows(headers[i], rows, staged[i]);
+    lengths[slots[i]] = headers[i].length;
+    contexts.push_back({std::move(headers[i].tokens), std::move(headers[i].model)});
+  }
+  if (ring) ring->forget_prefetches();
+  return contexts;
+}
+
+struct __attribute__((visibility("hidden"))) SavedContextFile::Impl {
+  Impl(const std::string& p, ContextReading reading)
+      : path(p), source(p, reading == ContextReading::kMapped) {}
+  std::string path;
+  offload::FileSource source;
+  SavedContextInfo info;
+};
+
+SavedContextFile::SavedContextFile(const std::string& path, ContextReading reading)
+    : impl_(std::make_unique<Impl>(path, reading)) {
+  offload::FileSource& source = impl_->source;
+  SavedContextInfo& info = impl_->info;
+  const std::string what = "saved context " + path;
+  std::uint64_t offset = 0;
+  do {
+    offload::ContextHeader header = offload::read_context_header(source, what);
+    if (!info.lengths.empty() &&
+        (header.shape.layers != info.layers || header.shape.kv_heads != info.kv_heads ||
+         header.shape.head_dim != info.head_dim || header.shape.max_seq != info.max_seq ||
+         header.shape.dtype != info.dtype)) {
+      throw invalid(what + ": its saved contexts differ in shape");
+    }
+    info.layers = header.shape.layers;
+    info.kv_heads = header.shape.kv_heads;
+    info.head_dim = header.shape.head_dim;
+    info.max_seq = header.shape.max_seq;
+    info.dtype = header.shape.dtype;
+    info.lengths.push_back(header.length);
+    offload::skip_context_rows(source, header, what);
+    offset += offload::context_record_bytes(header);
+    info.contexts.push_back({std::move(header.tokens), std::move(header.model)});
+  } while (offset < source.size());
+}
+
+SavedContextFile::~SavedContextFile() = default;
+SavedContextFile::SavedContextFile(SavedContextFile&&) noexcept = default;
+SavedContextFile& SavedContextFile::operator=(SavedContextFile&&) noexcept = default;
+
+const SavedContextInfo& SavedContextFile::info() const {
+  return impl_->info;
+}
+const std::string& SavedContextFile::path() const {
+  return impl_->path;
+}
+
+SavedContextInfo inspect_saved_context(const std::string& path) {
+  return SavedContextFile(path).info();
+}
+
+void check_save_path(const std::string& path) {
+  offload::AtomicFileSink::check_path(path);
+}
+
+OffloadedStaticCache::OffloadedStaticCache(const CacheConfig& config)
+    : impl_(std::make_unique<Impl>(config)) {}
+OffloadedStaticCache::~OffloadedStaticCache() = default;
+OffloadedStaticCache::OffloadedStaticCache(OffloadedStaticCache&&) noexcept = default;
+OffloadedStaticCache& OffloadedStaticCache::operator=(OffloadedStaticCache&&) noexcept = default;
+
+void OffloadedStaticCache::begin_step(const std::vector<std::int32_t>& new_tokens) {
+  Impl& m = *impl_;
+  if (m.in_step) throw protocol("begin_step while a step is open (call end_step first)");
+  if (static_cast<int>(new_tokens.size()) != m.config.slots) {
+    throw invalid("begin_step needs one new-token count per slot: got " +
+                  std::to_string(new_tokens.size()) + ", the cache has " +
+                  std::to_string(m.config.slots) + " slots");
+  }
+  for (int s = 0; s < m.config.slots; ++s) {
+    const std::int32_t n = new_tokens[static_cast<std::size_t>(s)];
+    if (n < 0) {
+      throw invalid("begin_step: slot " + std::to_string(s) + " has a negative token count (" +
+                    std::to_string(n) + ")");
+    }
+    if (static_cast<std::int64_t>(m.lengths[s]) + n > m.config.max_seq) {
+      throw invalid("begin_step: slot " + std::to_string(s) + " holds " +
+                    std::to_string(m.lengths[s]) + " tokens; " + std::to_string(n) +
+                    " more would pass max_seq (" + std::to_string(m.config.max_seq) + ")");
+    }
+  }
+  m.new_tokens = new_tokens;
+  if (m.ring) m.ring->begin_step(m.new_tokens.data());
+  m.in_step = true;
+  m.next_layer = 0;
+  m.held_layer = -1;
+}
+
+LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
+  Impl& m = *impl_;
+  if (!m.in_step) throw protocol("acquire outside a step (call begin_step first)");
+  if (layer < 0 || layer >= m.config.layers) {
+    throw invalid("acquire: layer " + std::to_string(layer) + " is out of range (the cache has " +
+                  std::to_string(m.config.layers) + " layers)");
+  }
+  if (m.held_layer >= 0) {
+    throw protocol("acquire of layer " + std::to_string(layer) + " while layer " +
+                   std::to_string(m.held_layer) + " is still held (release it first)");
+  }
+  if (layer != m.next_layer) {
+    throw protocol("layers out of order: expected layer " + std::to_string(m.next_layer) +
+                   (m.next_layer == m.config.layers ? " (none: call end_step)" : "") + ", got " +
+                   std::to_string(layer));
+  }
+  m.backend->check_stream(stream);
+  if (m.is_resident(layer)) {
+    m.backend->wait_measured(stream, m.resident_released[static_cast<std::size_t>(layer)].get());
+    m.held_buffer = nullptr;
+  } else {
+    m.held_buffer = m.ring->acquire(layer - m.plan.resident_layers, stream);
+  }
+  m.held_layer = layer;
+  std::fill(m.appended.begin(), m.appended.end(), 0);
+
+  const KvLayout& l = m.plan.layout;
+  LayerView view;
+  view.layer = layer;
+  view.resident = m.is_resident(layer);
+  view.k = m.layer_base(layer);
+  view.v = m.layer_base(layer) + l.v_begin();
+  // Strides in elements; a quantized row's scales sit inside its token stride.
+  view.head_stride = l.head_dim;
+  view.token_stride = static_cast<std::int64_t>(l.k_row_bytes / l.element_size);
+  view.slot_stride = view.token_stride * l.max_seq;
+  view.v_head_stride = l.v_head_dim;
+  view.v_token_stride = static_cast<std::int64_t>(l.v_row_bytes / l.element_size);
+  view.v_slot_stride = view.v_token_stride * l.max_seq;
+  view.k_scale_offset = static_cast<std::int64_t>(l.k_scale_offset);
+  view.v_scale_offset = static_cast<std::int64_t>(l.v_scale_offset);
+  view.slots = l.slots;
+  view.max_seq = l.max_seq;
+  view.kv_heads = l.kv_heads;
+  view.head_dim = l.head_dim;
+  view.v_head_dim = l.v_head_dim;
+  view.dtype = m.config.dtype;
+  view.lengths = m.lengths.data();
+  view.new_tokens = m.new_tokens.data();
+  return view;
+}
+
+void OffloadedStaticCache::append(int layer, int slot, const void* k_rows, const void* v_rows,
+                                  int count, void* stream) {
+  Impl& m = *impl_;
+  m.check_held(layer, "append");
+  m.check_slot(slot);
+  const auto s = static_cast<std::size_t>(slot);
+  if (count < 0) throw invalid("append: negative row count " + std::to_string(count));
+  // In 64 bits: appended + count can pass INT32_MAX.
+  const std::int64_t total = static_cast<std::int64_t>(m.appended[s]) + count;
+  if (total > m.new_tokens[s]) {
+    throw invalid("append: slot " + std::to_string(slot) + " of layer " + std::to_string(layer) +
+                  " would get " + std::to_string(total) +
+                  " rows this step, but begin_step declared " + std::to_string(m.new_tokens[s]));
+  }
+  if (count == 0) return;
+  if (k_rows == nullptr || v_rows == nullptr) throw invalid("append: null K or V rows");
+  m.backend->check_stream(stream);
+
+  const KvLayout& l = m.plan.layout;
+  const int token = m.lengths[s] + m.appended[s];
+  std::byte* base = m.layer_base(layer);
+  m.backend->copy_async(base + l.k_offset(slot, token), k_rows, l.k_bytes(count), stream);
+  m.backend->copy_async(base + l.v_begin() + l.v_offset(slot, token), v_rows, l.v_bytes(count),
+                        stream);
+  m.appended[s] += count;
+}
+
+void OffloadedStaticCache::release(int layer, void* stream) {
+  Impl& m = *impl_;
+  m.check_held(layer, "release");
+  for (int s = 0; s < m.config.slots; ++s) {
+    const auto index = static_cast<std::size_t>(s);
+    if (m.appended[index] != m.new_tokens[index]) {
+      throw protocol("release of layer " + std::to_string(layer) + ": slot " + std::to_string(s) +
+                     " has " + std::to_string(m.appended[index]) + " of its " +
+                     std::to_string(m.new_tokens[index]) + " new rows appended");
+    }
+  }
+  m.backend->check_stream(stream);
+  if (m.is_resident(layer)) {
+    m.backend->record(m.resident_released[static_cast<std::size_t>(layer)].get(), stream);
+  } else {
+    m.ring->release(layer - m.plan.resident_layers, stream);
+  }
+  m.held_layer = -1;
+  m.held_buffer = nullptr;
+  m.next_layer = layer + 1;
+}
+
+void OffloadedStaticCache::end_step() {
+  Impl& m = *impl_;
+  if (!m.in_step) throw protocol("end_step without begin_step");
+  if (m.held_layer >= 0) {
+    throw protocol("end_step while layer " + std::to_string(m.held_layer) +
+                   " is still held (release it first)");
+  }
+  if (m.next_layer != m.config.layers) {
+    throw protocol("end_step after " + std::to_string(m.next_layer) + " of " +
+                   std::to_string(m.config.layers) + " layers (every layer must be released)");
+  }
+  for (int s = 0; s < m.config.slots; ++s) {
+    m.lengths[static_cast<std::size_t>(s)] += m.new_tokens[static_cast<std::size_t>(s)];
+  }
+  if (m.ring) m.ring->end_step();
+  m.in_step = false;
+  m.steps += 1;
+}
+
+void OffloadedStaticCache::abort_step(void* stream) {
+  Impl& m = *impl_;
+  if (!m.in_step) throw protocol("abort_step without an open step");
+  m.backend->check_stream(stream);
+  if (m.held_layer >= 0 && m.is_resident(m.held_layer)) {
+    m.backend->record(m.resident_released[static_cast<std::size_t>(m.held_layer)].get(), stream);
+  }
+  if (m.ring) {
+    const int held = m.held_layer >= 0 && !m.is_resident(m.held_layer)
+                         ? m.held_layer - m.plan.resident_layers
+                         : -1;
+    m.ring->abort_step(held, stream);
+  }
+  m.in_step = false;
+  m.held_layer = -1;
+  m.held_buffer = nullptr;
+}
+
+void OffloadedStaticCache::reset_slot(int slot) {
+  Impl& m = *impl_;
+  m.check_between_steps("reset_slot");
+  m.check_slot(slot);
+  if (m.lengths[static_cast<std::size_t>(slot)] == 0) return;
+  m.lengths[static_cast<std::size_t>(slot)] = 0;
+  if (m.ring) m.ring->forget_prefetches();
+}
+
+void OffloadedStaticCache::truncate_slot(int slot, int length) {
+  Impl& m = *impl_;
+  m.check_between_steps("truncate_slot");
+  m.check_slot(slot);
+  std::int32_t& held = m.lengths[static_cast<std::size_t>(slot)];
+  if (length < 0 || length > held) {
+    throw invalid("truncate_slot: slot " + std::to_string(slot) + " holds " + std::to_string(held) +
+                  " tokens; cannot truncate to " + std::to_string(length));
+  }
+  if (length == held) return;
+  held = length;
+  if (m.ring) m.ring->forget_prefetches();
+}
+
+void OffloadedStaticCache::save_slot(int slot, const std::string& path,
+                                     const SlotContext& context) {
+  save_slots({slot}, path, {context});
+}
+
+void OffloadedStaticCache::save_slots(const std::vector<int>& slots, const std::string& path,
+                                      const std::vector<SlotContext>& contexts) {
+  impl_->check_slots(slots, "save_slot");
+  offload::AtomicFileSink sink(path);
+  impl_->save(slots, sink, contexts, "save_slot");
+  sink.commit();
+}
+
+void OffloadedStaticCache::save_slot(int slot, std::ostream& out, const SlotContext& context) {
+  offload::StreamSink sink(out);
+  impl_->save({slot}, sink, {context}, "save_slot");
+}
+
+SlotContext OffloadedStaticCache::load_slot(int slot, const std::string& path,
+                                            const std::string& model) {
+  return load_slots({slot}, path, model).front();
+}
+
+std::vector<SlotContext> OffloadedStaticCache::load_slots(const std::vector<int>& slots,
+                                                          const std::string& path,
+                                                          const std::string& model) {
+  impl_->check_slots(slots, "load_slot");
+  SavedContextFile file(path, impl_->config.context_reading);
+  return load_slots(slots, file, model);
+}
+
+std::vector<SlotContext> OffloadedStaticCache::load_slots(const std::vector<int>& slots,
+                                                          SavedContextFile& file,
+                                                          const std::string& model) {
+  impl_->check_slots(slots, "load_slot");
+  offload::FileSource& source = file.impl_->source;
+  source.rewind();
+  return impl_->load(slots, source, model, "saved context " + file.path(), /*whole_input=*/true);
+}
+
+SlotContext OffloadedStaticCache::load_slot(int slot, std::istream& in, const std::string& model) {
+  offload::StreamSource source(in);
+  return impl_->load({slot}, source, model, "saved context (stream)", /*whole_input=*/false)
+      .front();
+}
+
+int OffloadedStaticCache::length(int slot) const {
+  impl_->check_slot(slot);
+  return impl_->lengths[static_cast<std::size_t>(slot)];
+}
+
+bool OffloadedStaticCache::in_step() const {
+  return impl_->in_step;
+}
+
+CacheStats OffloadedStaticCache::stats() const {
+  const Impl& m = *impl_;
+  CacheStats stats;
+  stats.steps = m.steps;
+  if (m.ring) {
+    const prefetch::RingCounters& ring = m.ring->counters();
+    stats.h2d_bytes_total = ring.h2d_bytes_total;
+    stats.d2h_bytes_total = ring.d2h_bytes_total;
+    stats.h2d_bytes_last_step = ring.h2d_bytes_last_step;
+    stats.d2h_bytes_last_step = ring.d2h_bytes_last_step;
+    stats.prefetch_reissues = ring.prefetch_reissues;
+  }
+  stats.acquire_wait_s = m.backend->stall_seconds();
+  stats.plan = m.plan;
+  stats.device_allocations = m.backend->memory().device_allocations;
+  return stats;
+}
+
+const CacheConfig& OffloadedStaticCache::config() const {
+  return impl_->config;
+}
+BackendKind OffloadedStaticCache::backend() const {
+  return impl_->backend->kind();
+}
+
+void* OffloadedStaticCache::reserved(const std::string& name) const {
+  return impl_->arena->reserved(name);
+}
+
+void* OffloadedStaticCache::create_stream() {
+  return impl_->backend->create_stream();
+}
+void OffloadedStaticCache::destroy_stream(void* stream) {
+  if (!impl_->backend->destroy_stream(stream)) {
+    throw invalid(
+        "destroy_stream: the handle is not a stream this cache made (or it was "
+        "destroyed already); nothing was freed");
+  }
+}
+void OffloadedStaticCache::launch_host_func(void* stream, void (*fn)(void*), void* arg) {
+  impl_->backend->check_stream(stream);
+  impl_->backend->launch_host_func(stream, fn, arg);
+}
+void OffloadedStaticCache::synchronize_stream(void* stream) {
+  impl_->backend->check_stream(stream);
+  impl_->backend->synchronize_stream(stream);
+}
+void OffloadedStaticCache::synchronize() {
+  if (impl_->ring) impl_->ring->drain();
+}
+void OffloadedStaticCache::copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
+  impl_->backend->copy_sync(host_dst, device_src, bytes);
+}
+void OffloadedStaticCache::copy_to_device(void* device_dst, const void* host_src,
+                                          std::size_t bytes) {
+  impl_->backend->copy_sync(device_dst, host_src, bytes);
+}
+
+}  // namespace kvo

@@ -1,0 +1,231 @@
+#include "tools/generate/generate_options.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+
+#include "kvoffload/kvoffload.hpp"
+#include "model/checkpoint/model_config.hpp"
+#include "model/decoder/numerics.hpp"
+#include "offload/util/printable.hpp"
+#include "tools/cli/cli.hpp"
+#include "tools/cli/token_file.hpp"
+
+namespace kvo::cli {
+
+namespace {
+constexpr int kMaxTokens = 1 << 30;  // per slot: the prompt, --max-new, --max-seq
+constexpr int kMaxSlots = 4096;
+}  // namespace
+
+void declare_options(CLI::App& app, GenerateArgs& a) {
+  describe(app,
+           "Generates tokens with a Llama-family model whose K/V cache lives in kvoffload's "
+           "offloaded static cache, and reports what moved and how fast.");
+  using model::ModelLimits;
+
+  app.option_defaults()->group("Model (default: --preset tiny)");
+  auto* model = add_text(app, "--model", a.model, "DIR",
+                         "Hugging Face checkpoint: config.json + model.safetensors (or shards), "
+                         "regular files of at most: " +
+                             model::model_file_bounds());
+  auto* preset = add_choice(app, "--preset", a.preset, model::preset_names(),
+                            "built-in shape, weights drawn from --weight-seed on the device");
+  model->excludes(preset);
+  add_choice(app, "--dtype", a.dtype, {"f32", "f16", "bf16"},
+             "weights, and K/V unless --kv-dtype (default: the model's)");
+  add_choice(app, "--kv-dtype", a.kv_dtype, {"f32", "f16", "bf16", "fp8", "int8"},
+             "K/V storage (default: the weights'); fp8 (e4m3) and int8 keep one scale per token "
+             "and kv head, about half the bytes of bf16");
+  add_integer(app, "--weight-seed", a.weight_seed, 0, UINT64_MAX, "seed of a preset's weights");
+
+  app.option_defaults()->group("Prompt (default: --prompt-len 32)");
+  auto* file = add_text(app, "--prompt-tokens", a.prompt_tokens, "FILE",
+                        "token ids separated by spaces or commas; one line per slot, or one "
+                        "line for every slot (a regular file of at most " +
+                            std::to_string(kMaxTokenFileBytes >> 30) + " GiB)");
+  auto* len = add_tokens(app, "--prompt-len", a.prompt_len, 1, kMaxTokens,
+                         "a synthetic prompt of N ids drawn from --seed (different per slot)");
+  file->excludes(len);
+
+  app.option_defaults()->group("Generation");
+  add_tokens(app, "--max-new", a.max_new, 0, kMaxTokens, "tokens to generate per slot");
+  add_tokens(app, "--max-seq", a.max_seq, 1, kMaxTokens, "")
+      ->description("tokens per slot in the cache (default: the prompt + --max-new); 1 to " +
+                    std::to_string(kMaxTokens));
+  add_integer(app, "--slots", a.slots, 1, kMaxSlots, "sequences decoded together");
+  add_tokens(app, "--chunk", a.chunk, 1, kMaxTokens, "prefill tokens per attention/MLP chunk");
+  add_real(app, "--temperature", a.temperature, 0, 1000, "0: greedy");
+  add_integer(app, "--top-k", a.top_k, 0, ModelLimits::kVocab, "0: off");
+  add_real(app, "--top-p", a.top_p, 0, 1, "1: off; above 0");
+  add_integer(app, "--seed", a.seed, 0, UINT64_MAX, "prompt and sampling seed");
+
+  app.option_defaults()->group("Cache");
+  add_size(app, "--vram-budget", a.vram_budget, 1,
+           "device budget, e.g. 24GiB; the planner picks the resident layers (default: the "
+           "GPU's free memory; none on the host backend)");
+  add_text(app, "--resident", a.resident, "N|all|auto",
+           "layers kept on the device; auto: as many as the budget holds (default auto)");
+  add_integer(app, "--ring", a.ring, 1, 64, "staging buffers");
+  add_choice(app, "--backend", a.backend, {"auto", "cuda", "host"},
+             "where the cache and the model run (auto: cuda when there is a GPU)");
+  add_integer(app, "--threads", a.threads, 0, 4096,
+              "host backend: threads computing each step (0, the default: the cores this "
+              "process may use)");
+  add_choice(app, "--gemm", a.gemm, {"auto", "f32"},
+             "host backend, bf16 weights: auto (AVX512_BF16 GEMMs where the CPU has them, the "
+             "activations rounded to bf16) or f32 (sgemm over f32 copies of the weights' tiles, "
+             "the activations kept in f32)");
+  add_choice(app, "--attention", a.attention, {"auto", "builtin"},
+             "CUDA attention kernels: auto (FlashInfer's where they serve the shape) or builtin "
+             "(the built-in ones, to compare)");
+  add_integer(app, "--max-delay-us", a.max_delay_us, 0, 1000000,
+              "host backend: random copy delays up to N microseconds, to test the schedule");
+
+  tools::declare_text_options(app, a.text);
+
+  app.option_defaults()->group("Output");
+  add_flag(app, "--json", a.json, "print one JSON object as the last line");
+  add_flag(app, "--quiet", a.quiet, "do not print tokens as they come");
+}
+
+std::vector<std::int32_t> GenerateRun::prompt(int slot) const {
+  if (!file_prompts.empty()) {
+    return file_prompts[file_prompts.size() == 1 ? 0 : static_cast<std::size_t>(slot)];
+  }
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(synthetic_length));
+  for (int i = 0; i < synthetic_length; ++i) {
+    const std::uint64_t bits =
+        model::splitmix64(model::splitmix64(seed * 1000003ull + static_cast<std::uint64_t>(slot)) +
+                          static_cast<std::uint64_t>(i));
+    ids[static_cast<std::size_t>(i)] =
+        static_cast<std::int32_t>(bits % static_cast<std::uint64_t>(config.vocab_size));
+  }
+  return ids;
+}
+
+std::int64_t GenerateRun::prompt_length(int slot) const {
+  if (file_prompts.empty()) return synthetic_length;
+  return static_cast<std::int64_t>(
+      file_prompts[file_prompts.size() == 1 ? 0 : static_cast<std::size_t>(slot)].size());
+}
+
+GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
+  GenerateRun r;
+  if (app.count("--model") != 0) {
+    struct stat st {};
+    if (::stat(a.model.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      throw UsageError("--model: " + a.model + " is not a directory");
+    }
+    r.source.checkpoint_dir = a.model;
+    r.config = model::load_model_config(a.model + "/config.json");
+    r.model_name = a.model;
+  } else {
+    r.model_name = a.preset;
+    r.config = model::preset(a.preset);
+    r.source.seed = a.weight_seed;
+  }
+  model::DecoderOptions& d = r.decoder;
+  if (!a.dtype.empty()) {
+    d.override_dtype = true;
+    d.dtype = parse_dtype(a.dtype);
+  }
+  if (!a.kv_dtype.empty()) {
+    d.override_kv_dtype = true;
+    d.kv_dtype = parse_dtype(a.kv_dtype);
+  }
+  r.seed = a.seed;
+  d.slots = a.slots;
+
+  tools::TextOptions text = a.text;
+  text.read_given(app);
+  r.text = std::make_shared<tools::TextSession>(text, r.source.checkpoint_dir, d.slots,
+                                                r.config.vocab_size);
+  std::int64_t longest = 0;
+  std::int64_t prefilled = 0;  // the longest prompt prefilled at once
+  if (r.text->active()) {
+    // A text prompt (the same for every slot), after a saved context when one is loaded.
+    r.file_prompts = {r.text->prompt()};
+    prefilled = static_cast<std::int64_t>(r.text->prompt().size());
+    longest = std::max<std::int64_t>(r.text->context_tokens(), 1);
+  } else if (app.count("--prompt-tokens") != 0) {
+    r.file_prompts = read_token_file(a.prompt_tokens);
+    const auto lines = static_cast<int>(r.file_prompts.size());
+    if (lines != 1 && lines != d.slots) {
+      throw UsageError("--prompt-tokens: " + a.prompt_tokens + " holds " + std::to_string(lines) +
+                       " prompts for " + std::to_string(d.slots) +
+                       " slots (give one line, or one per slot)");
+    }
+    for (std::size_t p = 0; p < r.file_prompts.size(); ++p) {
+      const auto& ids = r.file_prompts[p];
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] >= r.config.vocab_size) {
+          throw UsageError("--prompt-tokens: token id " + std::to_string(ids[i]) + " at line " +
+                           std::to_string(p + 1) + ", position " + std::to_string(i + 1) +
+                           " is outside the vocabulary (vocab_size " +
+                           std::to_string(r.config.vocab_size) + ")");
+        }
+      }
+      longest = std::max(longest, static_cast<std::int64_t>(ids.size()));
+    }
+    if (longest > kMaxTokens) {
+      throw UsageError("--prompt-tokens: a prompt of " + std::to_string(longest) +
+                       " tokens is longer than " + std::to_string(kMaxTokens));
+    }
+    prefilled = longest;
+  } else {
+    r.synthetic_length = a.prompt_len;
+    longest = a.prompt_len;
+    prefilled = longest;
+  }
+
+  r.max_new = a.max_new;
+  std::int64_t max_seq = longest + std::max(a.max_new, 1);
+  if (r.text->saved_max_seq()) max_seq = *r.text->saved_max_seq();
+  if (r.text->saves() && !r.text->loads()) max_seq += 4096;  // room for questions
+  d.max_seq =
+      a.max_seq != 0 ? a.max_seq : static_cast<int>(std::min<std::int64_t>(max_seq, kMaxTokens));
+  if (longest > d.max_seq) {
+    throw UsageError("the prompt has " + std::to_string(longest) +
+                     " tokens, longer than --max-seq " + std::to_string(d.max_seq));
+  }
+  if (longest + a.max_new - 1 > d.max_seq) {
+    throw UsageError("prompt (" + std::to_string(longest) + ") + --max-new (" +
+                     std::to_string(a.max_new) + ") - 1 exceeds --max-seq " +
+                     std::to_string(d.max_seq));
+  }
+  d.max_prompt = static_cast<int>(std::max<std::int64_t>(prefilled, 1));
+  d.chunk = a.chunk;
+  d.ring_depth = a.ring;
+  if (a.resident == "all") {
+    d.resident_layers = r.config.layers;
+  } else if (a.resident == "auto") {
+    d.resident_layers = kAutoResidentLayers;
+  } else {
+    std::int64_t n = 0;
+    if (!read_integer(a.resident, n) || n < 0 || n > r.config.layers) {
+      throw UsageError("--resident needs all, auto or a layer count from 0 to " +
+                       std::to_string(r.config.layers) + " (the model's layers), got '" +
+                       kvo::printable(a.resident) + "'");
+    }
+    d.resident_layers = static_cast<int>(n);
+  }
+  d.device_budget = a.vram_budget;
+  d.backend = parse_backend(a.backend);
+  d.builtin_attention = a.attention == "builtin";
+  d.threads = a.threads;
+  d.f32_gemm = a.gemm == "f32";
+  if (a.max_delay_us > 0) {
+    d.host.max_delay_us = static_cast<std::uint32_t>(a.max_delay_us);
+    d.host.delay_seed = a.seed;
+  }
+  if (!(a.top_p > 0)) throw UsageError("--top-p must be above 0 (1: off)");
+  r.sampling.temperature = static_cast<float>(a.temperature);
+  r.sampling.top_k = a.top_k;
+  r.sampling.top_p = static_cast<float>(a.top_p);
+  r.json = a.json;
+  r.quiet = a.quiet;
+  return r;
+}
+
+}  // namespace kvo::cli
