@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prints the path of FlashInfer's header-only CUDA templates (the `include` folder of the
 # flashinfer-python wheel), fetching the pinned wheel from PyPI once per machine into
-# ~/.cache/kvoffload. The CUDA attention kernels (model/flashinfer_*.cu) are instantiated from
+# ~/.cache/kvoffload. The CUDA attention kernels (model/cuda/flashinfer_*.cu) are instantiated from
 # these headers at build time; nothing is compiled at run time. KVO_FLASHINFER_DIR overrides the
 # location.
 #

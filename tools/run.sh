@@ -7,7 +7,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${KVO_BUILD_DIR:-$root/build}
-"$root/tools/setup.sh" >&2
+KVO_BUILD_TARGETS=kvo-generate "$root/tools/setup.sh" >&2  # the rest is built by tools/test.sh
 if [ $# -eq 0 ]; then
   set -- --preset tiny --prompt-len 4096 --max-new 32 --resident 1 --ring 2
 fi

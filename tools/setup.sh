@@ -11,7 +11,8 @@
 #                  kvo-replay only
 #     --deps-only  installs the packages and stops
 # Environment: KVO_BUILD_DIR (default build, or build-asan / build-tsan), KVO_JOBS (default: number
-# of cores).
+# of cores), KVO_BUILD_TARGETS (the targets to build, default all; tools/run.sh builds
+# kvo-generate alone).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mode=${1:-}
@@ -63,6 +64,12 @@ case "$mode" in
   *)
     build=${KVO_BUILD_DIR:-$root/build}
     cmake_args=(-DCMAKE_BUILD_TYPE=Release)
+    read -r -a targets <<<"${KVO_BUILD_TARGETS:-}"
+    # With a CUDA compiler, FlashInfer's headers (fetched once per machine) for the attention
+    # kernels; configuring fetches nothing itself.
+    if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+      cmake_args+=(-DKVO_FLASHINFER_INCLUDE_DIR="$("$root/tools/flashinfer.sh")")
+    fi
     if [ "$mode" = "--python" ]; then
       cmake_args+=(-DKVO_PYTHON="$("$root/tools/python-env.sh")/bin/python")
       cmake_args+=(-DKVO_SMOLLM2_DIR="$("$root/tools/smollm2.sh")")
