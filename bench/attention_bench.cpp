@@ -131,7 +131,9 @@ class AttentionLayer {
  public:
   AttentionLayer(int max_seq, int max_rows)
       : config_(model::preset("llama3-8b")),
-        layout_(config_, DType::kBF16, g_setup.kv_dtype, max_rows, 1, max_seq, g_setup.builtin),
+        layout_(config_, DType::kBF16, g_setup.kv_dtype, max_rows, 1, max_seq,
+                model::choose_attention_kernels(config_, g_setup.kv_dtype, 1, max_seq, max_rows,
+                                                g_setup.builtin)),
         row_bytes_(kv_row_bytes(g_setup.kv_dtype, config_.kv_heads, config_.head_dim)),
         kv_(2 * static_cast<std::size_t>(max_seq) * row_bytes_),
         workspace_(layout_.bytes),
@@ -151,7 +153,7 @@ class AttentionLayer {
     shape.max_rows = max_rows;
     shape.max_decode_rows = 1;
     shape.max_seq = max_seq;
-    shape.builtin_attention = g_setup.builtin;
+    shape.kernels = layout_.kernels;
     ops_ = model::make_cuda_ops(shape, stream_, workspace_.ptr);
     view_.resident = true;
     view_.k = kv_.ptr;

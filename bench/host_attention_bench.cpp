@@ -82,7 +82,7 @@ void BM_HostDecodeAttention(benchmark::State& state) {
   const int context = static_cast<int>(state.range(0));
   const model::ModelConfig c = model::preset("llama3-8b");  // 32/8 heads, head_dim 128
   model::ThreadPool pool(g_threads > 0 ? g_threads : model::available_cores());
-  model::HostAttention attention(c, model::Elem::kBF16, 1, pool);
+  model::HostAttention attention(c, kvo::DType::kBF16, 1, pool);
   // K and V of one slot: [context][kv_heads][head_dim] bf16, random.
   const std::size_t elements = static_cast<std::size_t>(context) * c.kv_heads * c.head_dim;
   std::vector<std::uint16_t> k(elements), v(elements);

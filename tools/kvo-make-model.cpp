@@ -78,7 +78,7 @@ void declare_options(CLI::App& app, Args& a) {
   kvo::cli::add_real(app, "--rope-theta", a.rope_theta, 1, 1e12, "rope base")
       ->description("rope base; 1 to 1e12");
   add_integer(app, "--tie", a.tie, 0, 1, "")->description("1: tied embeddings; 0 or 1");
-  kvo::cli::add_choice(app, "--dtype", a.dtype, {"f32", "f16", "bf16"},
+  kvo::cli::add_choice(app, "--dtype", a.dtype, kvo::dtype_names(false),
                        "element type (default: the preset's)");
   app.option_defaults()->group("Files");
   add_integer(app, "--seed", a.seed, 0, UINT64_MAX, "seed of the values");

@@ -82,7 +82,7 @@ void declare_options(CLI::App& app, Options& o) {
   add_integer(app, "--layers", c.layers, 1, 4096, "decoder layers");
   add_integer(app, "--kv-heads", c.kv_heads, 1, 4096, "KV heads");
   add_integer(app, "--head-dim", c.head_dim, 1, 65536, "head dimension");
-  kvo::cli::add_choice(app, "--dtype", o.dtype, {"f32", "f16", "bf16", "fp8", "int8"},
+  kvo::cli::add_choice(app, "--dtype", o.dtype, kvo::dtype_names(),
                        "element type (fp8 and int8: quantized rows, one f32 scale per token and "
                        "kv head)");
   kvo::cli::add_tokens(app, "--max-seq", c.max_seq, 1, kMax, "tokens per slot");

@@ -124,9 +124,9 @@ void declare_options(CLI::App& app, Args& a) {
   kvo::cli::add_tokens(app, "--max-prompt", a.max_prompt, 1, 1 << 30, "")
       ->description("longest prompt prefilled at once (default: the context)");
   kvo::cli::add_integer(app, "--ring", a.ring, 1, 64, "kvoffload's staging buffers");
-  kvo::cli::add_choice(app, "--dtype", a.dtype, {"f32", "f16", "bf16"},
+  kvo::cli::add_choice(app, "--dtype", a.dtype, kvo::dtype_names(false),
                        "weights, and K/V unless --kv-dtype (default: the model's)");
-  kvo::cli::add_choice(app, "--kv-dtype", a.kv_dtype, {"f32", "f16", "bf16", "fp8", "int8"},
+  kvo::cli::add_choice(app, "--kv-dtype", a.kv_dtype, kvo::dtype_names(),
                        "K/V storage (default: the weights'); fp8 and int8 keep a scale per "
                        "token and kv head");
   kvo::cli::add_choice(app, "--backend", a.backend, {"cuda", "host"}, "whose workspaces to count");

@@ -90,7 +90,9 @@ struct CacheStats {
   std::uint64_t d2h_bytes_last_step = 0;  // write-backs of the last committed step
   double acquire_wait_s = 0;  // time acquire's waits held the caller's stream: the waits that
                               // have completed (exact once the caller's stream is idle)
-  std::uint64_t prefetch_reissues = 0;   // prefetches issued again (abort, reset, truncate)
+  // Prefetches of the next step discarded because the host rows they copy changed under them
+  // (abort_step, reset_slot, truncate_slot, load_slot), each issued again.
+  std::uint64_t prefetch_reissues = 0;
   CachePlan plan;                        // planned (and allocated) bytes per purpose
   std::uint64_t device_allocations = 0;  // device allocations made; fixed after construction
 };

@@ -110,7 +110,8 @@ typedef struct kvo_cache_options {
   int32_t resident_layers;
   int32_t ring_depth;
   /* Device bytes the whole plan must fit. 0 (default): on CUDA the device's free memory at
-   * creation, on the host backend unlimited. */
+   * creation less a headroom of max(1 GiB, 5% of its memory) for cuBLAS, kernel modules and the
+   * caller's tensors; on the host backend unlimited. */
   uint64_t device_budget;
   kvo_backend backend; /* default KVO_BACKEND_AUTO */
   int32_t device;      /* CUDA device ordinal; default 0 */
@@ -133,7 +134,7 @@ typedef struct kvo_layer_view {
   int32_t layer;
   int32_t resident;     /* 1 when the layer is kept whole on the device (no copies), else 0 */
   void* k;              /* [slots][max_seq][kv_heads][head_dim] */
-  void* v;              /* same layout as k */
+  void* v;              /* [slots][max_seq][kv_heads][v_head_dim], with the v_ strides below */
   int64_t slot_stride;  /* elements */
   int64_t token_stride; /* elements */
   int64_t head_stride;  /* elements */

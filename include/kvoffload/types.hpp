@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 #include "kvoffload/api.h"
 
 namespace kvo {
@@ -23,6 +24,9 @@ KVO_API const char* dtype_name(DType dtype);
 // Accepts "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16", "fp8"/"fp8_e4m3"/"e4m3" and
 // "int8". Throws kvo::Error otherwise.
 KVO_API DType parse_dtype(const std::string& name);
+// The dtypes' names in order ("f32", "f16", "bf16", "fp8", "int8"), without the quantized ones
+// (fp8, int8) when `quantized` is false: the choices a command line offers.
+KVO_API std::vector<std::string> dtype_names(bool quantized = true);
 
 // Where "device" memory lives and who moves the bytes.
 // kCuda: a GPU; kHost: worker threads over host memory (no GPU needed); kAuto: kCuda when a GPU

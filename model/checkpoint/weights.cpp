@@ -18,10 +18,6 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   return s + "]";
 }
 
-Elem elem(DType d) {
-  return static_cast<Elem>(static_cast<int>(d));
-}
-
 }  // namespace
 
 WeightLayout::WeightLayout(const ModelConfig& config, DType dtype)
@@ -89,7 +85,7 @@ void fill_synthetic(const WeightLayout& layout, const WeightEntry& entry, std::u
 
 void fill_synthetic_range(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
                           std::int64_t first, std::int64_t count, void* out) {
-  const Elem type = elem(layout.dtype());
+  const DType type = layout.dtype();
   for (std::int64_t i = 0; i < count; ++i) {
     store_elem(out, i, type, synthetic_value(entry, seed, first + i));
   }
@@ -102,7 +98,7 @@ void convert_elements(const void* src, DType from, void* dst, DType to, std::siz
   }
   for (std::size_t i = 0; i < count; ++i) {
     const auto index = static_cast<std::int64_t>(i);
-    store_elem(dst, index, elem(to), load_elem(src, index, elem(from)));
+    store_elem(dst, index, to, load_elem(src, index, from));
   }
 }
 

@@ -18,10 +18,6 @@
 namespace kvo::model {
 namespace {
 
-Elem elem(DType d) {
-  return static_cast<Elem>(static_cast<int>(d));
-}
-
 cudaDataType_t cuda_type(DType d) {
   return d == DType::kF32 ? CUDA_R_32F : d == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
 }
@@ -30,11 +26,11 @@ class CudaOps final : public Ops {
  public:
   CudaOps(const OpsShape& shape, void* stream, void* workspace)
       : shape_(shape),
-        elem_(elem(shape.weight_dtype)),
-        kv_elem_(elem(shape.kv_dtype)),
+        elem_(shape.weight_dtype),
+        kv_elem_(shape.kv_dtype),
         stream_(static_cast<cudaStream_t>(stream)),
         layout_(shape.config, shape.weight_dtype, shape.kv_dtype, shape.max_rows,
-                shape.max_decode_rows, shape.max_seq, shape.builtin_attention) {
+                shape.max_decode_rows, shape.max_seq, shape.kernels) {
     base_ = static_cast<std::byte*>(workspace);
     gemm_input_ = base_ + layout_.gemm_input;
     partials_ = reinterpret_cast<float*>(base_ + layout_.partials);
@@ -175,7 +171,7 @@ class CudaOps final : public Ops {
   void synchronize() override { KVO_MODEL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   void fill_synthetic(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
                       void* dst) override {
-    cuda::fill_synthetic(dst, entry.elements, elem(layout.dtype()), seed, entry.stream, entry.scale,
+    cuda::fill_synthetic(dst, entry.elements, layout.dtype(), seed, entry.stream, entry.scale,
                          entry.kind == WeightKind::kNorm, stream_);
   }
   // The rows' slots and draws go up, the draws run on the device, only the ids come back.
@@ -208,7 +204,7 @@ class CudaOps final : public Ops {
   void tiled_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
                      float* out) {
     const ModelConfig& c = shape_.config;
-    cuda::convert(q, static_cast<std::int64_t>(n) * c.q_dim(), attn_q_, Elem::kBF16, stream_);
+    cuda::convert(q, static_cast<std::int64_t>(n) * c.q_dim(), attn_q_, DType::kBF16, stream_);
     attend_tiles(attn_q_, n, slot, first_position, view, out);
   }
   void tiled_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
@@ -218,7 +214,7 @@ class CudaOps final : public Ops {
     }
     const ModelConfig& c = shape_.config;
     const std::int64_t q_dim = static_cast<std::int64_t>(c.q_dim());
-    cuda::convert(q, n * q_dim, attn_q_, Elem::kBF16, stream_);
+    cuda::convert(q, n * q_dim, attn_q_, DType::kBF16, stream_);
     for (int i = 0; i < n; ++i) {
       attend_tiles(attn_q_ + i * q_dim * 2, 1, rows.host_slots[i], rows.host_positions[i], view,
                    out + i * q_dim);
@@ -237,7 +233,7 @@ class CudaOps final : public Ops {
     flashinfer_ops::KvLayer tile;  // [1][tile_keys][kv_heads][d] bf16
     tile.k = k_tile;
     tile.v = v_tile;
-    tile.type = Elem::kBF16;
+    tile.type = DType::kBF16;
     tile.token_stride = c.kv_dim();
     tile.head_stride = d;
     tile.slot_stride = static_cast<std::int64_t>(tile_keys) * tile.token_stride;
@@ -250,9 +246,9 @@ class CudaOps final : public Ops {
       const KeyTile& t = tiles[i];
       const int keys = t.end - t.begin;
       const std::int64_t offset = slot * view.slot_stride + t.begin * view.token_stride;
-      cuda::gather_kv_block(view.k, view.v, elem(view.dtype), offset, view.token_stride,
-                            view.head_stride, view.k_scale_offset, keys, c.kv_heads, d, k_tile,
-                            v_tile, Elem::kBF16, stream_);
+      cuda::gather_kv_block(view.k, view.v, view.dtype, offset, view.token_stride, view.head_stride,
+                            view.k_scale_offset, keys, c.kv_heads, d, k_tile, v_tile, DType::kBF16,
+                            stream_);
       flashinfer_ops::PrefillCall call;
       call.q = q_bf16;
       call.out = attn_out_;
@@ -270,7 +266,7 @@ class CudaOps final : public Ops {
         call.keys = keys;
         flashinfer_ops::prefill_unmasked(tile, call, stream_);
       }
-      cuda::merge_attention_tile(attn_out_, Elem::kBF16, tile_lse, n, c.heads, d, i == 0, out,
+      cuda::merge_attention_tile(attn_out_, DType::kBF16, tile_lse, n, c.heads, d, i == 0, out,
                                  run_lse, stream_);
     }
   }
@@ -317,9 +313,9 @@ class CudaOps final : public Ops {
         ld = view.token_stride;
         head_offset = view.head_stride;
       } else {
-        cuda::gather_kv_block(view.k, view.v, elem(view.dtype), offset, view.token_stride,
+        cuda::gather_kv_block(view.k, view.v, view.dtype, offset, view.token_stride,
                               view.head_stride, view.k_scale_offset, keys, c.kv_heads, d, k_block,
-                              v_block, Elem::kF32, stream_);
+                              v_block, DType::kF32, stream_);
         k_rows = k_block;
         v_rows = v_block;
         ld = c.kv_dim();
@@ -410,7 +406,7 @@ class CudaOps final : public Ops {
     flashinfer_ops::KvLayer kv;
     kv.k = view.k;
     kv.v = view.v;
-    kv.type = elem(view.dtype);
+    kv.type = view.dtype;
     kv.slot_stride = view.slot_stride;
     kv.token_stride = view.token_stride;
     kv.head_stride = view.head_stride;
@@ -438,7 +434,7 @@ class CudaOps final : public Ops {
     a.sliding_window = shape_.config.sliding_window;
     a.k = view.k;
     a.v = view.v;
-    a.type = elem(view.dtype);
+    a.type = view.dtype;
     a.slot_stride = view.slot_stride;
     a.token_stride = view.token_stride;
     a.head_stride = view.head_stride;
@@ -448,8 +444,8 @@ class CudaOps final : public Ops {
   }
 
   OpsShape shape_;
-  Elem elem_;     // the weights'
-  Elem kv_elem_;  // the cache's rows
+  DType elem_;     // the weights'
+  DType kv_elem_;  // the cache's rows
   cudaStream_t stream_;
   WorkspaceLayout layout_;
   cublasHandle_t handle_ = nullptr;

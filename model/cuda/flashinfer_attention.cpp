@@ -17,7 +17,7 @@ Error internal(const std::string& what) {
 }
 
 void check_layer(const KvLayer& kv) {
-  if (kv.type != Elem::kBF16 && kv.type != Elem::kF16) {
+  if (kv.type != DType::kBF16 && kv.type != DType::kF16) {
     throw internal("no instantiation for element type " +
                    std::to_string(static_cast<int>(kv.type)));
   }
@@ -44,7 +44,7 @@ void decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& ws, cuda
   check_layer(kv);
   check_pages(kv);
   const int pages_per_slot = kv.max_seq / kv.page_size;
-  const bool bf16 = kv.type == Elem::kBF16;
+  const bool bf16 = kv.type == DType::kBF16;
 
   // Row i reads pages [first, last) of its slot: from the page that holds the first key of its
   // window (0 without one) to the one that holds its own key. A window shortens the row's keys
@@ -103,12 +103,12 @@ void decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& ws, cuda
     cudaError_t status = cudaSuccess;
     switch (kv.head_dim) {
       case 64:
-        status = bf16 ? plan_decode<Elem::kBF16, 64>(kv, call, ws, indptr, stream)
-                      : plan_decode<Elem::kF16, 64>(kv, call, ws, indptr, stream);
+        status = bf16 ? plan_decode<DType::kBF16, 64>(kv, call, ws, indptr, stream)
+                      : plan_decode<DType::kF16, 64>(kv, call, ws, indptr, stream);
         break;
       default:
-        status = bf16 ? plan_decode<Elem::kBF16, 128>(kv, call, ws, indptr, stream)
-                      : plan_decode<Elem::kF16, 128>(kv, call, ws, indptr, stream);
+        status = bf16 ? plan_decode<DType::kBF16, 128>(kv, call, ws, indptr, stream)
+                      : plan_decode<DType::kF16, 128>(kv, call, ws, indptr, stream);
         break;
     }
     KVO_MODEL_CUDA_CHECK(status);
@@ -118,13 +118,14 @@ void decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& ws, cuda
   cudaError_t status = cudaSuccess;
   switch (kv.head_dim) {
     case 64:
-      status = bf16 ? run_decode<Elem::kBF16, 64>(kv, call, ws, d_indptr, d_last, d_indices, stream)
-                    : run_decode<Elem::kF16, 64>(kv, call, ws, d_indptr, d_last, d_indices, stream);
+      status = bf16
+                   ? run_decode<DType::kBF16, 64>(kv, call, ws, d_indptr, d_last, d_indices, stream)
+                   : run_decode<DType::kF16, 64>(kv, call, ws, d_indptr, d_last, d_indices, stream);
       break;
     default:
-      status = bf16
-                   ? run_decode<Elem::kBF16, 128>(kv, call, ws, d_indptr, d_last, d_indices, stream)
-                   : run_decode<Elem::kF16, 128>(kv, call, ws, d_indptr, d_last, d_indices, stream);
+      status =
+          bf16 ? run_decode<DType::kBF16, 128>(kv, call, ws, d_indptr, d_last, d_indices, stream)
+               : run_decode<DType::kF16, 128>(kv, call, ws, d_indptr, d_last, d_indices, stream);
       break;
   }
   KVO_MODEL_CUDA_CHECK(status);
@@ -139,15 +140,15 @@ void prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream) {
   // it cannot launch, so such a model's prefill does not split the keys.
   if (call.heads * (kv.head_dim / 8) > 1024) c.tmp = nullptr;
   cudaError_t status = cudaSuccess;
-  const bool bf16 = kv.type == Elem::kBF16;
+  const bool bf16 = kv.type == DType::kBF16;
   switch (kv.head_dim) {
     case 64:
-      status = bf16 ? run_prefill<Elem::kBF16, 64, true>(kv, c, stream)
-                    : run_prefill<Elem::kF16, 64, true>(kv, c, stream);
+      status = bf16 ? run_prefill<DType::kBF16, 64, true>(kv, c, stream)
+                    : run_prefill<DType::kF16, 64, true>(kv, c, stream);
       break;
     default:
-      status = bf16 ? run_prefill<Elem::kBF16, 128, true>(kv, c, stream)
-                    : run_prefill<Elem::kF16, 128, true>(kv, c, stream);
+      status = bf16 ? run_prefill<DType::kBF16, 128, true>(kv, c, stream)
+                    : run_prefill<DType::kF16, 128, true>(kv, c, stream);
       break;
   }
   KVO_MODEL_CUDA_CHECK(status);
@@ -157,14 +158,14 @@ void prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream) {
 void prefill_unmasked(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream) {
   if (call.n == 0) return;
   check_layer(kv);
-  if (kv.type != Elem::kBF16 || call.keys < 1 || call.window_left != -1) {
+  if (kv.type != DType::kBF16 || call.keys < 1 || call.window_left != -1) {
     throw internal("an unmasked prefill takes bf16 tiles of at least one key and no window");
   }
   PrefillCall c = call;
   if (call.heads * (kv.head_dim / 8) > 1024) c.tmp = nullptr;  // as in prefill()
   const cudaError_t status = kv.head_dim == 64
-                                 ? run_prefill<Elem::kBF16, 64, false>(kv, c, stream)
-                                 : run_prefill<Elem::kBF16, 128, false>(kv, c, stream);
+                                 ? run_prefill<DType::kBF16, 64, false>(kv, c, stream)
+                                 : run_prefill<DType::kBF16, 128, false>(kv, c, stream);
   KVO_MODEL_CUDA_CHECK(status);
   KVO_MODEL_LAUNCH_CHECK();
 }

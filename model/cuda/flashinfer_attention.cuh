@@ -24,14 +24,14 @@
 
 namespace kvo::model::flashinfer_ops {
 
-template <Elem E>
+template <DType E>
 struct ElementType;
 template <>
-struct ElementType<Elem::kBF16> {
+struct ElementType<DType::kBF16> {
   using type = __nv_bfloat16;
 };
 template <>
-struct ElementType<Elem::kF16> {
+struct ElementType<DType::kF16> {
   using type = __half;
 };
 
@@ -41,7 +41,7 @@ using Variant = ::flashinfer::DefaultAttention</*use_custom_mask=*/false,
                                                /*use_sliding_window=*/true,
                                                /*use_logits_soft_cap=*/false, /*use_alibi=*/false>;
 
-template <Elem E, int kHeadDim>
+template <DType E, int kHeadDim>
 cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& ws,
                         std::int32_t* host_indptr, cudaStream_t stream) {
   namespace fi = ::flashinfer;
@@ -95,7 +95,7 @@ cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspa
   }
 }
 
-template <Elem E, int kHeadDim>
+template <DType E, int kHeadDim>
 cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWorkspace& ws,
                        const std::int32_t* indptr, const std::int32_t* last_page_len,
                        const std::int32_t* indices, cudaStream_t stream) {
@@ -149,7 +149,7 @@ cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWo
   }
 }
 
-template <Elem E, int kHeadDim, bool kCausal>
+template <DType E, int kHeadDim, bool kCausal>
 cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream) {
   namespace fi = ::flashinfer;
   using T = typename ElementType<E>::type;

@@ -24,7 +24,7 @@ namespace kvo::model::flashinfer_ops {
 struct KvLayer {
   const void* k = nullptr;  // [slots][max_seq][kv_heads][head_dim]
   const void* v = nullptr;
-  Elem type = Elem::kBF16;       // kBF16 or kF16
+  DType type = DType::kBF16;     // kBF16 or kF16
   std::int64_t slot_stride = 0;  // elements
   std::int64_t token_stride = 0;
   std::int64_t head_stride = 0;
@@ -101,14 +101,14 @@ void prefill_unmasked(const KvLayer& kv, const PrefillCall& call, cudaStream_t s
 // plan_decode: FlashInfer's schedule for rows whose page ranges are `host_indptr` [n + 1], written
 // to the pinned mirror and copied on `stream`; its offsets go to workspace.plan.
 // run_decode: the kernel over the device page arrays, by workspace.plan.
-template <Elem E, int kHeadDim>
+template <DType E, int kHeadDim>
 cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& workspace,
                         std::int32_t* host_indptr, cudaStream_t stream);
-template <Elem E, int kHeadDim>
+template <DType E, int kHeadDim>
 cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWorkspace& workspace,
                        const std::int32_t* indptr, const std::int32_t* last_page_len,
                        const std::int32_t* indices, cudaStream_t stream);
-template <Elem E, int kHeadDim, bool kCausal>
+template <DType E, int kHeadDim, bool kCausal>
 cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
 
 }  // namespace kvo::model::flashinfer_ops

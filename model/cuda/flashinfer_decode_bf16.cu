@@ -3,5 +3,5 @@
 #include "model/cuda/flashinfer_attention.cuh"
 
 namespace kvo::model::flashinfer_ops {
-KVO_FLASHINFER_DECODE(Elem::kBF16)
+KVO_FLASHINFER_DECODE(DType::kBF16)
 }  // namespace kvo::model::flashinfer_ops

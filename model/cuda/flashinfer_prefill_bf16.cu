@@ -3,5 +3,5 @@
 #include "model/cuda/flashinfer_attention.cuh"
 
 namespace kvo::model::flashinfer_ops {
-KVO_FLASHINFER_PREFILL(Elem::kBF16)
+KVO_FLASHINFER_PREFILL(DType::kBF16)
 }  // namespace kvo::model::flashinfer_ops

@@ -3,5 +3,5 @@
 #include "model/cuda/flashinfer_attention.cuh"
 
 namespace kvo::model::flashinfer_ops {
-KVO_FLASHINFER_PREFILL(Elem::kF16)
+KVO_FLASHINFER_PREFILL(DType::kF16)
 }  // namespace kvo::model::flashinfer_ops

@@ -4,5 +4,5 @@
 #include "model/cuda/flashinfer_attention.cuh"
 
 namespace kvo::model::flashinfer_ops {
-KVO_FLASHINFER_PREFILL_UNMASKED(Elem::kBF16)
+KVO_FLASHINFER_PREFILL_UNMASKED(DType::kBF16)
 }  // namespace kvo::model::flashinfer_ops

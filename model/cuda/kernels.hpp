@@ -12,25 +12,25 @@ namespace kvo::model::cuda {
 
 // ---- kernels_elementwise.cu ----
 // out [n][hidden] f32 = table [vocab][hidden] (type) rows tokens[n].
-void embed(const std::int32_t* tokens, int n, const void* table, Elem type, int hidden, float* out,
+void embed(const std::int32_t* tokens, int n, const void* table, DType type, int hidden, float* out,
            cudaStream_t stream);
 // out [n][hidden] = x * rsqrt(mean(x^2) + eps) * weight.
-void rms_norm(const float* x, int n, int hidden, const void* weight, Elem type, float eps,
+void rms_norm(const float* x, int n, int hidden, const void* weight, DType type, float eps,
               float* out, cudaStream_t stream);
 // q [n][heads][head_dim], k [n][kv_heads][head_dim] rotated in place; row i at positions[i], or
 // at first_position + i when positions is null. inv_freq [head_dim / 2].
 void rope(float* q, float* k, int n, int heads, int kv_heads, int head_dim, const float* inv_freq,
           const std::int32_t* positions, int first_position, cudaStream_t stream);
 // out [count] (type) = x [count] f32.
-void convert(const float* x, std::int64_t count, void* out, Elem type, cudaStream_t stream);
+void convert(const float* x, std::int64_t count, void* out, DType type, cudaStream_t stream);
 // out: n quantized rows (kvoffload/quant.hpp) of `row_bytes` bytes each, row i = x [i][kv_heads]
 // [dim] f32, bit for bit what kvo::quantize_row writes on the host. type: kFP8E4M3 or kInt8.
-void quantize_rows(const float* x, int n, int kv_heads, int dim, Elem type, std::int64_t row_bytes,
+void quantize_rows(const float* x, int n, int kv_heads, int dim, DType type, std::int64_t row_bytes,
                    void* out, cudaStream_t stream);
 // out [count] f32 = x [count] (type).
-void widen(const void* x, std::int64_t count, Elem type, float* out, cudaStream_t stream);
+void widen(const void* x, std::int64_t count, DType type, float* out, cudaStream_t stream);
 // y [n][out] += bias [out].
-void add_bias(float* y, int n, int out, const void* bias, Elem type, cudaStream_t stream);
+void add_bias(float* y, int n, int out, const void* bias, DType type, cudaStream_t stream);
 // gate [count] = silu(gate) * up.
 void swiglu(float* gate, const float* up, std::int64_t count, cudaStream_t stream);
 
@@ -46,7 +46,7 @@ struct AttentionArgs {
   // K and V of one layer: [slot][token][kv_head][head_dim] with these element strides.
   const void* k = nullptr;
   const void* v = nullptr;
-  Elem type = Elem::kBF16;
+  DType type = DType::kBF16;
   std::int64_t slot_stride = 0;
   std::int64_t token_stride = 0;
   std::int64_t head_stride = 0;
@@ -81,14 +81,14 @@ struct PrefillBlock {
 // keys [0, keys) of k and v (type), which start at element `offset` (a slot's first key of the
 // block) with the cache's token and head strides; quantized rows are scaled by their heads'
 // scales, `scale_offset` bytes into each row.
-void gather_kv_block(const void* k, const void* v, Elem type, std::int64_t offset,
+void gather_kv_block(const void* k, const void* v, DType type, std::int64_t offset,
                      std::int64_t token_stride, std::int64_t head_stride, std::int64_t scale_offset,
-                     int keys, int kv_heads, int head_dim, void* k_out, void* v_out, Elem out_type,
+                     int keys, int kv_heads, int head_dim, void* k_out, void* v_out, DType out_type,
                      cudaStream_t stream);
 // out [n][heads][head_dim] f32 and lse [n][heads] (log2 domain) merged with one tile's output
 // tile_out [n][heads][head_dim] (tile_type) and tile_lse [n][heads] (lse_merge,
 // model/decoder/numerics.hpp); `first`: out and lse take the tile's.
-void merge_attention_tile(const void* tile_out, Elem tile_type, const float* tile_lse, int n,
+void merge_attention_tile(const void* tile_out, DType tile_type, const float* tile_lse, int n,
                           int heads, int head_dim, bool first, float* out, float* lse,
                           cudaStream_t stream);
 // scores [heads][n][key_stride]: the block's scaled scores, replaced by exp(score - running max)
@@ -109,7 +109,7 @@ void sample(const float* logits, int n, int vocab, float temperature, int top_k,
 
 // ---- kernels_synthetic.cu ----
 // out [count] (type) = the synthetic weights of seed stream `stream_id` (see weights.hpp).
-void fill_synthetic(void* out, std::int64_t count, Elem type, std::uint64_t seed,
+void fill_synthetic(void* out, std::int64_t count, DType type, std::uint64_t seed,
                     std::uint64_t stream_id, float scale, bool norm, cudaStream_t stream);
 
 }  // namespace kvo::model::cuda

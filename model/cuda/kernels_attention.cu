@@ -131,10 +131,10 @@ __global__ void merge_kernel(const float* partials, int heads, int head_dim, int
 }
 
 // grid (keys, kv_heads); threads over head_dim.
-__global__ void gather_kv_kernel(const void* k, const void* v, Elem type, std::int64_t offset,
+__global__ void gather_kv_kernel(const void* k, const void* v, DType type, std::int64_t offset,
                                  std::int64_t token_stride, std::int64_t head_stride,
                                  std::int64_t scale_offset, int head_dim, void* k_out, void* v_out,
-                                 Elem out_type) {
+                                 DType out_type) {
   const int key = blockIdx.x;
   const int kv_head = blockIdx.y;
   const std::int64_t row = offset + key * token_stride;
@@ -153,7 +153,7 @@ __global__ void gather_kv_kernel(const void* k, const void* v, Elem type, std::i
 }
 
 // grid (n, heads): out [row][head] merged with a tile's output (lse_merge).
-__global__ void merge_tile_kernel(const void* tile_out, Elem tile_type, const float* tile_lse,
+__global__ void merge_tile_kernel(const void* tile_out, DType tile_type, const float* tile_lse,
                                   int heads, int head_dim, bool first, float* out, float* lse) {
   const int at = blockIdx.x * heads + blockIdx.y;
   const LseMerge m = first ? LseMerge{0.0f, 1.0f, tile_lse[at]} : lse_merge(lse[at], tile_lse[at]);
@@ -237,9 +237,9 @@ void attention(const AttentionArgs& args, int splits, float* partials, cudaStrea
   }
 }
 
-void gather_kv_block(const void* k, const void* v, Elem type, std::int64_t offset,
+void gather_kv_block(const void* k, const void* v, DType type, std::int64_t offset,
                      std::int64_t token_stride, std::int64_t head_stride, std::int64_t scale_offset,
-                     int keys, int kv_heads, int head_dim, void* k_out, void* v_out, Elem out_type,
+                     int keys, int kv_heads, int head_dim, void* k_out, void* v_out, DType out_type,
                      cudaStream_t stream) {
   if (keys == 0) return;
   gather_kv_kernel<<<dim3(static_cast<unsigned>(keys), static_cast<unsigned>(kv_heads)), kThreads,
@@ -248,7 +248,7 @@ void gather_kv_block(const void* k, const void* v, Elem type, std::int64_t offse
   KVO_MODEL_LAUNCH_CHECK();
 }
 
-void merge_attention_tile(const void* tile_out, Elem tile_type, const float* tile_lse, int n,
+void merge_attention_tile(const void* tile_out, DType tile_type, const float* tile_lse, int n,
                           int heads, int head_dim, bool first, float* out, float* lse,
                           cudaStream_t stream) {
   if (n == 0) return;

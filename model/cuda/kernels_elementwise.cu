@@ -8,7 +8,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void embed_kernel(const std::int32_t* tokens, const void* table, Elem type, int hidden,
+__global__ void embed_kernel(const std::int32_t* tokens, const void* table, DType type, int hidden,
                              float* out) {
   const int row = blockIdx.x;
   const std::int64_t base = static_cast<std::int64_t>(tokens[row]) * hidden;
@@ -37,7 +37,7 @@ __device__ float block_sum(float value, float* shared) {
   return total;
 }
 
-__global__ void rms_norm_kernel(const float* x, int hidden, const void* weight, Elem type,
+__global__ void rms_norm_kernel(const float* x, int hidden, const void* weight, DType type,
                                 float eps, float* out) {
   __shared__ float shared[32];
   const float* xi = x + static_cast<std::int64_t>(blockIdx.x) * hidden;
@@ -75,14 +75,14 @@ __global__ void rope_kernel(float* q, float* k, int heads, int kv_heads, int hea
   }
 }
 
-__global__ void convert_kernel(const float* x, std::int64_t count, void* out, Elem type) {
+__global__ void convert_kernel(const float* x, std::int64_t count, void* out, DType type) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     store_elem(out, i, type, x[i]);
   }
 }
 
-__global__ void widen_kernel(const void* x, std::int64_t count, Elem type, float* out) {
+__global__ void widen_kernel(const void* x, std::int64_t count, DType type, float* out) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     out[i] = load_elem(x, i, type);
@@ -90,7 +90,7 @@ __global__ void widen_kernel(const void* x, std::int64_t count, Elem type, float
 }
 
 __global__ void add_bias_kernel(float* y, std::int64_t count, int out, const void* bias,
-                                Elem type) {
+                                DType type) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     y[i] += load_elem(bias, i % out, type);
@@ -146,14 +146,14 @@ unsigned grid_for(std::int64_t count) {
 
 }  // namespace
 
-void embed(const std::int32_t* tokens, int n, const void* table, Elem type, int hidden, float* out,
+void embed(const std::int32_t* tokens, int n, const void* table, DType type, int hidden, float* out,
            cudaStream_t stream) {
   if (n == 0) return;
   embed_kernel<<<n, kThreads, 0, stream>>>(tokens, table, type, hidden, out);
   KVO_MODEL_LAUNCH_CHECK();
 }
 
-void rms_norm(const float* x, int n, int hidden, const void* weight, Elem type, float eps,
+void rms_norm(const float* x, int n, int hidden, const void* weight, DType type, float eps,
               float* out, cudaStream_t stream) {
   if (n == 0) return;
   rms_norm_kernel<<<n, kThreads, 0, stream>>>(x, hidden, weight, type, eps, out);
@@ -168,32 +168,32 @@ void rope(float* q, float* k, int n, int heads, int kv_heads, int head_dim, cons
   KVO_MODEL_LAUNCH_CHECK();
 }
 
-void convert(const float* x, std::int64_t count, void* out, Elem type, cudaStream_t stream) {
+void convert(const float* x, std::int64_t count, void* out, DType type, cudaStream_t stream) {
   if (count == 0) return;
   convert_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, out, type);
   KVO_MODEL_LAUNCH_CHECK();
 }
 
-void quantize_rows(const float* x, int n, int kv_heads, int dim, Elem type, std::int64_t row_bytes,
+void quantize_rows(const float* x, int n, int kv_heads, int dim, DType type, std::int64_t row_bytes,
                    void* out, cudaStream_t stream) {
   if (n == 0) return;
   if (!is_quantized(type)) {
     throw Error(ErrorCode::kInternal, "quantize_rows: the cache dtype is not quantized");
   }
-  const DType dtype = type == Elem::kInt8 ? DType::kInt8 : DType::kFP8E4M3;
+  const DType dtype = type == DType::kInt8 ? DType::kInt8 : DType::kFP8E4M3;
   quantize_rows_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(kv_heads)), 128, 0,
                          stream>>>(x, kv_heads, dim, dtype, row_bytes,
                                    static_cast<std::uint8_t*>(out));
   KVO_MODEL_LAUNCH_CHECK();
 }
 
-void widen(const void* x, std::int64_t count, Elem type, float* out, cudaStream_t stream) {
+void widen(const void* x, std::int64_t count, DType type, float* out, cudaStream_t stream) {
   if (count == 0) return;
   widen_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, type, out);
   KVO_MODEL_LAUNCH_CHECK();
 }
 
-void add_bias(float* y, int n, int out, const void* bias, Elem type, cudaStream_t stream) {
+void add_bias(float* y, int n, int out, const void* bias, DType type, cudaStream_t stream) {
   const std::int64_t count = static_cast<std::int64_t>(n) * out;
   if (count == 0) return;
   add_bias_kernel<<<grid_for(count), kThreads, 0, stream>>>(y, count, out, bias, type);

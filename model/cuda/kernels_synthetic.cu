@@ -6,7 +6,7 @@
 namespace kvo::model::cuda {
 namespace {
 
-__global__ void fill_synthetic_kernel(void* out, std::int64_t count, Elem type, std::uint64_t seed,
+__global__ void fill_synthetic_kernel(void* out, std::int64_t count, DType type, std::uint64_t seed,
                                       std::uint64_t stream_id, float scale, bool norm) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -17,7 +17,7 @@ __global__ void fill_synthetic_kernel(void* out, std::int64_t count, Elem type, 
 
 }  // namespace
 
-void fill_synthetic(void* out, std::int64_t count, Elem type, std::uint64_t seed,
+void fill_synthetic(void* out, std::int64_t count, DType type, std::uint64_t seed,
                     std::uint64_t stream_id, float scale, bool norm, cudaStream_t stream) {
   if (count == 0) return;
   const std::int64_t blocks = (count + 255) / 256;

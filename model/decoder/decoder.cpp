@@ -54,7 +54,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   shape.max_rows = R;
   shape.max_decode_rows = options_.slots;
   shape.max_seq = options_.max_seq;
-  shape.builtin_attention = options_.builtin_attention;
+  shape.kernels = memory.kernels;
   shape.f32_gemm = options_.f32_gemm;
   shape.threads = options_.threads > 0 ? options_.threads : available_cores();
 
@@ -116,15 +116,13 @@ Decoder::~Decoder() {
 
 std::string Decoder::attention_kernels() const {
   if (cache_->backend() != BackendKind::kCuda) return "host";
-  return choose_attention_kernels(config_, shape_.kv_dtype, options_.slots, options_.max_seq,
-                                  shape_.max_rows, options_.builtin_attention)
-      .describe(config_, shape_.kv_dtype);
+  return shape_.kernels.describe(config_, shape_.kv_dtype);
 }
 
 std::string Decoder::gemm_kernels() const {
   if (cache_->backend() == BackendKind::kCuda) return "cuBLAS";
-  return gemm_library(static_cast<Elem>(static_cast<int>(shape_.weight_dtype)), shape_.f32_gemm) +
-         ", " + std::to_string(shape_.threads) + " threads";
+  return gemm_library(shape_.weight_dtype, shape_.f32_gemm) + ", " +
+         std::to_string(shape_.threads) + " threads";
 }
 
 void Decoder::check_tokens(const std::vector<std::int32_t>& tokens) const {

@@ -19,9 +19,8 @@ std::uint64_t align256(std::uint64_t bytes) {
 
 WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, DType kv_dtype,
                                  int max_rows, int max_decode_rows, int max_seq,
-                                 bool builtin_attention)
-    : kernels(choose_attention_kernels(c, kv_dtype, max_decode_rows, max_seq, max_rows,
-                                       builtin_attention)) {
+                                 const AttentionKernels& chosen)
+    : kernels(chosen) {
   const std::uint64_t f = sizeof(float);
   const std::uint64_t i32 = sizeof(std::int32_t);
   const std::uint64_t rows = static_cast<std::uint64_t>(max_rows);
@@ -137,9 +136,13 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
   m.weights = WeightLayout(config, m.dtype).bytes();
   m.activations = ActivationLayout().carve(nullptr, config, m.kv_dtype, m.max_rows, m.prompt_rows,
                                            options.slots, m.logit_rows);
+  // The attention kernels are chosen here, once: the workspace is sized for them, and the
+  // decoder hands them to its ops (OpsShape::kernels).
+  m.kernels = choose_attention_kernels(config, m.kv_dtype, options.slots, options.max_seq,
+                                       m.max_rows, options.builtin_attention);
   m.workspace = backend == BackendKind::kCuda
                     ? WorkspaceLayout(config, m.dtype, m.kv_dtype, m.max_rows, options.slots,
-                                      options.max_seq, options.builtin_attention)
+                                      options.max_seq, m.kernels)
                           .bytes
                     : 0;
 

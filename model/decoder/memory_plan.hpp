@@ -71,8 +71,9 @@ struct WorkspaceLayout {
   std::uint64_t bytes = 0;
   int decode_grid = 0;  // the most decode blocks FlashInfer's schedule may use
 
+  // kernels: choose_attention_kernels for the same shape (the plan's choice).
   WorkspaceLayout(const ModelConfig& config, DType weight_dtype, DType kv_dtype, int max_rows,
-                  int max_decode_rows, int max_seq, bool builtin_attention = false);
+                  int max_decode_rows, int max_seq, const AttentionKernels& kernels);
 };
 
 // The activations region, carved into buffers. R = rows of the largest chunk or decode batch,
@@ -109,6 +110,7 @@ struct DecoderMemory {
   std::uint64_t weights = 0;
   std::uint64_t activations = 0;
   std::uint64_t workspace = 0;  // CUDA only
+  AttentionKernels kernels;     // CUDA: what attends, chosen once (choose_attention_kernels)
   CacheConfig cache;            // shape, budget, and the three regions above as reserved ones
 };
 

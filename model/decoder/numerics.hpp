@@ -64,26 +64,22 @@ KVO_HD std::uint16_t float_to_f16(float x) {
   return static_cast<std::uint16_t>(sign | ((rebased + rounding) >> 13));
 }
 
-// Element type codes shared with the kernels (the values of kvo::DType). kFP8E4M3 and kInt8 are
-// the bytes of quantized K/V rows (kvoffload/quant.hpp): load_elem gives their value before the
-// row's scale for the head, which kv_scale reads.
-enum class Elem : int { kF32 = 0, kF16 = 1, kBF16 = 2, kFP8E4M3 = 3, kInt8 = 4 };
+// Elements by kvo::DType, the one element-type vocabulary of the host path, the kernels and the
+// public API (kvoffload/types.hpp). kFP8E4M3 and kInt8 are the bytes of quantized K/V rows
+// (kvoffload/quant.hpp, which has is_quantized): load_elem gives their value before the row's
+// scale for the head, which kv_scale reads.
 
-KVO_HD bool is_quantized(Elem type) {
-  return type == Elem::kFP8E4M3 || type == Elem::kInt8;
-}
-
-KVO_HD float load_elem(const void* base, std::int64_t index, Elem type) {
+KVO_HD float load_elem(const void* base, std::int64_t index, DType type) {
   switch (type) {
-    case Elem::kF32:
+    case DType::kF32:
       return static_cast<const float*>(base)[index];
-    case Elem::kF16:
+    case DType::kF16:
       return f16_to_float(static_cast<const std::uint16_t*>(base)[index]);
-    case Elem::kBF16:
+    case DType::kBF16:
       return bf16_to_float(static_cast<const std::uint16_t*>(base)[index]);
-    case Elem::kFP8E4M3:
+    case DType::kFP8E4M3:
       return quant::e4m3_to_float(static_cast<const std::uint8_t*>(base)[index]);
-    case Elem::kInt8:
+    case DType::kInt8:
       return static_cast<float>(static_cast<const std::int8_t*>(base)[index]);
   }
   return 0.0f;
@@ -96,15 +92,15 @@ KVO_HD float kv_scale(const void* base, std::int64_t row, std::int64_t scale_off
                                          scale_offset + 4 * static_cast<std::int64_t>(head));
 }
 
-KVO_HD void store_elem(void* base, std::int64_t index, Elem type, float value) {
+KVO_HD void store_elem(void* base, std::int64_t index, DType type, float value) {
   switch (type) {
-    case Elem::kF32:
+    case DType::kF32:
       static_cast<float*>(base)[index] = value;
       break;
-    case Elem::kF16:
+    case DType::kF16:
       static_cast<std::uint16_t*>(base)[index] = float_to_f16(value);
       break;
-    case Elem::kBF16:
+    case DType::kBF16:
       static_cast<std::uint16_t*>(base)[index] = float_to_bf16(value);
       break;
     default:  // quantized rows are written whole, by quantize_row

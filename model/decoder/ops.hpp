@@ -9,6 +9,7 @@
 #include "kvoffload/cache.hpp"
 #include "model/checkpoint/model_config.hpp"
 #include "model/checkpoint/weights.hpp"
+#include "model/cuda/attention_kernels.hpp"
 #include "model/decoder/sampler.hpp"
 
 namespace kvo::model {
@@ -99,8 +100,10 @@ struct OpsShape {
   int max_seq = 1;
   int threads = 1;                  // host path: threads of its pool
   const float* inv_freq = nullptr;  // [head_dim / 2], device
-  bool builtin_attention = false;   // CUDA: the built-in kernels even where FlashInfer serves
-  bool f32_gemm = false;            // host: bf16 weights multiplied in f32 (DecoderOptions)
+  // CUDA: the attention kernels, chosen once with the plan (plan_decoder_memory) and sized in
+  // its workspace; the ops run what it says.
+  AttentionKernels kernels;
+  bool f32_gemm = false;  // host: bf16 weights multiplied in f32 (DecoderOptions)
 };
 
 // Keys a query at `position` attends: [first_key(position), position].

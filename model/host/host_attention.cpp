@@ -11,8 +11,8 @@
 namespace kvo::model {
 namespace {
 
-std::int64_t elem_bytes(Elem type) {
-  return type == Elem::kF32 ? 4 : is_quantized(type) ? 1 : 2;
+std::int64_t elem_bytes(DType type) {
+  return type == DType::kF32 ? 4 : is_quantized(type) ? 1 : 2;
 }
 
 // Where one kv head's rows of K or V are: rows start every token_stride elements from `rows` (the
@@ -29,10 +29,10 @@ struct HeadRows {
 // Keys [0, keys) of one kv head as an f32 matrix: in place (leading dimension = the token
 // stride) when the cache is f32, else converted, or dequantized, into `buffer` (leading dimension
 // head_dim).
-const float* key_block(const HeadRows& h, int keys, int head_dim, Elem type, float* buffer,
+const float* key_block(const HeadRows& h, int keys, int head_dim, DType type, float* buffer,
                        int* ld) {
   const std::int64_t bytes = elem_bytes(type);
-  if (type == Elem::kF32) {
+  if (type == DType::kF32) {
     *ld = static_cast<int>(h.token_stride);
     return reinterpret_cast<const float*>(h.rows) + h.head_offset;
   }
@@ -52,7 +52,7 @@ const float* key_block(const HeadRows& h, int keys, int head_dim, Elem type, flo
 
 }  // namespace
 
-HostAttention::HostAttention(const ModelConfig& config, Elem type, int max_decode_rows,
+HostAttention::HostAttention(const ModelConfig& config, DType type, int max_decode_rows,
                              ThreadPool& pool)
     : config_(config),
       type_(type),
@@ -208,10 +208,10 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
       return;
     }
     // Quantized rows: blocks of keys dequantized, every head at once, then attended as f32.
-    const DType dtype = static_cast<DType>(static_cast<int>(type_));
+    const DType dtype = type_;
     const std::int64_t row = static_cast<std::int64_t>(kv_heads) * d;
-    const kernels::KeyRows k{s.k.data(), row, d, Elem::kF32};
-    const kernels::KeyRows v{s.v.data(), row, d, Elem::kF32};
+    const kernels::KeyRows k{s.k.data(), row, d, DType::kF32};
+    const kernels::KeyRows v{s.v.data(), row, d, DType::kF32};
     for (int j0 = 0; j0 < part_keys; j0 += kDequantKeys) {
       const int block = std::min(kDequantKeys, part_keys - j0);
       for (int j = 0; j < block; ++j) {

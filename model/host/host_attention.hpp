@@ -33,7 +33,7 @@ class HostAttention {
   static constexpr int kMinPartKeys = 256;  // decode: keys per part, at least...
   static constexpr int kMaxParts = 64;      // ...and at most this many parts per (row, kv head)
 
-  HostAttention(const ModelConfig& config, Elem type, int max_decode_rows, ThreadPool& pool);
+  HostAttention(const ModelConfig& config, DType type, int max_decode_rows, ThreadPool& pool);
 
   // q [n][heads][head_dim], row i at position first_position + i, over the keys of `slot` up to
   // its own position (sliding window honoured). out [n][heads][head_dim].
@@ -69,7 +69,7 @@ class HostAttention {
                      int kv_head, int block, PrefillScratch& s, float* out);
 
   ModelConfig config_;
-  Elem type_;
+  DType type_;
   ThreadPool& pool_;
   int group_;
   float scale_;

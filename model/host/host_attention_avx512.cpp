@@ -20,13 +20,13 @@ namespace {
 static_assert(kKeyBlock == 16, "one score per lane of a 512-bit vector");
 
 // 16 f32 from 16 elements of type T at p.
-template <Elem T>
+template <DType T>
 KVO_AVX512 inline __m512 load16(const void* p) {
-  if constexpr (T == Elem::kF32) {
+  if constexpr (T == DType::kF32) {
     return _mm512_loadu_ps(p);
   } else {
     const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
-    if constexpr (T == Elem::kF16) return _mm512_cvtph_ps(h);
+    if constexpr (T == DType::kF16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
 }
@@ -86,7 +86,7 @@ constexpr int kPrefetchBlocks = 1;
 
 // Prefetches elements [e0, e0 + n) of keys [j0, j0 + nb) of kv head g, all of their lines.
 KVO_AVX512_INLINE void prefetch_rows(const KeyRows& from, int g, int e0, int n, int j0, int nb) {
-  const std::int64_t elem = from.type == Elem::kF32 ? 4 : 2;
+  const std::int64_t elem = from.type == DType::kF32 ? 4 : 2;
   const char* base = static_cast<const char*>(from.base);
   for (int j = 0; j < nb; ++j) {
     const char* row = base + ((j0 + j) * from.token_stride + g * from.head_stride + e0) * elem;
@@ -95,7 +95,7 @@ KVO_AVX512_INLINE void prefetch_rows(const KeyRows& from, int g, int e0, int n, 
 }
 
 KVO_AVX512_INLINE const char* row_at(const KeyRows& from, int j, int g) {
-  const std::int64_t elem = from.type == Elem::kF32 ? 4 : 2;
+  const std::int64_t elem = from.type == DType::kF32 ? 4 : 2;
   return static_cast<const char*>(from.base) +
          (j * from.token_stride + g * from.head_stride) * elem;
 }
@@ -104,12 +104,12 @@ KVO_AVX512_INLINE const char* row_at(const KeyRows& from, int j, int g) {
 // (those past nb are not read; their scores are garbage the caller masks). They stay in registers:
 // a vector stored and read back in pieces would wait for the store to reach the cache. Prefetches
 // the key rows of the first `ahead` keys of the block kPrefetchBlocks ahead.
-template <Elem T>
+template <DType T>
 KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int g, int d, int j0,
                                     int nb, int ahead, __m512 (&out)[kRows]) {
   static_assert(kRows == 4, "4 rows x 4 keys a vector");
   __m512 t[4];  // t[j4 / 4] lane r * 4 + jj: row r, key j4 + jj
-  const std::int64_t elem = k.type == Elem::kF32 ? 4 : 2;
+  const std::int64_t elem = k.type == DType::kF32 ? 4 : 2;
   for (int j4 = 0; j4 < kKeyBlock; j4 += 4) {
     __m512 acc[kRows * 4];
 #pragma GCC unroll 16
@@ -145,10 +145,10 @@ KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int
 
 // acc[r] [e0, e0 + 16 W) += sum over keys j < nb of p[r][j] * value j of kv head g, r < rows.
 // Prefetches the same columns of the value rows of the first `ahead` keys a block ahead.
-template <Elem T, int W>
+template <DType T, int W>
 KVO_AVX512_INLINE void accumulate_values(const float* p, int rows, const KeyRows& v, int g, int j0,
                                          int nb, int ahead, int e0, float* const* acc) {
-  const std::int64_t elem = v.type == Elem::kF32 ? 4 : 2;
+  const std::int64_t elem = v.type == DType::kF32 ? 4 : 2;
   __m512 sums[kRows][W];
 #pragma GCC unroll 4
   for (int r = 0; r < kRows; ++r) {
@@ -177,7 +177,7 @@ KVO_AVX512_INLINE void accumulate_values(const float* p, int rows, const KeyRows
 
 // The query rows of each group are taken kRows at a time (a group of 3 pads with its last row);
 // K and V are read straight from the cache rows, each element converted once per pass.
-template <Elem T>
+template <DType T>
 KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const KeyRows& k,
                        const KeyRows& v, int keys, SoftmaxState* state, float* acc) {
   for (int j0 = 0; j0 < keys; j0 += kKeyBlock) {
@@ -232,12 +232,12 @@ KVO_AVX512 void attend_keys_avx512(const float* q, int kv_heads, int group, int 
                                    KeyRows v, int keys, SoftmaxState* state, float* acc, float*,
                                    float*) {
   switch (k.type) {
-    case Elem::kF32:
-      return attend<Elem::kF32>(q, kv_heads, group, d, k, v, keys, state, acc);
-    case Elem::kF16:
-      return attend<Elem::kF16>(q, kv_heads, group, d, k, v, keys, state, acc);
+    case DType::kF32:
+      return attend<DType::kF32>(q, kv_heads, group, d, k, v, keys, state, acc);
+    case DType::kF16:
+      return attend<DType::kF16>(q, kv_heads, group, d, k, v, keys, state, acc);
     default:
-      return attend<Elem::kBF16>(q, kv_heads, group, d, k, v, keys, state, acc);
+      return attend<DType::kBF16>(q, kv_heads, group, d, k, v, keys, state, acc);
   }
 }
 

@@ -51,10 +51,10 @@ inline std::uint16_t bf16_of(float x) {
   return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
-inline void convert_row(const void* src, Elem type, std::int64_t count, float* dst) {
-  if (type == Elem::kF32) {
+inline void convert_row(const void* src, DType type, std::int64_t count, float* dst) {
+  if (type == DType::kF32) {
     std::memcpy(dst, src, static_cast<std::size_t>(count) * sizeof(float));
-  } else if (type == Elem::kBF16) {
+  } else if (type == DType::kBF16) {
     const auto* h = static_cast<const std::uint16_t*>(src);
     for (std::int64_t i = 0; i < count; ++i) dst[i] = bf16_value(h[i]);
   } else {
@@ -138,15 +138,15 @@ inline float max_of(const float* x, int n) {
 }  // namespace
 
 KVO_VECTOR_CLONES
-void to_f32(const void* src, Elem type, std::int64_t count, float* dst) {
+void to_f32(const void* src, DType type, std::int64_t count, float* dst) {
   convert_row(src, type, count, dst);
 }
 
 KVO_VECTOR_CLONES
-void from_f32(const float* src, std::int64_t count, Elem type, void* dst) {
-  if (type == Elem::kF32) {
+void from_f32(const float* src, std::int64_t count, DType type, void* dst) {
+  if (type == DType::kF32) {
     std::memcpy(dst, src, static_cast<std::size_t>(count) * sizeof(float));
-  } else if (type == Elem::kBF16) {
+  } else if (type == DType::kBF16) {
     auto* h = static_cast<std::uint16_t*>(dst);
     for (std::int64_t i = 0; i < count; ++i) h[i] = bf16_of(src[i]);
   } else {
@@ -156,10 +156,6 @@ void from_f32(const float* src, std::int64_t count, Elem type, void* dst) {
 }
 
 KVO_VECTOR_CLONES
-void exp_inplace(float* x, int n) {
-  exp_row(x, n);
-}
-
 KVO_VECTOR_CLONES
 void swiglu(float* gate, const float* up, std::int64_t count) {
   for (std::int64_t i = 0; i < count; ++i) {
@@ -190,14 +186,14 @@ void rms_norm_rows(const float* x, int rows, int h, const float* w, float eps, f
 }
 
 KVO_VECTOR_CLONES
-void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void* w, Elem type,
+void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void* w, DType type,
                  const void* bias, int o0, int o1, float* y, std::int64_t ldy, bool accumulate,
                  float* row) {
-  const std::size_t elem = type == Elem::kF32 ? 4 : 2;
+  const std::size_t elem = type == DType::kF32 ? 4 : 2;
   for (int o = o0; o < o1; ++o) {
     const void* wo = static_cast<const char*>(w) + static_cast<std::size_t>(o) * in * elem;
     const float* wf = static_cast<const float*>(wo);
-    if (type != Elem::kF32) {
+    if (type != DType::kF32) {
       convert_row(wo, type, in, row);
       wf = row;
     }
@@ -215,7 +211,7 @@ void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows 
                  int keys, SoftmaxState* state, float* acc, float* kv, float* scores) {
   const int d = head_dim;
   const int rows = kv_heads * group;
-  const std::int64_t elem = k.type == Elem::kF32 ? 4 : 2;
+  const std::int64_t elem = k.type == DType::kF32 ? 4 : 2;
   // Keys [j0, j0 + nb) of every head as f32: kv [j][g][d].
   auto convert_block = [&](const KeyRows& from, int j0, int nb) {
     for (int j = 0; j < nb; ++j) {

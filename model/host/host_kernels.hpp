@@ -14,11 +14,9 @@ namespace kvo::model::kernels {
 constexpr int kLanes = 16;
 
 // dst [count] = src [count] of `type`, exactly.
-void to_f32(const void* src, Elem type, std::int64_t count, float* dst);
+void to_f32(const void* src, DType type, std::int64_t count, float* dst);
 // dst [count] of `type` = src [count], rounded to nearest even (as store_elem).
-void from_f32(const float* src, std::int64_t count, Elem type, void* dst);
-// x[i] = exp(x[i]) for i < n, within a few ulp of expf; exp(-inf) = 0, overflow gives inf.
-void exp_inplace(float* x, int n);
+void from_f32(const float* src, std::int64_t count, DType type, void* dst);
 
 // gate [count] = silu(gate) * up.
 void swiglu(float* gate, const float* up, std::int64_t count);
@@ -30,7 +28,7 @@ void rms_norm_rows(const float* x, int rows, int h, const float* w, float eps, f
 // `type`; a row of w that is not f32 is converted into `row` [in] first. Each element of y is
 // computed the same way whatever rows, o0 and o1 are, so a decode batch gives each slot the bits
 // it gets alone.
-void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void* w, Elem type,
+void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void* w, DType type,
                  const void* bias, int o0, int o1, float* y, std::int64_t ldy, bool accumulate,
                  float* row);
 
@@ -40,7 +38,7 @@ struct KeyRows {
   const void* base = nullptr;
   std::int64_t token_stride = 0;
   std::int64_t head_stride = 0;
-  Elem type = Elem::kF32;
+  DType type = DType::kF32;
 };
 
 constexpr int kKeyBlock = 16;  // keys per step of attend_keys

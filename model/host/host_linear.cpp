@@ -15,7 +15,7 @@ namespace kvo::model {
 // falls back to its generic kernels (1-75 GFLOP/s). Single-threaded calls on our own pool ran on
 // par with OpenBLAS's own threads (ahead on some shapes, behind on others), and leave one pool on
 // the cores with results independent of the thread count.
-std::string gemm_library(Elem weights, bool f32_gemm) {
+std::string gemm_library(DType weights, bool f32_gemm) {
   std::string what = blas::description();
   if (uses_bf16_gemm(weights, f32_gemm)) {
     what += "; bf16 weights: AVX512_BF16 (activations rounded to bf16)";
@@ -23,17 +23,17 @@ std::string gemm_library(Elem weights, bool f32_gemm) {
   return what;
 }
 
-bool uses_bf16_gemm(Elem weights, bool f32_gemm) {
-  return weights == Elem::kBF16 && !f32_gemm && bf16_gemm::available();
+bool uses_bf16_gemm(DType weights, bool f32_gemm) {
+  return weights == DType::kBF16 && !f32_gemm && bf16_gemm::available();
 }
 
-HostLinear::HostLinear(ThreadPool& pool, Elem type, int max_in, bool f32_gemm)
+HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm)
     : pool_(pool), type_(type), bf16_gemm_(uses_bf16_gemm(type, f32_gemm)) {
   static_assert(kGemmColBlock == bf16_gemm::kCols, "a tile is one panel of the bf16 kernel");
   blas::description();  // loads OpenBLAS now (single-threaded), not in the first GEMM
   // A GEMM tile's converted panel, or the bf16 kernel's scratch and the one row linear_rows
   // converts at a time.
-  std::size_t floats = static_cast<std::size_t>(type_ == Elem::kF32 ? 1 : kGemmColBlock) * max_in;
+  std::size_t floats = static_cast<std::size_t>(type_ == DType::kF32 ? 1 : kGemmColBlock) * max_in;
   if (bf16_gemm_) {
     floats = std::max<std::size_t>(bf16_gemm::scratch_bytes(max_in) / sizeof(float),
                                    static_cast<std::size_t>(max_in));
@@ -59,7 +59,7 @@ void HostLinear::gemm(const float* x, int n, int in, const void* w, const void* 
                       float* y, bool accumulate) {
   const int row_blocks = (n + kGemmRowBlock - 1) / kGemmRowBlock;
   const int col_blocks = (out + kGemmColBlock - 1) / kGemmColBlock;
-  const std::size_t elem = type_ == Elem::kF32 ? 4 : 2;
+  const std::size_t elem = type_ == DType::kF32 ? 4 : 2;
   pool_.run(row_blocks * col_blocks, [&](int task, int thread) {
     const int r0 = (task / col_blocks) * kGemmRowBlock;
     const int rows = std::min(kGemmRowBlock, n - r0);
@@ -67,7 +67,7 @@ void HostLinear::gemm(const float* x, int n, int in, const void* w, const void* 
     const int cols = std::min(kGemmColBlock, out - c0);
     const void* w_block = static_cast<const char*>(w) + static_cast<std::size_t>(c0) * in * elem;
     const float* panel = static_cast<const float*>(w_block);
-    if (type_ != Elem::kF32 && !bf16_gemm_) {
+    if (type_ != DType::kF32 && !bf16_gemm_) {
       float* p = panels_[static_cast<std::size_t>(thread)].data();
       kernels::to_f32(w_block, type_, static_cast<std::int64_t>(cols) * in, p);
       panel = p;

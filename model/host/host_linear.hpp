@@ -25,11 +25,11 @@ namespace kvo::model {
 // The BLAS the host path's GEMMs call and the kernels chosen for this CPU, e.g. "OpenBLAS
 // 0.3.21, SkylakeX kernels (chosen for AVX-512)" (model/host/blas.hpp), and for `weights` in bf16
 // what multiplies them: "; bf16 weights: AVX512_BF16 (activations rounded to bf16)".
-std::string gemm_library(Elem weights, bool f32_gemm);
+std::string gemm_library(DType weights, bool f32_gemm);
 
 // Whether prefill GEMMs of `weights` go through the AVX512_BF16 kernel: bf16 weights, a CPU
 // that has it, and f32 not asked for.
-bool uses_bf16_gemm(Elem weights, bool f32_gemm);
+bool uses_bf16_gemm(DType weights, bool f32_gemm);
 
 class HostLinear {
  public:
@@ -40,7 +40,7 @@ class HostLinear {
 
   // max_in: the widest input of any call. Loads OpenBLAS (single-threaded) if need be.
   // f32_gemm: bf16 weights multiply in f32 even where the CPU has AVX512_BF16.
-  HostLinear(ThreadPool& pool, Elem type, int max_in, bool f32_gemm = false);
+  HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm = false);
 
   // y [n][out] = x [n][in] W^T + bias (bias [out] or null); y += instead with `accumulate`.
   void operator()(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
@@ -51,7 +51,7 @@ class HostLinear {
             bool accumulate);
 
   ThreadPool& pool_;
-  Elem type_;
+  DType type_;
   bool bf16_gemm_;
   // [threads]: a tile's f32 panel, kGemmColBlock x max_in; with bf16_gemm_, its scratch and the
   // one row linear_rows converts at a time.

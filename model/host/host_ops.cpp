@@ -25,10 +25,10 @@ int widest_input(const ModelConfig& c) {
 
 HostOps::HostOps(const OpsShape& shape)
     : shape_(shape),
-      elem_(static_cast<Elem>(static_cast<int>(shape.weight_dtype))),
+      elem_(shape.weight_dtype),
       pool_(std::max(1, shape.threads)),
       linear_(pool_, elem_, widest_input(shape.config), shape.f32_gemm),
-      kv_elem_(static_cast<Elem>(static_cast<int>(shape.kv_dtype))),
+      kv_elem_(shape.kv_dtype),
       attention_(shape.config, kv_elem_, shape.max_decode_rows, pool_) {
   norm_weight_.resize(static_cast<std::size_t>(shape_.config.hidden_size));
   rope_angles_.assign(static_cast<std::size_t>(pool_.threads()),
@@ -40,7 +40,7 @@ HostOps::HostOps(const OpsShape& shape)
 
 void HostOps::embed(const std::int32_t* tokens, int n, const void* table, float* out) {
   const int h = shape_.config.hidden_size;
-  const std::size_t row_bytes = static_cast<std::size_t>(h) * (elem_ == Elem::kF32 ? 4 : 2);
+  const std::size_t row_bytes = static_cast<std::size_t>(h) * (elem_ == DType::kF32 ? 4 : 2);
   pool_.run(blocks_of(n, kRowBlock), [&](int b, int) {
     for (int i = b * kRowBlock; i < std::min(n, (b + 1) * kRowBlock); ++i) {
       kernels::to_f32(static_cast<const char*>(table) + tokens[i] * row_bytes, elem_, h,

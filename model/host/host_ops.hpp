@@ -43,10 +43,10 @@ class HostOps final : public Ops {
 
  private:
   OpsShape shape_;
-  Elem elem_;
+  DType elem_;
   ThreadPool pool_;
   HostLinear linear_;
-  Elem kv_elem_;  // the cache's rows
+  DType kv_elem_;  // the cache's rows
   HostAttention attention_;
   std::vector<float> norm_weight_;               // [hidden] as f32
   std::vector<std::vector<float>> rope_angles_;  // [threads][head_dim]: cos, sin of a position

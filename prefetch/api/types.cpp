@@ -4,8 +4,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "kvoffload/error.hpp"
+#include "kvoffload/quant.hpp"
 #include "kvoffload/types.hpp"
 #include "offload/util/printable.hpp"
 
@@ -31,44 +33,60 @@ const char* error_code_name(ErrorCode code) {
   return "unknown error";
 }
 
-std::size_t dtype_size(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return 4;
-    case DType::kF16:
-    case DType::kBF16:
-      return 2;
-    case DType::kFP8E4M3:
-    case DType::kInt8:
-      return 1;
+namespace {
+
+// Every dtype once: its name, its element size, and the other names it is read by. The quantized
+// ones (kvoffload/quant.hpp) are one-byte elements whose rows also hold scales.
+struct DTypeEntry {
+  DType dtype;
+  const char* name;
+  std::size_t size;
+  const char* aliases[2];
+};
+constexpr DTypeEntry kDTypes[] = {{DType::kF32, "f32", 4, {"float32", "fp32"}},
+                                  {DType::kF16, "f16", 2, {"float16", "fp16"}},
+                                  {DType::kBF16, "bf16", 2, {"bfloat16", nullptr}},
+                                  {DType::kFP8E4M3, "fp8", 1, {"fp8_e4m3", "e4m3"}},
+                                  {DType::kInt8, "int8", 1, {nullptr, nullptr}}};
+
+const DTypeEntry* entry_of(DType dtype) {
+  for (const DTypeEntry& e : kDTypes) {
+    if (e.dtype == dtype) return &e;
   }
-  return 0;
+  return nullptr;
+}
+
+}  // namespace
+
+std::size_t dtype_size(DType dtype) {
+  const DTypeEntry* e = entry_of(dtype);
+  return e != nullptr ? e->size : 0;
 }
 
 const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF16:
-      return "f16";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kFP8E4M3:
-      return "fp8";
-    case DType::kInt8:
-      return "int8";
+  const DTypeEntry* e = entry_of(dtype);
+  return e != nullptr ? e->name : "?";
+}
+
+std::vector<std::string> dtype_names(bool quantized) {
+  std::vector<std::string> names;
+  for (const DTypeEntry& e : kDTypes) {
+    if (quantized || !is_quantized(e.dtype)) names.emplace_back(e.name);
   }
-  return "?";
+  return names;
 }
 
 DType parse_dtype(const std::string& name) {
-  if (name == "f32" || name == "float32" || name == "fp32") return DType::kF32;
-  if (name == "f16" || name == "float16" || name == "fp16") return DType::kF16;
-  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
-  if (name == "fp8" || name == "fp8_e4m3" || name == "e4m3") return DType::kFP8E4M3;
-  if (name == "int8") return DType::kInt8;
+  std::string expected;
+  for (const DTypeEntry& e : kDTypes) {
+    if (name == e.name) return e.dtype;
+    for (const char* alias : e.aliases) {
+      if (alias != nullptr && name == alias) return e.dtype;
+    }
+    expected += (expected.empty() ? "" : ", ") + std::string(e.name);
+  }
   throw Error(ErrorCode::kInvalidArgument,
-              "unknown dtype '" + printable(name) + "' (expected f32, f16, bf16, fp8 or int8)");
+              "unknown dtype '" + printable(name) + "' (expected " + expected + ")");
 }
 
 const char* backend_name(BackendKind kind) {

@@ -10,7 +10,6 @@ StagingRing::StagingRing(Backend& backend, offload::HostStore& store, offload::D
       store_(store),
       layout_(plan.layout),
       lengths_(lengths),
-      resident_(plan.resident_layers),
       streamed_(plan.streamed_layers),
       depth_(plan.ring_depth) {
   if (!(streamed_ > depth_ && depth_ >= 1)) {

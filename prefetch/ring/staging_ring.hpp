@@ -79,7 +79,6 @@ class StagingRing {
   offload::HostStore& store_;
   KvLayout layout_;
   const std::int32_t* lengths_;
-  int resident_;
   int streamed_;
   int depth_;
   // Declared before the events, destroyed after them (once drained).

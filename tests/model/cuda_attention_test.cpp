@@ -70,8 +70,10 @@ class AttentionRig {
     config_.kv_heads = s.kv_heads;
     config_.head_dim = s.head_dim;
     config_.sliding_window = s.sliding_window;
+    const AttentionKernels kernels =
+        choose_attention_kernels(config_, s.dtype, s.slots, s.max_seq, s.max_rows);
     layout_ = std::make_unique<WorkspaceLayout>(config_, s.dtype, s.dtype, s.max_rows, s.slots,
-                                                s.max_seq);
+                                                s.max_seq, kernels);
     const std::uint64_t row_elems = static_cast<std::uint64_t>(s.kv_heads) * s.head_dim;
     const std::uint64_t q_elems = static_cast<std::uint64_t>(s.max_rows) * s.heads * s.head_dim;
     rows_capacity_ = static_cast<std::uint64_t>(s.max_seq);
@@ -97,6 +99,7 @@ class AttentionRig {
     shape.max_rows = s.max_rows;
     shape.max_decode_rows = s.slots;
     shape.max_seq = s.max_seq;
+    shape.kernels = kernels;
     ops_ = make_cuda_ops(shape, stream_, cache_->reserved("workspace"));
     k_.assign(static_cast<std::size_t>(s.slots), {});
     v_.assign(static_cast<std::size_t>(s.slots), {});

@@ -64,9 +64,10 @@ class QuantRig {
     shape.max_decode_rows = s.slots;
     shape.max_seq = s.max_seq;
     shape.threads = 2;
-    shape.builtin_attention = s.builtin;
+    shape.kernels =
+        choose_attention_kernels(config_, s.dtype, s.slots, s.max_seq, s.max_rows, s.builtin);
     const WorkspaceLayout layout(config_, DType::kBF16, s.dtype, s.max_rows, s.slots, s.max_seq,
-                                 s.builtin);
+                                 shape.kernels);
     kernels_ = layout.kernels;
     const std::uint64_t f = sizeof(float);
     const std::uint64_t rows = static_cast<std::uint64_t>(s.max_rows);

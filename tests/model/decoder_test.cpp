@@ -240,7 +240,7 @@ TEST(Decoder, Bf16WeightsStayCloseToF32) {
       << "bf16 rounding must show";
   // Where the CPU has AVX512_BF16 the prefill GEMMs round the activations to bf16 (the reference
   // above models it), and say so; asked for f32, they keep them, and the f32 bound holds.
-  const bool bf16_gemm = uses_bf16_gemm(Elem::kBF16, false);
+  const bool bf16_gemm = uses_bf16_gemm(DType::kBF16, false);
   EXPECT_EQ(bf16.gemm_kernels().find("AVX512_BF16") != std::string::npos, bf16_gemm)
       << bf16.gemm_kernels();
   o.f32_gemm = true;

@@ -19,8 +19,8 @@
 namespace kvo::model {
 namespace {
 
-std::size_t elem_size(Elem type) {
-  return type == Elem::kF32 ? 4 : 2;
+std::size_t elem_size(DType type) {
+  return type == DType::kF32 ? 4 : 2;
 }
 
 // n random values of `type` (uniform in [-range, range]) and their exact f32 values.
@@ -28,7 +28,7 @@ struct Values {
   std::vector<unsigned char> bytes;
   std::vector<float> exact;
 };
-Values random_values(std::size_t n, Elem type, float range, std::mt19937& rng) {
+Values random_values(std::size_t n, DType type, float range, std::mt19937& rng) {
   std::uniform_real_distribution<float> dist(-range, range);
   Values v;
   v.bytes.resize(n * elem_size(type));
@@ -67,11 +67,11 @@ double gamma(std::int64_t n) {
   return static_cast<double>(n) * kU / (1 - static_cast<double>(n) * kU);
 }
 
-OpsShape shape_of(const ModelConfig& c, Elem type, int max_rows, int slots, int max_seq,
+OpsShape shape_of(const ModelConfig& c, DType type, int max_rows, int slots, int max_seq,
                   int threads) {
   OpsShape s;
   s.config = c;
-  s.weight_dtype = static_cast<DType>(static_cast<int>(type));
+  s.weight_dtype = type;
   s.kv_dtype = s.weight_dtype;
   s.max_rows = max_rows;
   s.max_decode_rows = slots;
@@ -80,7 +80,7 @@ OpsShape shape_of(const ModelConfig& c, Elem type, int max_rows, int slots, int 
   return s;
 }
 
-const Elem kTypes[] = {Elem::kF32, Elem::kF16, Elem::kBF16};
+const DType kTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 
 // ---- GEMMs -----------------------------------------------------------------------------------
 
@@ -89,7 +89,7 @@ const Elem kTypes[] = {Elem::kF32, Elem::kF16, Elem::kBF16};
 TEST(HostLinear, MatchesFloat64) {
   std::mt19937 rng(1);
   const int in = 200, out = 150;
-  for (Elem type : kTypes) {
+  for (DType type : kTypes) {
     const Values w = random_values(static_cast<std::size_t>(out) * in, type, 0.5f, rng);
     const Values bias = random_values(out, type, 0.5f, rng);
     const ModelConfig c = attention_config(2, 1, 100, 0);
@@ -158,7 +158,7 @@ TEST(Bf16Gemm, MatchesTheExactProductsOfItsRoundedInputs) {
                                                                              {12, 127, 513},
                                                                              {17, 64, 1100},
                                                                              {2, 33, 1537}}) {
-    const Values w = random_values(static_cast<std::size_t>(cols) * in, Elem::kBF16, 0.5f, rng);
+    const Values w = random_values(static_cast<std::size_t>(cols) * in, DType::kBF16, 0.5f, rng);
     std::vector<float> x = random_floats(static_cast<std::size_t>(rows) * (in + 3), rng);
     const int ld_x = in + 3, ld_y = cols + 5;
     for (bool accumulate : {false, true}) {
@@ -193,7 +193,7 @@ TEST(Bf16Gemm, MatchesTheExactProductsOfItsRoundedInputs) {
 TEST(HostLinear, DecodeRowsGetTheBitsTheyGetAlone) {
   std::mt19937 rng(2);
   const int in = 96, out = 70, n = HostLinear::kGemmMinRows - 1;
-  for (Elem type : kTypes) {
+  for (DType type : kTypes) {
     const Values w = random_values(static_cast<std::size_t>(out) * in, type, 0.5f, rng);
     HostOps ops(shape_of(attention_config(2, 1, 48, 0), type, n, n, 16, 2));
     const std::vector<float> x = random_floats(static_cast<std::size_t>(n) * in, rng);
@@ -216,7 +216,7 @@ struct Layer {
   Values k, v;
   LayerView view;
 };
-Layer random_layer(const ModelConfig& c, Elem type, int slots, int max_seq, std::mt19937& rng) {
+Layer random_layer(const ModelConfig& c, DType type, int slots, int max_seq, std::mt19937& rng) {
   const int head_stride = c.head_dim + 8;
   const std::size_t n = static_cast<std::size_t>(slots) * max_seq * c.kv_heads * head_stride;
   Layer l;
@@ -231,7 +231,7 @@ Layer random_layer(const ModelConfig& c, Elem type, int slots, int max_seq, std:
   l.view.max_seq = max_seq;
   l.view.kv_heads = c.kv_heads;
   l.view.head_dim = c.head_dim;
-  l.view.dtype = static_cast<DType>(static_cast<int>(type));
+  l.view.dtype = type;
   return l;
 }
 
@@ -329,7 +329,7 @@ void expect_near(const float* got, const Attended& want, const std::string& what
 // a head_dim that is not a multiple of the vector width, with and without a sliding window.
 TEST(HostAttention, PrefillMatchesFloat64) {
   std::mt19937 rng(3);
-  for (Elem type : kTypes) {
+  for (DType type : kTypes) {
     for (int window : {0, 100}) {
       const ModelConfig c = attention_config(6, 2, 40, window);
       const int slots = 2, max_seq = 400, slot = 1, first_position = 130, n = 150;
@@ -352,7 +352,7 @@ TEST(HostAttention, PrefillMatchesFloat64) {
 // Rows of different slots and lengths, some split into many parts of keys.
 TEST(HostAttention, DecodeMatchesFloat64) {
   std::mt19937 rng(4);
-  for (Elem type : kTypes) {
+  for (DType type : kTypes) {
     // head_dim 64 takes the AVX-512 kernel where the CPU has one, 40 the portable one.
     for (auto [window, head_dim] : {std::pair{0, 64}, {700, 64}, {0, 40}}) {
       const ModelConfig c = attention_config(8, 2, head_dim, window);
@@ -430,7 +430,7 @@ TEST(HostAttention, QuantizedRowsAttendAsTheirValues) {
       const ModelConfig c = attention_config(6, kv_heads, head_dim, window);
       const int slots = 2, max_seq = 600;
       Layer l = quantized_layer(c, dtype, slots, max_seq, rng);
-      OpsShape shape = shape_of(c, Elem::kF32, 160, 3, max_seq, 2);
+      OpsShape shape = shape_of(c, DType::kF32, 160, 3, max_seq, 2);
       shape.kv_dtype = dtype;
       HostOps ops(shape);
       const std::string what = std::string(dtype_name(dtype)) + " head_dim " +
@@ -469,7 +469,7 @@ TEST(HostOps, QuantizedCacheRowsAreQuantizeRowsBytes) {
   std::mt19937 rng(8);
   const ModelConfig c = attention_config(6, 3, 6, 0);
   for (DType dtype : {DType::kFP8E4M3, DType::kInt8}) {
-    OpsShape shape = shape_of(c, Elem::kBF16, 37, 1, 64, 3);
+    OpsShape shape = shape_of(c, DType::kBF16, 37, 1, 64, 3);
     shape.kv_dtype = dtype;
     HostOps ops(shape);
     const int n = 37;
@@ -489,7 +489,7 @@ TEST(HostOps, QuantizedCacheRowsAreQuantizeRowsBytes) {
 TEST(HostAttention, DecodeKernelsAgree) {
   std::mt19937 rng(6);
   const int kv_heads = 2, group = 3, d = 32, keys = 45;
-  for (Elem type : kTypes) {
+  for (DType type : kTypes) {
     const Values k = random_values(static_cast<std::size_t>(keys) * kv_heads * d, type, 1.5f, rng);
     const Values v = random_values(k.exact.size(), type, 1.0f, rng);
     const std::vector<float> q = random_floats(static_cast<std::size_t>(kv_heads) * group * d, rng);
@@ -556,7 +556,7 @@ TEST(HostOps, SameBitsForAnyThreadCount) {
   std::mt19937 rng(5);
   const ModelConfig c = attention_config(4, 2, 32, 0);
   const int slots = 2, max_seq = 1500, n = 200, in = c.hidden_size, out = 300;
-  for (Elem type : kTypes) {
+  for (DType type : kTypes) {
     Layer l = random_layer(c, type, slots, max_seq, rng);
     const Values w = random_values(static_cast<std::size_t>(out) * in, type, 0.5f, rng);
     const std::vector<float> x = random_floats(static_cast<std::size_t>(n) * in, rng);

@@ -98,7 +98,7 @@ class ReferenceModel {
       fill_synthetic(layout_, e, seed, region_.data() + e.offset);
     }
     w_ = layout_.bind(region_.data());
-    round_inputs_to_bf16(uses_bf16_gemm(elem(), false));
+    round_inputs_to_bf16(uses_bf16_gemm(layout_.dtype(), false));
   }
   ReferenceModel(const ModelConfig& c, std::uint64_t seed) : ReferenceModel(c, seed, c.dtype) {}
   // A checkpoint's weights, converted to `dtype` as the decoder converts them.
@@ -110,7 +110,7 @@ class ReferenceModel {
       std::memcpy(region_.data() + offset, host, n);
     });
     w_ = layout_.bind(region_.data());
-    round_inputs_to_bf16(uses_bf16_gemm(elem(), false));
+    round_inputs_to_bf16(uses_bf16_gemm(layout_.dtype(), false));
   }
 
   // Whether the projections' inputs are rounded to bf16 (half a step, 2^-8 relative, as noise);
@@ -150,8 +150,9 @@ class ReferenceModel {
  private:
   using Rows = std::vector<double>;  // [rows][width]
 
-  Elem elem() const { return static_cast<Elem>(static_cast<int>(layout_.dtype())); }
-  double weight(const void* base, std::int64_t i) const { return load_elem(base, i, elem()); }
+  double weight(const void* base, std::int64_t i) const {
+    return load_elem(base, i, layout_.dtype());
+  }
 
   std::vector<double> forward(const std::vector<std::int32_t>& tokens, KvStorage kv,
                               Rounding& r) const {

@@ -32,9 +32,9 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
   auto* preset = add_choice(app, "--preset", a.preset, model::preset_names(),
                             "built-in shape, weights drawn from --weight-seed on the device");
   model->excludes(preset);
-  add_choice(app, "--dtype", a.dtype, {"f32", "f16", "bf16"},
+  add_choice(app, "--dtype", a.dtype, dtype_names(false),
              "weights, and K/V unless --kv-dtype (default: the model's)");
-  add_choice(app, "--kv-dtype", a.kv_dtype, {"f32", "f16", "bf16", "fp8", "int8"},
+  add_choice(app, "--kv-dtype", a.kv_dtype, dtype_names(),
              "K/V storage (default: the weights'); fp8 (e4m3) and int8 keep one scale per token "
              "and kv head, about half the bytes of bf16");
   add_integer(app, "--weight-seed", a.weight_seed, 0, UINT64_MAX, "seed of a preset's weights");
