@@ -64,7 +64,7 @@ kvo_find_torch()
 if(KVO_TORCH_FOUND)
   # Only this file and its test include LibTorch headers (slow to compile). LibTorch needs C++20;
   # its target says so and passes it on to whoever links the adapter.
-  add_library(kvoffload_torch STATIC ${_kvo_root}/prefetch/torch_cache.cpp)
+  add_library(kvoffload_torch STATIC ${_kvo_root}/prefetch/api/torch_cache.cpp)
   add_library(kvoffload::kvoffload_torch ALIAS kvoffload_torch)
   target_link_libraries(kvoffload_torch PUBLIC kvoffload torch
                                         PRIVATE $<BUILD_INTERFACE:kvo_warnings>)

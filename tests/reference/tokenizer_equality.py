@@ -42,7 +42,7 @@ WHITESPACE = ("a  b   c\t\td\n\n\n  e \r\n f      \n\t \u00a0x\u3000y\u2003z   \
 def texts(special_tokens):
     with open("/usr/share/common-licenses/Apache-2.0", encoding="utf-8") as f:
         english = f.read()[:6000]
-    with open(os.path.join(ROOT, "model", "tokenizer_bpe.cpp"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "model", "text", "tokenizer_bpe.cpp"), encoding="utf-8") as f:
         cpp = f.read()[:5000]
     with open(os.path.join(ROOT, "tools", "smollm2_convert.py"), encoding="utf-8") as f:
         python = f.read()
