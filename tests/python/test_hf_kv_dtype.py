@@ -66,22 +66,36 @@ class QuantizedRows(unittest.TestCase):
                                  greedy(model, reference(model, kv_dtype), ids2, mask2).tolist(),
                                  f"{case}, after reset()")
 
-    def test_logits_are_those_of_quantized_rows(self):
-        # A guard on the token comparisons: the prompt's logits through the cache are the
-        # quantizing reference's, and visibly not those of unquantized rows.
+    def test_rows_are_the_quantized_rows_bit_for_bit(self):
+        # A guard on the token comparisons: at every layer of a prompt and of a decode step, the
+        # new rows the cache hands the model are exactly the reference's quantization of the
+        # states it was given (no tolerance: the same operations on the same inputs), and not
+        # those states themselves.
         model = make_model("llama3")
         ids, mask = prompts(2, 12, seed=5, pad_rows=(3, 0))
-
-        def logits(cache):
-            with torch.no_grad():
-                return model(ids, attention_mask=mask, cache=cache, use_cache=True).logits
-
-        plain = logits(StaticCache(config=model.config, max_cache_len=MAX_CACHE_LEN))
         for kv_dtype in ("int8", "fp8"):
-            ours = logits(offloaded(model, 2, resident_layers=1, kv_dtype=kv_dtype))
-            expected = logits(reference(model, kv_dtype))
-            self.assertLess((ours - expected).abs().max().item(), 1e-4, kv_dtype)
-            self.assertGreater((ours - plain).abs().max().item(), 1e-3, kv_dtype)
+            cache = offloaded(model, 2, resident_layers=1, kv_dtype=kv_dtype)
+            update = cache.update
+            checked = []
+
+            def checking_update(key_states, value_states, layer_idx, *args, **kwargs):
+                keys, values = update(key_states, value_states, layer_idx, *args, **kwargs)
+                n = key_states.shape[2]
+                for given, held in ((key_states, keys), (value_states, values)):
+                    rows = held[:, :, -n:]
+                    self.assertTrue(torch.equal(rows, through_quantized_rows(given, kv_dtype)),
+                                    f"{kv_dtype}, layer {layer_idx}")
+                    self.assertFalse(torch.equal(rows, given), f"{kv_dtype}, layer {layer_idx}")
+                checked.append(layer_idx)
+                return keys, values
+
+            cache.update = checking_update
+            with torch.no_grad():
+                out = model(ids, attention_mask=mask, cache=cache, use_cache=True)
+                step = out.logits[:, -1:].argmax(-1)
+                model(step, attention_mask=torch.cat([mask, torch.ones_like(step)], 1),
+                      cache=cache, use_cache=True)
+            self.assertEqual(len(checked), 2 * model.config.num_hidden_layers, kv_dtype)
 
     def test_bfloat16_model(self):
         model = make_model("qwen2").to(torch.bfloat16)
