@@ -47,7 +47,12 @@ if [ "$(cached KVO_WITH_CUDA)" != ON ] || [[ ";$(cached CMAKE_CUDA_ARCHITECTURES
     -DCMAKE_CUDA_ARCHITECTURES=90 -DKVO_FLASHINFER_INCLUDE_DIR="$("$root/tools/flashinfer.sh")" \
     -DKVO_PYTHON= -DKVO_SMOLLM2_DIR= >/dev/null
 fi
-[ "$(cached KVO_WITH_FLASHINFER)" = ON ] || echo "device-build: this build has no FlashInfer" >&2
+if [ "$(cached KVO_FLASHINFER)" != ON ]; then
+  echo "device-build: $build compiles no FlashInfer (KVO_FLASHINFER is not ON), and the device" \
+       "check measures its kernels; configure it with" \
+       "-DKVO_FLASHINFER_INCLUDE_DIR=\"\$(bash tools/flashinfer.sh)\" -DKVO_WITH_FLASHINFER=ON" >&2
+  exit 1
+fi
 out=${out:-$build/device-carry.tar.xz}
 
 targets=(cuda_cache_test model_cuda_test model_cuda_attention_test model_cuda_quant_test
@@ -65,7 +70,9 @@ for t in "${targets[@]}"; do
   strip -o "$carry/bin/$t" "$file"
 done
 # OpenBLAS is loaded at run time (model/host/blas.hpp), so ldd does not list it: carried by name, with
-# what it loads itself.
+# what it loads itself. libstdc++ and libgcc_s travel too (the device machine's may be older than
+# this compiler's); device-check.sh puts the carried libraries on the carried binaries' path alone,
+# so the machine's own programs keep the machine's own.
 openblas="$(pkg-config --variable=libdir openblas)/libopenblas.so.0"
 cp -L "$openblas" "$carry/lib/libopenblas.so.0"
 for f in "$carry"/bin/* "$carry/lib/libopenblas.so.0"; do

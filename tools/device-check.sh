@@ -43,8 +43,8 @@
 #              CI check that keeps this script from rotting)
 #   --small    small shapes and contexts: seconds, on either backend
 #   --only     run these steps alone (the others are skipped: a second run can take the rest)
-#   --bands    the bands file (default: expected-h200.md, or expected-host-small.md with
-#              --small --backend host)
+#   --bands    the bands file (default: expected-h200.md, or expected-small.md with --small,
+#              on either backend)
 #   --set      passed to the judge: a measured figure replaced (a test of the judge)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -76,7 +76,7 @@ case "$backend" in cuda | host) ;; *) echo "device-check: --backend cuda or host
 [[ $deadline =~ ^[0-9]+$ ]] || { echo "device-check: --deadline takes seconds" >&2; exit 2; }
 if [ -z "$bands" ]; then
   bands=$root/bench/results/expected-h200.md
-  [ "$backend" = host ] && [ "$small" = 1 ] && bands=$root/bench/results/expected-host-small.md
+  [ "$small" = 1 ] && bands=$root/bench/results/expected-small.md
 fi
 start=$SECONDS
 reserve=20  # kept for the judge and the archive of logs
@@ -84,6 +84,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 logs=$work/logs
 mkdir -p "$logs" "$out"
+rm -f "$out"/device-check.json "$out"/summary.md "$out"/logs.tar.gz "$out"/failed.log
 
 left() { echo $((deadline - reserve - (SECONDS - start))); }
 record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$work/steps.tsv"; }
@@ -108,7 +109,8 @@ step() {
     fi
   done
   limit=$(left)
-  [ "$limit" -gt "$share" ] && limit=$share
+  local cut=0  # the deadline, not the step's share, sets its limit
+  if [ "$limit" -gt "$share" ]; then limit=$share; else cut=1; fi
   if [ "$limit" -lt 5 ]; then
     say "$name: SKIPPED, the deadline leaves ${limit} s"
     record "$name" SKIPPED 0 "the deadline left ${limit} s of its ${share} s"
@@ -121,6 +123,8 @@ step() {
   rc=$?
   if [ $rc = 0 ]; then
     record "$name" PASS $((SECONDS - t0)) ""
+  elif { [ $rc = 124 ] || [ $rc = 137 ]; } && [ $cut = 1 ]; then
+    record "$name" SKIPPED $((SECONDS - t0)) "the deadline cut it at ${limit} s of its ${share} s"
   elif [ $rc = 124 ] || [ $rc = 137 ]; then
     record "$name" FAIL $((SECONDS - t0)) "timed out after ${limit} s"
   else
@@ -151,8 +155,12 @@ bin_path() {
   done
   return 1
 }
-run_bin() { local b; b=$(bin_path "$1") || return 127; shift; "$b" "$@"; }
-[ -d "$build/lib" ] && export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# The carried libraries (and cuBLAS) are for the carried binaries alone: the machine's own programs
+# (python3, nvidia-smi, cmake, the compiler) keep the machine's own libraries.
+carry_libs=""
+[ -d "$build/lib" ] && carry_libs=$build/lib
+with_libs() { LD_LIBRARY_PATH="$carry_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"; }
+run_bin() { local b; b=$(bin_path "$1") || return 127; shift; with_libs "$b" "$@"; }
 
 # ---- env: the machine, and cuBLAS --------------------------------------------------------------
 cublas_dir=""
@@ -162,7 +170,7 @@ if [ "$backend" = cuda ]; then
              ${torch_nvidia:+"$torch_nvidia/cu13/lib" "$torch_nvidia/cublas/lib"}; do
     [ -e "$dir/libcublas.so.13" ] && { cublas_dir=$dir; break; }
   done
-  [ -n "$cublas_dir" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$cublas_dir"
+  [ -n "$cublas_dir" ] && carry_libs="${carry_libs:+$carry_libs:}$cublas_dir"
 fi
 commit=$(cat "$build/commit" 2>/dev/null || git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
 python3 - "$work/env.json" "$commit" "$backend" "$small" "$deadline" "$cublas_dir" <<'PY'
@@ -235,12 +243,12 @@ gtest() {  # BINARY FILTER
   KVO_REQUIRE_CUDA=1 run_bin "$1" --gtest_filter="$2" --gtest_output="json:$work/tests_$1.json"
 }
 sanitize() {  # TOOL BINARY FILTER
-  compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 "$(bin_path "$2")" \
-    --gtest_filter="$3"
+  with_libs compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 \
+    "$(bin_path "$2")" --gtest_filter="$3"
 }
 generate() { run_bin kvo-generate --backend "$backend" --json --quiet "$@"; }
-export build work backend
-export -f bin_path run_bin bench gtest sanitize generate
+export build work backend carry_libs
+export -f bin_path with_libs run_bin bench gtest sanitize generate
 
 if [ "$backend" = cuda ]; then
   step smoke 30 kvo-replay -- run_bin kvo-replay --backend cuda --layers 4 --kv-heads 2 \
@@ -259,6 +267,10 @@ if [ "$backend" = cuda ]; then
       'CudaCache.ASlowReaderSeesItsOwnLayerWhileTheRingRefills'
     step racecheck_attention 90 model_cuda_attention_test -- sanitize racecheck \
       model_cuda_attention_test 'CudaAttention.PrefillFromEmptyAndSmallChunks'
+    step memcheck_tiles 60 model_cuda_quant_test -- sanitize memcheck model_cuda_quant_test \
+      'CudaQuant.FlashInferOverTwoBf16TilesAtASmallShape'
+    step racecheck_tiles 60 model_cuda_quant_test -- sanitize racecheck model_cuda_quant_test \
+      'CudaQuant.FlashInferOverTwoBf16TilesAtASmallShape'
   else
     record memcheck SKIPPED 0 "no compute-sanitizer on this machine"
   fi
@@ -324,7 +336,11 @@ cp "$work"/*.json "$logs/" 2>/dev/null
 python3 "$root/tools/device_judge.py" --work "$work" --bands "$bands" --out "$out" \
   "${judge_args[@]}" >"$logs/judge.log" 2>&1
 status=$?
-cat "$out/summary.md" 2>/dev/null || cat "$logs/judge.log"
+if [ -f "$out/summary.md" ]; then
+  cat "$out/summary.md"
+else
+  cat "$logs/judge.log"
+fi
 if grep -q "	FAIL	" "$work/steps.tsv"; then
   while IFS=$'\t' read -r name verdict seconds note; do
     [ "$verdict" = FAIL ] || continue

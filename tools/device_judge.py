@@ -2,13 +2,14 @@
 """Judges a run of tools/device-check.sh: reads what its steps wrote into the work directory
 (steps.tsv, env.json, the benchmarks' and tests' JSON, the tools' --json lines), turns them into
 figures, and holds every figure to its band in a bands file (bench/results/expected-h200.md for
-the GPU, bench/results/expected-host-small.md for `--small --backend host`). Writes
+the GPU, bench/results/expected-small.md for `--small`). Writes
 device-check.json (every figure, band, verdict, step, test count and the machine) and summary.md
 (PASS, FAIL or SKIPPED per line, measured beside expected) into the output directory.
 
 A bands table has the columns | key | step | figure | expected | min | max | unit | model |.
 A figure inside [min, max] passes, outside fails; a figure not measured is SKIPPED when its step
-was skipped for time (or left out with --only), and fails otherwise. Exit status 1 when anything
+was skipped for time (or left out with --only), and fails otherwise. A figure drawn from several
+steps names them all (`decode+decode_int8`) and is skipped when any of them was. Exit status 1 when anything
 failed: a step (a test, a benchmark that threw, a byte-model mismatch, a binary that was missing)
 or a figure; else 3 when something was skipped (the headline says INCOMPLETE, never PASS); else
 0.
@@ -173,6 +174,23 @@ def read_bands(path):
     return bands
 
 
+def step_of(names, status_of):
+    """The status of a band's step; a figure drawn from several steps (`decode+decode_int8`)
+    takes the worst of them: FAIL before a skip that names a missing binary, before SKIPPED."""
+    found = [status_of.get(n, {"step": n, "status": "SKIPPED", "note": "not run"})
+             for n in names.split("+")]
+    for s in found:
+        if s["status"] == "FAIL":
+            return s
+    for s in found:
+        if s["status"] == "SKIPPED" and "missing" in s.get("note", ""):
+            return s
+    for s in found:
+        if s["status"] == "SKIPPED":
+            return dict(s, note=f"{s.get('step', '?')}: {s.get('note', '')}")
+    return found[0]
+
+
 def tests(work):
     out = {}
     for path in sorted(glob.glob(os.path.join(work, "tests_*.json"))):
@@ -200,7 +218,7 @@ def main(argv=None):
     verdicts = []
     for b in read_bands(args.bands):
         v = measured.get(b["key"])
-        step = status_of.get(b["step"], {"status": "SKIPPED", "note": "not run"})
+        step = step_of(b["step"], status_of)
         if v is not None:
             verdict = "PASS" if b["min"] <= v <= b["max"] else "FAIL"
             why = "" if verdict == "PASS" else f"outside [{b['min']:g}, {b['max']:g}]"

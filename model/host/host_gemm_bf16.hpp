@@ -5,7 +5,9 @@
 // as every bf16 engine (the CUDA path's cuBLAS calls included) rounds them.
 //
 // Each output is the same sum in the same order (pairs of inputs, first to last) wherever its
-// row and column fall in a tile, so results do not depend on the tiling or the thread count.
+// row and column fall in a tile, so a GEMM's results do not depend on the tiling or the thread
+// count. (HostLinear sends calls of fewer than kGemmMinRows rows to its f32 row kernel instead,
+// which sums in another order: a row's bits can differ between a short call and a long one.)
 // Error: |y - x W^T| <= (2^-8 + gamma_in (1 + 2^-8)) sum_i |x_i| |w_i| (+ in * 2^-126, the
 // instruction flushes subnormals), gamma_in = in u / (1 - in u), u = 2^-24.
 #pragma once
@@ -28,7 +30,7 @@ std::size_t scratch_bytes(int in);
 
 // y [rows][cols] (row stride ld_y) = bf16(x) [rows][in] (row stride ld_x) W^T, or += with
 // `accumulate`; W [cols][in] bf16 (row stride in), cols <= kCols. `scratch` holds
-// scratch_bytes(in), 64-byte aligned. REQUIRES: available().
+// scratch_bytes(in), any alignment of a float (every access is unaligned). REQUIRES: available().
 void multiply(const float* x, int rows, int in, std::int64_t ld_x, const std::uint16_t* w, int cols,
               bool accumulate, float* y, std::int64_t ld_y, void* scratch);
 

@@ -382,5 +382,40 @@ TEST(CudaQuant, FlashInferOverBf16TilesAttendsAsItsRoundedRows) {
   }
 }
 
+// The same path at the smallest shape that still crosses a tile: int8 K/V, 2 kv heads of 64, a
+// prefix of 4100 keys (a full tile and 4 keys) and one decode step; small enough for
+// compute-sanitizer's memcheck and racecheck (tools/device-check.sh runs it under both).
+TEST(CudaQuant, FlashInferOverTwoBf16TilesAtASmallShape) {
+  KVO_SKIP_WITHOUT_CUDA();
+  if (!flashinfer_built()) GTEST_SKIP() << "this build has no FlashInfer";
+  const double tolerance = 6 * 0x1p-8;
+  QuantShape s;
+  s.dtype = DType::kInt8;
+  s.kv_heads = 2;
+  s.heads = 8;
+  s.head_dim = 64;
+  s.max_seq = kDequantTileKeys + 64;
+  s.builtin = false;
+  QuantRig rig(s);
+  ASSERT_TRUE(rig.kernels().dequant_tiles);
+  for (int done = 0; done < kDequantTileKeys - 60;) {  // in chunks within max_rows
+    const int n = std::min(s.max_rows, kDequantTileKeys - 60 - done);
+    rig.prefill(1, n, rig.queries(n));
+    done += n;
+  }
+  const std::vector<float> q = rig.queries(64);
+  const std::vector<float> out = rig.prefill(1, 64, q).first;
+  for (int row : {0, 59, 60, 63}) {  // rows before, at and past the tile's edge
+    EXPECT_LE(rig.bf16_tile_error(q, out, row, 1, kDequantTileKeys - 60 + row), tolerance)
+        << "prefill row " << row;
+  }
+  rig.prefill(0, 10, rig.queries(10));
+  const std::vector<float> dq = rig.queries(2);
+  const std::vector<float> device = rig.decode({1, 0}, dq).first;
+  EXPECT_LE(rig.bf16_tile_error(dq, device, 0, 1, kDequantTileKeys + 4), tolerance);
+  EXPECT_LE(rig.bf16_tile_error(dq, device, 1, 0, 10), tolerance);
+  EXPECT_EQ(rig.mismatched_bytes(), 0);
+}
+
 }  // namespace
 }  // namespace kvo::model
