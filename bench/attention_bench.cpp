@@ -125,6 +125,18 @@ void BM_GemmBf16(benchmark::State& state) {
   state.counters["flop_per_s"] = g_setup.gemm_flop_per_s;
 }
 
+// A one-layer, one-slot cache of `max_seq` tokens of the model's K/V, in the benchmark's dtype.
+CacheConfig cache_config(const model::ModelConfig& c, int max_seq) {
+  CacheConfig cache;
+  cache.layers = 1;
+  cache.slots = 1;
+  cache.max_seq = max_seq;
+  cache.kv_heads = c.kv_heads;
+  cache.head_dim = c.head_dim;
+  cache.dtype = g_setup.kv_dtype;
+  return cache;
+}
+
 // One resident layer of `max_seq` tokens (K and V filled with finite bf16 values), the CUDA ops
 // over it, and a view of it: what the decoder's attention reads.
 class AttentionLayer {
@@ -134,15 +146,14 @@ class AttentionLayer {
         layout_(config_, DType::kBF16, g_setup.kv_dtype, max_rows, 1, max_seq,
                 model::choose_attention_kernels(config_, g_setup.kv_dtype, 1, max_seq, max_rows,
                                                 g_setup.builtin)),
-        row_bytes_(kv_row_bytes(g_setup.kv_dtype, config_.kv_heads, config_.head_dim)),
-        kv_(2 * static_cast<std::size_t>(max_seq) * row_bytes_),
+        kv_layout_(kv_layout(cache_config(config_, max_seq))),
+        kv_(kv_layout_.layer_bytes()),
         workspace_(layout_.bytes),
         rows_(2 * sizeof(std::int32_t)),
         q_(static_cast<std::size_t>(max_rows) * config_.q_dim() * 4),
         out_(static_cast<std::size_t>(max_rows) * config_.q_dim() * 4) {
     // Every byte 0x3c: bf16 0.0115, f16 1.06, fp8 1.5, int8 60, and quantized rows' scales 0.0115.
-    check(cudaMemset(kv_.ptr, 0x3c, 2 * static_cast<std::size_t>(max_seq) * row_bytes_),
-          "cudaMemset");
+    check(cudaMemset(kv_.ptr, 0x3c, kv_layout_.layer_bytes()), "cudaMemset");
     check(cudaMemset(q_.ptr, 0, static_cast<std::size_t>(max_rows) * config_.q_dim() * 4),
           "cudaMemset");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -155,22 +166,9 @@ class AttentionLayer {
     shape.max_seq = max_seq;
     shape.kernels = layout_.kernels;
     ops_ = model::make_cuda_ops(shape, stream_, workspace_.ptr);
+    view_ =
+        LayerView::of(kv_layout_, kv_.ptr, static_cast<std::byte*>(kv_.ptr) + kv_layout_.v_begin());
     view_.resident = true;
-    view_.k = kv_.ptr;
-    view_.v = static_cast<std::byte*>(kv_.ptr) + static_cast<std::size_t>(max_seq) * row_bytes_;
-    view_.head_stride = config_.head_dim;
-    view_.token_stride =
-        static_cast<std::int64_t>(row_bytes_ / dtype_size(g_setup.kv_dtype));  // elements
-    if (is_quantized(g_setup.kv_dtype)) {
-      view_.k_scale_offset = view_.v_scale_offset =
-          static_cast<std::int64_t>(quant_scale_offset(config_.kv_heads, config_.head_dim));
-    }
-    view_.slot_stride = view_.token_stride * max_seq;
-    view_.slots = 1;
-    view_.max_seq = max_seq;
-    view_.kv_heads = config_.kv_heads;
-    view_.head_dim = config_.head_dim;
-    view_.dtype = g_setup.kv_dtype;
   }
   ~AttentionLayer() {
     cudaStreamSynchronize(stream_);
@@ -207,12 +205,12 @@ class AttentionLayer {
   }
   const model::ModelConfig& config() const { return config_; }
   std::string kernels() const { return layout_.kernels.describe(config_, g_setup.kv_dtype); }
-  std::uint64_t row_bytes() const { return row_bytes_; }
+  std::uint64_t row_bytes() const { return kv_layout_.k_row_bytes; }
 
  private:
   model::ModelConfig config_;
   model::WorkspaceLayout layout_;
-  std::uint64_t row_bytes_;  // one token's K (or V) row in the cache's format
+  KvLayout kv_layout_;  // one slot of max_seq rows in the cache's format
   DeviceBuffer kv_, workspace_, rows_, q_, out_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<model::Ops> ops_;

@@ -29,8 +29,8 @@ constexpr int kHeadDim = 128;  // bf16 rows of 2 KiB per tensor, as Llama-3-8B's
 // It reads the staged prefix, as attention would, and depends on every byte of it.
 float synthetic_attention(const kvo::LayerView& view, int rounds) {
   float acc = 0;
-  const auto row_elems = static_cast<std::size_t>(view.kv_heads) * view.head_dim;
-  for (int s = 0; s < view.slots; ++s) {
+  const auto row_elems = static_cast<std::size_t>(view.layout.kv_heads) * view.layout.head_dim;
+  for (int s = 0; s < view.layout.slots; ++s) {
     const auto* k = static_cast<const std::uint16_t*>(view.k_row(s, 0));
     const int len = view.lengths[s] + view.new_tokens[s];
     for (int r = 0; r < rounds; ++r) {

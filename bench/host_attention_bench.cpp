@@ -94,17 +94,12 @@ void BM_HostDecodeAttention(benchmark::State& state) {
   }
   std::vector<float> q(static_cast<std::size_t>(c.q_dim())), out(q.size());
   for (auto& x : q) x = dist(rng);
-  LayerView view;
-  view.k = k.data();
-  view.v = v.data();
-  view.head_stride = c.head_dim;
-  view.token_stride = static_cast<std::int64_t>(c.kv_heads) * c.head_dim;
-  view.slot_stride = view.token_stride * context;
-  view.slots = 1;
-  view.max_seq = context;
-  view.kv_heads = c.kv_heads;
-  view.head_dim = c.head_dim;
-  view.dtype = DType::kBF16;
+  CacheConfig cache;
+  cache.layers = 1;
+  cache.max_seq = context;
+  cache.kv_heads = c.kv_heads;
+  cache.head_dim = c.head_dim;
+  const LayerView view = LayerView::of(kv_layout(cache), k.data(), v.data());
   const std::int32_t slot = 0, position = context - 1;
   const std::size_t bytes = 2 * elements * sizeof(std::uint16_t);
   const std::vector<const void*> regions = {k.data(), v.data()};

@@ -207,7 +207,7 @@ class Replay {
  private:
   bool check(const kvo::LayerView& view) {
     cache_->synchronize_stream(stream_);
-    for (int s = 0; s < view.slots; ++s) {
+    for (int s = 0; s < view.layout.slots; ++s) {
       const int len = view.lengths[s];
       if (len == 0) continue;
       std::vector<int> rows;
@@ -224,9 +224,9 @@ class Replay {
           const int first = row < 0 ? 0 : row;
           const int count = row < 0 ? len : 1;
           const std::size_t bytes = static_cast<std::size_t>(count) * row_bytes_;
-          const std::size_t offset =
-              (static_cast<std::size_t>(s) * view.max_seq + static_cast<std::size_t>(first)) *
-              row_bytes_;
+          const std::size_t offset = (static_cast<std::size_t>(s) * view.layout.max_seq +
+                                      static_cast<std::size_t>(first)) *
+                                     row_bytes_;
           cache_->copy_to_host(actual_.data(), base + offset, bytes);
           source_.fill(view.layer, kv, s, first, count, expected_.data());
           if (std::memcmp(actual_.data(), expected_.data(), bytes) != 0) {

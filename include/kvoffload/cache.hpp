@@ -41,34 +41,30 @@ namespace kvo {
 
 // A non-owning view of one layer's K and V on the device, valid from acquire until release.
 // Layout NHD per slot: k[slot][token][kv_head][head_dim], v the same with v_head_dim (equal to
-// head_dim but for multi-head latent attention); strides are in elements.
+// head_dim but for multi-head latent attention). `layout` is the cache's own (kv_layout(config)):
+// shape, dtype, row bytes and, for quantized dtypes, where a row's scales start; the strides say
+// how this view's memory is walked, in elements (a quantized row's scales sit inside its token
+// stride, and its elements are bytes).
 struct LayerView {
   int layer = 0;
-  bool resident = false;         // kept whole on the device (no copies)
-  void* k = nullptr;             // [slots][max_seq][kv_heads][head_dim]
-  void* v = nullptr;             // [slots][max_seq][kv_heads][v_head_dim]
+  bool resident = false;  // kept whole on the device (no copies)
+  void* k = nullptr;      // [slots][max_seq][kv_heads][head_dim]
+  void* v = nullptr;      // [slots][max_seq][kv_heads][v_head_dim]
+  KvLayout layout;
   std::int64_t slot_stride = 0;  // of k
   std::int64_t token_stride = 0;
   std::int64_t head_stride = 0;
   std::int64_t v_slot_stride = 0;  // of v
   std::int64_t v_token_stride = 0;
   std::int64_t v_head_stride = 0;
-  int slots = 0;
-  int max_seq = 0;
-  int kv_heads = 0;
-  int head_dim = 0;
-  int v_head_dim = 0;
-  DType dtype = DType::kBF16;
-  // Quantized dtypes (kvoffload/quant.hpp): where the kv_heads f32 scales of a K row, and of a V
-  // row, start, in bytes from the row's first byte (row (s, t) of K starts at element
-  // s * slot_stride + t * token_stride; elements are bytes). 0 for the other dtypes.
-  std::int64_t k_scale_offset = 0;
-  std::int64_t v_scale_offset = 0;
-  // Host arrays of `slots` entries, owned by the cache, valid until end_step:
+  // Host arrays of `layout.slots` entries, owned by the cache, valid until end_step:
   const std::int32_t* lengths = nullptr;     // rows valid before this step
   const std::int32_t* new_tokens = nullptr;  // rows this step appends
 
-  std::size_t element_size() const { return dtype_size(dtype); }
+  // A view of `k` and `v` laid out as `layout` says, strides included: what acquire returns.
+  KVO_API static LayerView of(const KvLayout& layout, void* k, void* v);
+
+  std::size_t element_size() const { return dtype_size(layout.dtype); }
   void* k_row(int slot, int token) const {
     return row(k, slot * slot_stride + static_cast<std::int64_t>(token) * token_stride);
   }

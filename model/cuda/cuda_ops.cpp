@@ -246,9 +246,9 @@ class CudaOps final : public Ops {
       const KeyTile& t = tiles[i];
       const int keys = t.end - t.begin;
       const std::int64_t offset = slot * view.slot_stride + t.begin * view.token_stride;
-      cuda::gather_kv_block(view.k, view.v, view.dtype, offset, view.token_stride, view.head_stride,
-                            view.k_scale_offset, keys, c.kv_heads, d, k_tile, v_tile, DType::kBF16,
-                            stream_);
+      cuda::gather_kv_block(view.k, view.v, view.layout.dtype, offset, view.token_stride,
+                            view.head_stride, view.layout.k_scale_offset, keys, c.kv_heads, d,
+                            k_tile, v_tile, DType::kBF16, stream_);
       flashinfer_ops::PrefillCall call;
       call.q = q_bf16;
       call.out = attn_out_;
@@ -307,15 +307,15 @@ class CudaOps final : public Ops {
       const float* v_rows = nullptr;
       std::int64_t ld = 0;
       std::int64_t head_offset = 0;
-      if (view.dtype == DType::kF32) {
+      if (view.layout.dtype == DType::kF32) {
         k_rows = static_cast<const float*>(view.k) + offset;
         v_rows = static_cast<const float*>(view.v) + offset;
         ld = view.token_stride;
         head_offset = view.head_stride;
       } else {
-        cuda::gather_kv_block(view.k, view.v, view.dtype, offset, view.token_stride,
-                              view.head_stride, view.k_scale_offset, keys, c.kv_heads, d, k_block,
-                              v_block, DType::kF32, stream_);
+        cuda::gather_kv_block(view.k, view.v, view.layout.dtype, offset, view.token_stride,
+                              view.head_stride, view.layout.k_scale_offset, keys, c.kv_heads, d,
+                              k_block, v_block, DType::kF32, stream_);
         k_rows = k_block;
         v_rows = v_block;
         ld = c.kv_dim();
@@ -406,13 +406,13 @@ class CudaOps final : public Ops {
     flashinfer_ops::KvLayer kv;
     kv.k = view.k;
     kv.v = view.v;
-    kv.type = view.dtype;
+    kv.type = view.layout.dtype;
     kv.slot_stride = view.slot_stride;
     kv.token_stride = view.token_stride;
     kv.head_stride = view.head_stride;
-    kv.kv_heads = view.kv_heads;
-    kv.head_dim = view.head_dim;
-    kv.max_seq = view.max_seq;
+    kv.kv_heads = view.layout.kv_heads;
+    kv.head_dim = view.layout.head_dim;
+    kv.max_seq = view.layout.max_seq;
     kv.page_size = layout_.kernels.page_size;
     return kv;
   }
@@ -434,12 +434,12 @@ class CudaOps final : public Ops {
     a.sliding_window = shape_.config.sliding_window;
     a.k = view.k;
     a.v = view.v;
-    a.type = view.dtype;
+    a.type = view.layout.dtype;
     a.slot_stride = view.slot_stride;
     a.token_stride = view.token_stride;
     a.head_stride = view.head_stride;
-    a.k_scale_offset = view.k_scale_offset;
-    a.v_scale_offset = view.v_scale_offset;
+    a.k_scale_offset = view.layout.k_scale_offset;
+    a.v_scale_offset = view.layout.v_scale_offset;
     return a;
   }
 

@@ -137,9 +137,11 @@ void HostAttention::prefill_block(const float* q, int n, int slot, int first_pos
     const std::int64_t at =
         slot * view.slot_stride + static_cast<std::int64_t>(key0) * view.token_stride;
     const HeadRows k_rows{static_cast<const char*>(view.k) + at * bytes, view.token_stride,
-                          kv_head * view.head_stride, view.k_scale_offset, kv_head};
+                          kv_head * view.head_stride,
+                          static_cast<std::int64_t>(view.layout.k_scale_offset), kv_head};
     const HeadRows v_rows{static_cast<const char*>(view.v) + at * bytes, view.token_stride,
-                          kv_head * view.head_stride, view.v_scale_offset, kv_head};
+                          kv_head * view.head_stride,
+                          static_cast<std::int64_t>(view.layout.v_scale_offset), kv_head};
     int ldk = 0;
     const float* k = key_block(k_rows, keys, d, type_, s.k.data(), &ldk);
     blas::sgemm(true, rows, keys, d, scale_, s.q.data(), d, k, ldk, 0.0f, s.scores.data(),

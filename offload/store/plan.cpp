@@ -56,11 +56,9 @@ std::uint64_t kv_row_bytes(DType dtype, int kv_heads, int dim) {
   using offload::checked_mul;
   const std::uint64_t elements = checked_mul(static_cast<std::uint64_t>(kv_heads),
                                              static_cast<std::uint64_t>(dim), "row bytes");
-  if (!is_quantized(dtype)) return checked_mul(elements, dtype_size(dtype), "row bytes");
-  // quant_row_bytes: elements rounded up to 4, then a 4-byte scale per head
-  return offload::checked_add(offload::align_up(elements, 4),
-                              checked_mul(4, static_cast<std::uint64_t>(kv_heads), "row bytes"),
-                              "row bytes");
+  // A quantized row (quant.hpp) of int-sized heads stays far below 2^64: below 2^63 + 2^34.
+  if (is_quantized(dtype)) return quant_row_bytes(kv_heads, dim);
+  return checked_mul(elements, dtype_size(dtype), "row bytes");
 }
 
 KvLayout kv_layout(const CacheConfig& config) {

@@ -426,19 +426,19 @@ kvo_status kvo_acquire(kvo_cache_t* cache, int32_t layer, kvo_layer_view* out_vi
     full.slot_stride = view.slot_stride;
     full.token_stride = view.token_stride;
     full.head_stride = view.head_stride;
-    full.slots = view.slots;
-    full.max_seq = view.max_seq;
-    full.kv_heads = view.kv_heads;
-    full.head_dim = view.head_dim;
-    full.dtype = from_dtype(view.dtype);
+    full.slots = view.layout.slots;
+    full.max_seq = view.layout.max_seq;
+    full.kv_heads = view.layout.kv_heads;
+    full.head_dim = view.layout.head_dim;
+    full.dtype = from_dtype(view.layout.dtype);
     full.lengths = view.lengths;
     full.new_tokens = view.new_tokens;
     full.v_slot_stride = view.v_slot_stride;
     full.v_token_stride = view.v_token_stride;
     full.v_head_stride = view.v_head_stride;
-    full.v_head_dim = view.v_head_dim;
-    full.k_scale_offset = view.k_scale_offset;
-    full.v_scale_offset = view.v_scale_offset;
+    full.v_head_dim = view.layout.v_head_dim;
+    full.k_scale_offset = view.layout.k_scale_offset;
+    full.v_scale_offset = view.layout.v_scale_offset;
     write_out(full, out_view);
   });
 }

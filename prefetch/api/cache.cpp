@@ -344,6 +344,21 @@ void OffloadedStaticCache::begin_step(const std::vector<std::int32_t>& new_token
   m.held_layer = -1;
 }
 
+LayerView LayerView::of(const KvLayout& layout, void* k, void* v) {
+  LayerView view;
+  view.k = k;
+  view.v = v;
+  view.layout = layout;
+  // Strides in elements; a quantized row's scales sit inside its token stride.
+  view.head_stride = layout.head_dim;
+  view.token_stride = static_cast<std::int64_t>(layout.k_row_bytes / layout.element_size);
+  view.slot_stride = view.token_stride * layout.max_seq;
+  view.v_head_stride = layout.v_head_dim;
+  view.v_token_stride = static_cast<std::int64_t>(layout.v_row_bytes / layout.element_size);
+  view.v_slot_stride = view.v_token_stride * layout.max_seq;
+  return view;
+}
+
 LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
   Impl& m = *impl_;
   if (!m.in_step) throw protocol("acquire outside a step (call begin_step first)");
@@ -370,27 +385,10 @@ LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
   m.held_layer = layer;
   std::fill(m.appended.begin(), m.appended.end(), 0);
 
-  const KvLayout& l = m.plan.layout;
-  LayerView view;
+  LayerView view = LayerView::of(m.plan.layout, m.layer_base(layer),
+                                 m.layer_base(layer) + m.plan.layout.v_begin());
   view.layer = layer;
   view.resident = m.is_resident(layer);
-  view.k = m.layer_base(layer);
-  view.v = m.layer_base(layer) + l.v_begin();
-  // Strides in elements; a quantized row's scales sit inside its token stride.
-  view.head_stride = l.head_dim;
-  view.token_stride = static_cast<std::int64_t>(l.k_row_bytes / l.element_size);
-  view.slot_stride = view.token_stride * l.max_seq;
-  view.v_head_stride = l.v_head_dim;
-  view.v_token_stride = static_cast<std::int64_t>(l.v_row_bytes / l.element_size);
-  view.v_slot_stride = view.v_token_stride * l.max_seq;
-  view.k_scale_offset = static_cast<std::int64_t>(l.k_scale_offset);
-  view.v_scale_offset = static_cast<std::int64_t>(l.v_scale_offset);
-  view.slots = l.slots;
-  view.max_seq = l.max_seq;
-  view.kv_heads = l.kv_heads;
-  view.head_dim = l.head_dim;
-  view.v_head_dim = l.v_head_dim;
-  view.dtype = m.config.dtype;
   view.lengths = m.lengths.data();
   view.new_tokens = m.new_tokens.data();
   return view;

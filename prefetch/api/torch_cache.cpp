@@ -310,21 +310,21 @@ std::tuple<at::Tensor, at::Tensor> OffloadedStaticCache::update(const at::Tensor
                   v_base + static_cast<std::size_t>(s) * v_slot_bytes, static_cast<int>(n), stream);
   }
 
-  if (is_quantized(view.dtype)) {
+  if (is_quantized(view.layout.dtype)) {
     // Dequantized on the device into new tensors of the caller's dtype (the staged rows hold
     // bytes and scales, which attention in torch cannot read).
     return {dequantize_rows(view.k, batch, length + n, view.slot_stride, view.token_stride,
-                            view.kv_heads, view.head_dim, view.k_scale_offset, view.dtype, dtype_,
-                            device_),
+                            view.layout.kv_heads, view.layout.head_dim, view.layout.k_scale_offset,
+                            view.layout.dtype, dtype_, device_),
             dequantize_rows(view.v, batch, length + n, view.v_slot_stride, view.v_token_stride,
-                            view.kv_heads, view.v_head_dim, view.v_scale_offset, view.dtype, dtype_,
-                            device_)};
+                            view.layout.kv_heads, view.layout.v_head_dim,
+                            view.layout.v_scale_offset, view.layout.dtype, dtype_, device_)};
   }
   // [batch, kv_heads, length + n, head_dim] over the NHD buffer: zero-copy, strided.
   const at::TensorOptions options = at::TensorOptions().dtype(dtype_).device(device_);
-  return {at::from_blob(view.k, {batch, view.kv_heads, length + n, view.head_dim},
+  return {at::from_blob(view.k, {batch, view.layout.kv_heads, length + n, view.layout.head_dim},
                         {view.slot_stride, view.head_stride, view.token_stride, 1}, options),
-          at::from_blob(view.v, {batch, view.kv_heads, length + n, view.v_head_dim},
+          at::from_blob(view.v, {batch, view.layout.kv_heads, length + n, view.layout.v_head_dim},
                         {view.v_slot_stride, view.v_head_stride, view.v_token_stride, 1}, options)};
 }
 

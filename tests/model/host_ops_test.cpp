@@ -210,6 +210,17 @@ TEST(HostLinear, DecodeRowsGetTheBitsTheyGetAlone) {
 
 // ---- attention -------------------------------------------------------------------------------
 
+CacheConfig cache_config(const ModelConfig& c, DType dtype, int slots, int max_seq) {
+  CacheConfig cache;
+  cache.layers = 1;
+  cache.slots = slots;
+  cache.max_seq = max_seq;
+  cache.kv_heads = c.kv_heads;
+  cache.head_dim = c.head_dim;
+  cache.dtype = dtype;
+  return cache;
+}
+
 // A cache layer of `slots` x `max_seq` tokens with a padded head stride, so that the view's
 // strides are not the packed ones: [slot][token][kv_head][head_stride >= head_dim].
 struct Layer {
@@ -222,16 +233,14 @@ Layer random_layer(const ModelConfig& c, DType type, int slots, int max_seq, std
   Layer l;
   l.k = random_values(n, type, 1.5f, rng);
   l.v = random_values(n, type, 1.0f, rng);
-  l.view.k = l.k.bytes.data();
-  l.view.v = l.v.bytes.data();
+  l.view = LayerView::of(kv_layout(cache_config(c, type, slots, max_seq)), l.k.bytes.data(),
+                         l.v.bytes.data());
   l.view.head_stride = head_stride;
   l.view.token_stride = static_cast<std::int64_t>(c.kv_heads) * head_stride;
   l.view.slot_stride = l.view.token_stride * max_seq;
-  l.view.slots = slots;
-  l.view.max_seq = max_seq;
-  l.view.kv_heads = c.kv_heads;
-  l.view.head_dim = c.head_dim;
-  l.view.dtype = type;
+  l.view.v_head_stride = l.view.head_stride;
+  l.view.v_token_stride = l.view.token_stride;
+  l.view.v_slot_stride = l.view.slot_stride;
   return l;
 }
 
@@ -406,18 +415,9 @@ Layer quantized_layer(const ModelConfig& c, DType dtype, int slots, int max_seq,
       std::copy(back.begin(), back.end(), t->exact.begin() + r * row_bytes);
     }
   }
-  l.view.k = l.k.bytes.data();
-  l.view.v = l.v.bytes.data();
-  l.view.head_stride = c.head_dim;
-  l.view.token_stride = row_bytes;
-  l.view.slot_stride = row_bytes * max_seq;
-  l.view.k_scale_offset = static_cast<std::int64_t>(quant_scale_offset(c.kv_heads, c.head_dim));
-  l.view.v_scale_offset = l.view.k_scale_offset;
-  l.view.slots = slots;
-  l.view.max_seq = max_seq;
-  l.view.kv_heads = c.kv_heads;
-  l.view.head_dim = c.head_dim;
-  l.view.dtype = dtype;
+  l.view = LayerView::of(kv_layout(cache_config(c, dtype, slots, max_seq)), l.k.bytes.data(),
+                         l.v.bytes.data());
+  EXPECT_EQ(l.view.token_stride, row_bytes);  // packed rows: the layout's own strides
   return l;
 }
 

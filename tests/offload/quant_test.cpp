@@ -191,13 +191,13 @@ TEST(Quant, RowBytesAndTheLayoutOfAQuantizedCache) {
   OffloadedStaticCache cache(c);
   cache.begin_step({1, 0});
   const LayerView view = cache.acquire(0);
-  EXPECT_EQ(view.dtype, DType::kInt8);
+  EXPECT_EQ(view.layout.dtype, DType::kInt8);
   EXPECT_EQ(view.token_stride, 32);
   EXPECT_EQ(view.slot_stride, 320);
   EXPECT_EQ(view.head_stride, 6);
   EXPECT_EQ(view.v_token_stride, 20);
-  EXPECT_EQ(view.k_scale_offset, 20);
-  EXPECT_EQ(view.v_scale_offset, 8);
+  EXPECT_EQ(view.layout.k_scale_offset, 20u);
+  EXPECT_EQ(view.layout.v_scale_offset, 8u);
   cache.abort_step();
 }
 

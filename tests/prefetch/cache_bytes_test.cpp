@@ -228,8 +228,8 @@ TEST(KeysAndValuesOfDifferentHeadSizes, EveryRowAndByteIsTheirOwn) {
     cache.begin_step(n);
     for (int layer = 0; layer < c.layers; ++layer) {
       const LayerView view = cache.acquire(layer);
-      ASSERT_EQ(view.head_dim, 24);
-      ASSERT_EQ(view.v_head_dim, 8);
+      ASSERT_EQ(view.layout.head_dim, 24);
+      ASSERT_EQ(view.layout.v_head_dim, 8);
       ASSERT_EQ(view.token_stride, 2 * 24);
       ASSERT_EQ(view.v_token_stride, 2 * 8);
       for (int s = 0; s < 3; ++s) {
