@@ -8,8 +8,6 @@
 #   smoke      a one-second kvo-replay on CUDA
 #   tests      the CUDA tests of the cache, the ring, the decoder, attention, quantized rows and
 #              sampling, with KVO_REQUIRE_CUDA=1 (a missing GPU fails them instead of skipping)
-#   memcheck   compute-sanitizer --tool memcheck, then racecheck, over a few small tests
-#   racecheck  (a report fails the step)
 #   bandwidth  pinned H2D and D2H copies
 #   attention  the attention kernels alone (bf16, then int8 over bf16 tiles) against the HBM copy
 #              and the bf16 GEMM rate measured in the same run
@@ -18,8 +16,10 @@
 #   replay     kvo-replay at the longest context, every layer streamed, bytes checked
 #   generate   kvo-generate --preset llama3-8b at 32K under a 24 GiB budget
 #   prefill    a 128K prompt of the same, bf16 then int8 K/V
-#   dropin     the Python package built there, and tests/python/test_hf_cuda.py with
-#              KVO_REQUIRE_CUDA=1
+#   memcheck   compute-sanitizer --tool memcheck, then racecheck, over a few small tests
+#   racecheck  (a report fails the step); after the figures, since each pass is slow
+#   dropin     the Python package built there (on the CPUs from the start, beside the GPU steps),
+#              and tests/python/test_hf_cuda.py with KVO_REQUIRE_CUDA=1
 # Each step gets its share of what is left of the deadline; a step that no longer fits is
 # skipped with a line saying so. The judge (tools/device_judge.py) then holds every figure to
 # its band (bench/results/expected-h200.md) and exits non-zero on a failed test, a benchmark
@@ -33,7 +33,7 @@
 #
 #   tools/device-check.sh [--archive FILE | --build DIR] [--out DIR] [--deadline SECONDS]
 #                         [--backend cuda|host] [--small] [--only STEP,STEP...] [--bands FILE]
-#                         [--set KEY=VALUE]
+#                         [--set KEY=VALUE] [--host-memory BYTES]
 #
 #   --archive  the archive of tools/device-build.sh (default build/device-carry.tar.xz)
 #   --build    a build tree or an unpacked carry/ instead of the archive
@@ -46,6 +46,9 @@
 #   --bands    the bands file (default: expected-h200.md, or expected-small.md with --small,
 #              on either backend)
 #   --set      passed to the judge: a measured figure replaced (a test of the judge)
+#   --host-memory  what the machine can give the pinned stores (KVO_HOST_MEMORY, e.g. 120GiB), for
+#              a virtual machine whose memory grows as it is used: there even MemTotal starts far
+#              below what it gives, and the 128K stores would be refused
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 archive=$root/build/device-carry.tar.xz
@@ -68,7 +71,8 @@ while [ $# -gt 0 ]; do
     --only) only=",$2,"; shift 2 ;;
     --bands) bands=$2; shift 2 ;;
     --set) judge_args+=(--set "$2"); shift 2 ;;
-    --help | -h) sed -n '2,48p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --host-memory) export KVO_HOST_MEMORY=$2; shift 2 ;;
+    --help | -h) sed -n '2,51p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "device-check: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -199,7 +203,7 @@ json.dump({
     "pcie_width": smi("pcie.link.width.current"), "pcie_width_max": smi("pcie.link.width.max"),
     "cpus": os.cpu_count(), "mem_total_gib": gib("MemTotal"),
     "mem_available_gib": gib("MemAvailable"), "committed_gib": gib("Committed_AS"),
-    "cublas_dir": cublas or None,
+    "cublas_dir": cublas or None, "host_memory_stated": os.environ.get("KVO_HOST_MEMORY"),
 }, open(path, "w"), indent=1)
 PY
 if [ "$backend" = cuda ]; then
@@ -250,30 +254,29 @@ generate() { run_bin kvo-generate --backend "$backend" --json --quiet "$@"; }
 export build work backend carry_libs
 export -f bin_path with_libs run_bin bench gtest sanitize generate
 
+# The drop-in's native module compiles on the CPUs while the GPU steps run (its step below only
+# waits for it), under the same deadline.
+wait_dropin_build() {
+  while [ ! -f "$work/dropin_build.rc" ]; do sleep 1; done
+  cat "$work/dropin_build.log"
+  return "$(cat "$work/dropin_build.rc")"
+}
+export -f wait_dropin_build
+if [ "$backend" = cuda ] && [ -d "$build/kvoffload" ] &&
+   { [ -z "$only" ] || [[ $only == *",dropin,"* ]] || [[ $only == *",dropin_build,"* ]]; }; then
+  ( timeout -k 5 "$(left)" sh -c 'cmake -S "$0/tools/python" -B "$1/py" \
+        -DCMAKE_PREFIX_PATH="$2/kvoffload" -DPython3_EXECUTABLE="$(command -v python3)" &&
+      cmake --build "$1/py" -j "$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))"' "$root" "$work" "$build" \
+      >"$work/dropin_build.log" 2>&1
+    echo $? >"$work/dropin_build.rc" ) &
+fi
+
 if [ "$backend" = cuda ]; then
   step smoke 30 kvo-replay -- run_bin kvo-replay --backend cuda --layers 4 --kv-heads 2 \
     --head-dim 64 --max-seq 256 --prompt 64 --steps 2
   for t in cuda_cache_test model_cuda_test model_cuda_attention_test model_cuda_quant_test; do
     step "tests_$t" 120 "$t" -- gtest "$t" 'Cuda*'
   done
-  if command -v compute-sanitizer >/dev/null; then
-    step memcheck_cache 60 cuda_cache_test -- sanitize memcheck cuda_cache_test \
-      'CudaCache.EveryAcquireMatchesTheReference:CudaCache.PinnedStoreAndOneDeviceAllocation'
-    step memcheck_attention 90 model_cuda_attention_test -- sanitize memcheck \
-      model_cuda_attention_test 'CudaAttention.PrefillFromEmptyAndSmallChunks'
-    step memcheck_model 90 model_cuda_test -- sanitize memcheck model_cuda_test \
-      'CudaSampling.GreedyMatchesTheHostExactly'
-    step racecheck_cache 60 cuda_cache_test -- sanitize racecheck cuda_cache_test \
-      'CudaCache.ASlowReaderSeesItsOwnLayerWhileTheRingRefills'
-    step racecheck_attention 90 model_cuda_attention_test -- sanitize racecheck \
-      model_cuda_attention_test 'CudaAttention.PrefillFromEmptyAndSmallChunks'
-    step memcheck_tiles 60 model_cuda_quant_test -- sanitize memcheck model_cuda_quant_test \
-      'CudaQuant.FlashInferOverTwoBf16TilesAtASmallShape'
-    step racecheck_tiles 60 model_cuda_quant_test -- sanitize racecheck model_cuda_quant_test \
-      'CudaQuant.FlashInferOverTwoBf16TilesAtASmallShape'
-  else
-    record memcheck SKIPPED 0 "no compute-sanitizer on this machine"
-  fi
 fi
 
 step bandwidth 40 kvo_bench_bandwidth -- bench bandwidth kvo_bench_bandwidth \
@@ -312,12 +315,32 @@ if [ "$backend" = cuda ] && [ "$small" = 0 ]; then
   done
 fi
 
+# The sanitizers last of the GPU steps: each pass is slow, and a figure cannot be had later.
+if [ "$backend" = cuda ]; then
+  if command -v compute-sanitizer >/dev/null; then
+    step memcheck_cache 60 cuda_cache_test -- sanitize memcheck cuda_cache_test \
+      'CudaCache.EveryAcquireMatchesTheReference:CudaCache.PinnedStoreAndOneDeviceAllocation'
+    step memcheck_attention 90 model_cuda_attention_test -- sanitize memcheck \
+      model_cuda_attention_test 'CudaAttention.PrefillFromEmptyAndSmallChunks'
+    step memcheck_model 90 model_cuda_test -- sanitize memcheck model_cuda_test \
+      'CudaSampling.GreedyMatchesTheHostExactly'
+    step racecheck_cache 60 cuda_cache_test -- sanitize racecheck cuda_cache_test \
+      'CudaCache.ASlowReaderSeesItsOwnLayerWhileTheRingRefills'
+    step racecheck_attention 90 model_cuda_attention_test -- sanitize racecheck \
+      model_cuda_attention_test 'CudaAttention.PrefillFromEmptyAndSmallChunks'
+    step memcheck_tiles 60 model_cuda_quant_test -- sanitize memcheck model_cuda_quant_test \
+      'CudaQuant.FlashInferOverTwoBf16TilesAtASmallShape'
+    step racecheck_tiles 60 model_cuda_quant_test -- sanitize racecheck model_cuda_quant_test \
+      'CudaQuant.FlashInferOverTwoBf16TilesAtASmallShape'
+  else
+    record memcheck SKIPPED 0 "no compute-sanitizer on this machine"
+  fi
+fi
+
 # The drop-in on CUDA tensors: the package built against this machine's PyTorch and the carried
 # library, then its CUDA tests.
 if [ "$backend" = cuda ] && [ -d "$build/kvoffload" ]; then
-  step dropin_build 150 -- sh -c 'cmake -S "$0/tools/python" -B "$1/py" \
-      -DCMAKE_PREFIX_PATH="$2/kvoffload" -DPython3_EXECUTABLE="$(command -v python3)" &&
-    cmake --build "$1/py" -j "$(nproc)"' "$root" "$work" "$build"
+  step dropin_build 150 -- wait_dropin_build
   step dropin 90 -- env KVO_REQUIRE_CUDA=1 PYTHONPATH="$work/py/python:$root/tests/python" \
     PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     TRANSFORMERS_VERBOSITY=error python3 -m unittest discover -v -s "$root/tests/python" \

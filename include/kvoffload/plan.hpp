@@ -94,7 +94,10 @@ KVO_API std::uint64_t plan_device_bytes(const CacheConfig& config, int resident_
 KVO_API CachePlan plan_cache(const CacheConfig& config, std::uint64_t budget);
 
 // What this machine can give the pinned store: the larger of MemAvailable and MemTotal less
-// Committed_AS (UINT64_MAX where /proc/meminfo cannot be read).
+// Committed_AS (UINT64_MAX where /proc/meminfo cannot be read); or, where the environment sets
+// KVO_HOST_MEMORY (bytes, as parse_size reads them), that figure. The override is for a virtual
+// machine whose memory grows as it is used, where even MemTotal starts far below what it can
+// give. Throws kvo::Error(kInvalidArgument) for a KVO_HOST_MEMORY it cannot read.
 KVO_API std::uint64_t host_available_bytes();
 
 }  // namespace kvo

@@ -3,6 +3,7 @@
 // anything is allocated.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "expect_error.hpp"
@@ -91,6 +92,32 @@ TEST(HostMemory, AvailableIsTheLargerOfTwoFloors) {
   EXPECT_EQ(odd.available, 4096u);
   // And this machine's figure is at least its MemAvailable.
   EXPECT_GT(host_available_bytes(), 0u);
+}
+
+// A stated figure replaces /proc/meminfo's (a virtual machine whose MemTotal starts far below
+// what it gives): a store above it is refused, one under it is not, and an unreadable one is an
+// error naming the variable, never a silent fallback.
+TEST(HostMemory, AStatedFigureReplacesTheMachines) {
+  struct Unset {
+    ~Unset() { unsetenv("KVO_HOST_MEMORY"); }
+  } unset;
+  ASSERT_EQ(setenv("KVO_HOST_MEMORY", "96GiB", 1), 0);
+  EXPECT_EQ(host_available_bytes(), 96ull << 30);
+  ASSERT_EQ(setenv("KVO_HOST_MEMORY", "1MiB", 1), 0);
+  CacheConfig c;
+  c.layers = 2;
+  c.kv_heads = 2;
+  c.head_dim = 64;
+  c.max_seq = 4096;  // 4 MiB of store at bf16
+  c.resident_layers = 0;
+  expect_error([&] { OffloadedStaticCache cache(c); }, ErrorCode::kOutOfMemory,
+               "but this machine has 1.00 MiB");
+  ASSERT_EQ(setenv("KVO_HOST_MEMORY", "lots", 1), 0);
+  expect_error([] { host_available_bytes(); }, ErrorCode::kInvalidArgument, "KVO_HOST_MEMORY: ");
+  ASSERT_EQ(setenv("KVO_HOST_MEMORY", "64MiB", 1), 0);
+  OffloadedStaticCache fits(c);
+  const CachePlan& plan = fits.stats().plan;
+  EXPECT_GT(plan.device_bytes + plan.host_bytes, 1ull << 20);  // what 1 MiB refused
 }
 
 }  // namespace
