@@ -2,25 +2,35 @@
 """Reference logits from Hugging Face transformers for kvoffload's model tests.
 
 For each architecture (a Llama 3.1 config with llama3 rope scaling, a Mistral config with a
-sliding window, a Qwen2 config with q/k/v biases) this builds a small model with random weights,
-writes it with save_pretrained (config.json + model.safetensors) and runs it on the CPU in
-float32 over a fixed prompt. reference.safetensors holds the prompt ("input_ids", as float32)
-and the logits of every position ("logits" [tokens][vocab]).
+sliding window, a Qwen2 config with q/k/v biases, a Qwen3 config with its q and k norms, yarn
+and head_dim * heads twice hidden_size, and one config for each other rope scaling: linear,
+dynamic, yarn, longrope, each with a pretraining length shorter than the prompt) this
+builds a small model with random weights, writes it with save_pretrained (config.json +
+model.safetensors) and runs it on the CPU in float32 over a fixed prompt, as generation runs it:
+the first PREFILL tokens in one forward, then one token a forward over the cache (the tables of
+dynamic and longrope follow the forwards). reference.safetensors holds the prompt ("input_ids",
+as float32) and the logits of every position ("logits" [tokens][vocab]); rope.safetensors the
+rope table transformers computes for a forward of each length in "lengths" ("inv_freq"
+[lengths][head_dim / 2], "scale" [lengths]).
 
-usage: hf_reference.py --out DIR [--arch llama31 mistral qwen2]
+usage: hf_reference.py --out DIR [--arch NAME...]
 """
 import argparse
 import os
 
 import torch
 from safetensors.torch import save_file
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
              num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
              max_position_embeddings=4096, hidden_act="silu")
 PROMPT_LEN = 24
+PREFILL = 8  # tests/model/hf_reference_test.cpp prefills as many, then decodes one at a time
+ARCHS = ["llama31", "mistral", "qwen2", "llama_linear", "llama_dynamic", "qwen2_yarn",
+         "llama_longrope", "qwen3"]
 
 
 def build(arch):
@@ -38,7 +48,77 @@ def build(arch):
         config = Qwen2Config(**SHAPE, tie_word_embeddings=True, rope_theta=1000000.0,
                              use_sliding_window=False)
         return Qwen2ForCausalLM, config
+    # The other rope scalings, each reaching past its pretraining length (16) within the prompt.
+    if arch == "llama_linear":
+        return LlamaForCausalLM, LlamaConfig(**SHAPE, rope_theta=10000.0,
+                                             rope_scaling={"rope_type": "linear", "factor": 4.0})
+    if arch == "llama_dynamic":
+        shape = dict(SHAPE, max_position_embeddings=16)
+        return LlamaForCausalLM, LlamaConfig(**shape, rope_theta=10000.0,
+                                             rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    if arch == "qwen2_yarn":
+        config = Qwen2Config(**dict(SHAPE, max_position_embeddings=64), tie_word_embeddings=True, rope_theta=1000000.0,
+                             use_sliding_window=False,
+                             rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                           "original_max_position_embeddings": 16})
+        return Qwen2ForCausalLM, config
+    if arch == "llama_longrope":
+        half = SHAPE["head_dim"] // 2
+        shape = dict(SHAPE, max_position_embeddings=64)
+        short = [1.0 + 0.05 * i for i in range(half)]
+        long = [1.0 + 0.6 * i for i in range(half)]
+        return LlamaForCausalLM, LlamaConfig(
+            **shape, rope_theta=10000.0,
+            rope_scaling={"rope_type": "longrope", "short_factor": short, "long_factor": long,
+                          "original_max_position_embeddings": 16})
+    # Qwen3 as its long-context checkpoints are served: yarn, and heads * head_dim (128) twice
+    # hidden_size.
+    if arch == "qwen3":
+        shape = dict(SHAPE, head_dim=32, max_position_embeddings=64)
+        config = Qwen3Config(**shape, tie_word_embeddings=True, rope_theta=1000000.0,
+                             use_sliding_window=False,
+                             rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                           "original_max_position_embeddings": 16})
+        return Qwen3ForCausalLM, config
     raise SystemExit(f"unknown arch {arch}")
+
+
+def rope_tables(model):
+    """The table a forward of each length uses, as the rotary embedding computes it."""
+    config = model.config
+    params = config.rope_parameters
+    kind = params.get("rope_type", "default")
+    if kind == "default":
+        return None
+    original = params.get("original_max_position_embeddings", config.max_position_embeddings)
+    lengths = [1, 2, original, original + 1, 4 * original]
+    init = ROPE_INIT_FUNCTIONS[kind]
+    rows, scales = [], []
+    for length in lengths:
+        if kind == "dynamic":
+            # A forward recomputes only past max_position_embeddings, with its length a tensor.
+            seq = torch.tensor(length) if length > config.max_position_embeddings else None
+        else:
+            seq = length
+        inv_freq, scale = init(config, None, seq_len=seq)
+        rows.append(inv_freq.float())
+        scales.append(float(scale))
+    return {"lengths": torch.tensor(lengths, dtype=torch.float32),
+            "inv_freq": torch.stack(rows).contiguous(),
+            "scale": torch.tensor(scales, dtype=torch.float32)}
+
+
+def generation_logits(model, ids):
+    """Logits of every position: PREFILL tokens in one forward, then one a forward."""
+    with torch.no_grad():
+        out = model(input_ids=ids[:, :PREFILL], use_cache=True)
+        logits = [out.logits[0]]
+        cache = out.cache
+        for p in range(PREFILL, ids.shape[1]):
+            out = model(input_ids=ids[:, p:p + 1], cache=cache, use_cache=True)
+            cache = out.cache
+            logits.append(out.logits[0])
+    return torch.cat(logits).float().contiguous()
 
 
 def randomize(model, generator):
@@ -56,7 +136,7 @@ def randomize(model, generator):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--arch", nargs="*", default=["llama31", "mistral", "qwen2"])
+    parser.add_argument("--arch", nargs="*", default=ARCHS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     for index, arch in enumerate(args.arch):
@@ -69,10 +149,12 @@ def main():
         os.makedirs(out, exist_ok=True)
         model.save_pretrained(out, safe_serialization=True)
         ids = torch.randint(0, SHAPE["vocab_size"], (1, PROMPT_LEN), generator=generator)
-        with torch.no_grad():
-            logits = model(input_ids=ids, use_cache=False).logits[0].float().contiguous()
+        tables = rope_tables(model)  # before any forward changes the rotary embedding's state
+        logits = generation_logits(model, ids)
         save_file({"input_ids": ids[0].float().contiguous(), "logits": logits},
                   os.path.join(out, "reference.safetensors"))
+        if tables is not None:
+            save_file(tables, os.path.join(out, "rope.safetensors"))
         print(f"{arch}: wrote {out} (logits {tuple(logits.shape)})")
 
 

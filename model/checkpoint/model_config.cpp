@@ -20,35 +20,102 @@ Error invalid(const std::string& what) {
   return Error(ErrorCode::kInvalidArgument, what);
 }
 
+// A positive, finite real of the scaling block.
+double positive(const JsonField& s, const char* key, double fallback) {
+  const double value = s.real_or(key, fallback);
+  if (value > 0) return value;
+  if (!s.find(key)) throw s.error(std::string("needs a positive \"") + key + "\"");
+  throw s.at(key).error("must be positive");
+}
+
+// longrope's short_factor or long_factor: head_dim / 2 positive reals.
+std::vector<double> rope_factors(const JsonField& s, const char* key, int head_dim) {
+  const JsonField list = s.at(key);
+  list.require_array();
+  std::vector<double> factors;
+  for (const JsonField& e : list.elements()) {
+    factors.push_back(e.real());
+    if (!(factors.back() > 0)) throw e.error("must be positive");
+  }
+  if (static_cast<int>(factors.size()) != head_dim / 2) {
+    throw list.error("has " + std::to_string(factors.size()) + " factors; head_dim " +
+                     std::to_string(head_dim) + " needs " + std::to_string(head_dim / 2));
+  }
+  return factors;
+}
+
+// rope_theta and the scaling block (rope_scaling in older configs, rope_parameters in newer ones
+// holding rope_theta too), read with transformers' defaults: the pretraining length from a
+// top-level original_max_position_embeddings first (Phi-3 keeps it there), else the block's,
+// else max_position_embeddings; yarn's and longrope's factor and attention factor derived where
+// the block gives none. Needs max_position_embeddings and head_dim read.
 void parse_rope(const JsonField& f, ModelConfig& c) {
   c.rope_theta = static_cast<float>(f.real_or("rope_theta", 10000.0));
-  // Older configs: rope_theta + rope_scaling; newer ones: rope_parameters holding both.
   std::optional<JsonField> scaling = f.find("rope_parameters");
-  if (!scaling) scaling = f.find("rope_scaling");
-  if (!scaling) return;
+  if (!scaling || scaling->is_null()) scaling = f.find("rope_scaling");
+  if (!scaling || scaling->is_null()) return;
   const JsonField& s = *scaling;
   s.require_object();
   c.rope_theta = static_cast<float>(s.real_or("rope_theta", c.rope_theta));
   std::string type = "default";
-  for (const char* key : {"rope_type", "type"}) type = s.text_or(key, type);
-  if (type == "default") return;
-  if (type != "llama3") {
-    throw s.error("rope scaling type \"" + printable(type) +
-                  "\" is not supported (supported: default, llama3)");
+  for (const char* key : {"type", "rope_type"}) type = s.text_or(key, type);
+  if (s.real_or("partial_rotary_factor", 1.0) != 1.0) {
+    throw s.at("partial_rotary_factor").error("only 1 (every dimension rotated) is supported");
   }
-  c.rope_scaling.factor = static_cast<float>(s.real_or("factor", 0));
-  c.rope_scaling.low_freq_factor = static_cast<float>(s.real_or("low_freq_factor", 1));
-  c.rope_scaling.high_freq_factor = static_cast<float>(s.real_or("high_freq_factor", 4));
-  c.rope_scaling.original_max_position =
-      static_cast<float>(s.real_or("original_max_position_embeddings", 8192));
-  if (!(c.rope_scaling.factor > 0) ||
-      !(c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor) ||
-      !(c.rope_scaling.low_freq_factor > 0) || !(c.rope_scaling.original_max_position > 0) ||
-      !std::isfinite(c.rope_scaling.factor) || !std::isfinite(c.rope_scaling.high_freq_factor) ||
-      !std::isfinite(c.rope_scaling.original_max_position)) {
-    throw s.error(
-        "llama3 rope scaling needs finite factor > 0, high_freq_factor > low_freq_factor > 0 "
-        "and original_max_position_embeddings > 0");
+  RopeScaling& r = c.rope_scaling;
+  r = RopeScaling{};
+  if (type == "default") return;
+  const double max_pos = c.max_position_embeddings;
+  r.original_max_position =
+      f.find("original_max_position_embeddings")
+          ? static_cast<double>(
+                f.at("original_max_position_embeddings").integer(1, ModelLimits::kPositions))
+          : static_cast<double>(s.integer_or("original_max_position_embeddings",
+                                             c.max_position_embeddings, 1,
+                                             ModelLimits::kPositions));
+  if (type == "linear" || type == "dynamic") {
+    r.type = type == "linear" ? RopeType::kLinear : RopeType::kDynamic;
+    r.factor = positive(s, "factor", 0);
+    if (r.type == RopeType::kDynamic && !(r.factor >= 1)) {
+      throw s.at("factor").error("must be at least 1 for dynamic rope scaling");
+    }
+  } else if (type == "llama3") {
+    r.type = RopeType::kLlama3;
+    r.factor = positive(s, "factor", 0);
+    r.low_freq_factor = positive(s, "low_freq_factor", 1);
+    r.high_freq_factor = positive(s, "high_freq_factor", 4);
+    if (!(r.high_freq_factor > r.low_freq_factor)) {
+      throw s.error("llama3 rope scaling needs high_freq_factor > low_freq_factor");
+    }
+  } else if (type == "yarn") {
+    r.type = RopeType::kYarn;
+    r.factor = positive(s, "factor", max_pos / r.original_max_position);
+    // Zero or absent: the defaults, as transformers reads them.
+    r.beta_fast = s.real_or("beta_fast", 0) != 0 ? s.real_or("beta_fast", 0) : 32;
+    r.beta_slow = s.real_or("beta_slow", 0) != 0 ? s.real_or("beta_slow", 0) : 1;
+    r.truncate = s.boolean_or("truncate", true);
+    const auto mscale = [](double scale, double m) {
+      return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+    };
+    const double m = s.real_or("mscale", 0);
+    const double m_all = s.real_or("mscale_all_dim", 0);
+    r.attention_factor = s.find("attention_factor") && !s.at("attention_factor").is_null()
+                             ? positive(s, "attention_factor", 1)
+                         : (m != 0 && m_all != 0) ? mscale(r.factor, m) / mscale(r.factor, m_all)
+                                                  : mscale(r.factor, 1);
+  } else if (type == "longrope") {
+    r.type = RopeType::kLongRope;
+    r.short_factor = rope_factors(s, "short_factor", c.head_dim);
+    r.long_factor = rope_factors(s, "long_factor", c.head_dim);
+    r.factor = positive(s, "factor", max_pos / r.original_max_position);
+    r.attention_factor =
+        s.find("attention_factor") && !s.at("attention_factor").is_null()
+            ? positive(s, "attention_factor", 1)
+        : r.factor <= 1 ? 1.0
+                        : std::sqrt(1 + std::log(r.factor) / std::log(r.original_max_position));
+  } else {
+    throw s.error("rope scaling type \"" + printable(type) +
+                  "\" is not supported (supported: " + rope_type_names() + ")");
   }
 }
 
@@ -170,11 +237,35 @@ void validate(const ModelConfig& c) {
       !std::isfinite(c.rope_theta)) {
     throw invalid("rms_norm_eps and rope_theta must be positive and finite");
   }
+  const RopeScaling& r = c.rope_scaling;
+  if (r.type != RopeType::kDefault && !(r.factor > 0 && std::isfinite(r.factor))) {
+    throw invalid(std::string(rope_type_name(r.type)) + " rope scaling needs a factor > 0");
+  }
+  if (r.type == RopeType::kLongRope && (static_cast<int>(r.short_factor.size()) != c.head_dim / 2 ||
+                                        static_cast<int>(r.long_factor.size()) != c.head_dim / 2)) {
+    throw invalid("longrope needs head_dim / 2 (" + std::to_string(c.head_dim / 2) +
+                  ") short and long factors");
+  }
   if (is_quantized(c.dtype)) {
     throw invalid(std::string("the weights' dtype must be f32, f16 or bf16, not ") +
                   dtype_name(c.dtype));
   }
 }
+
+namespace {
+
+// Llama 3.1's rope scaling: llama3, factor 8 over a pretraining length of 8192.
+RopeScaling llama31_rope() {
+  RopeScaling r;
+  r.type = RopeType::kLlama3;
+  r.factor = 8;
+  r.low_freq_factor = 1;
+  r.high_freq_factor = 4;
+  r.original_max_position = 8192;
+  return r;
+}
+
+}  // namespace
 
 ModelConfig preset(const std::string& name) {
   ModelConfig c;
@@ -188,7 +279,7 @@ ModelConfig preset(const std::string& name) {
     c.kv_heads = 2;
     c.head_dim = 64;  // a head size FlashInfer's kernels serve, so the demo uses them on a GPU
     c.rope_theta = 500000.0f;
-    c.rope_scaling = RopeScaling{8.0f, 1.0f, 4.0f, 8192.0f};
+    c.rope_scaling = llama31_rope();
     c.max_position_embeddings = 131072;
     c.tie_word_embeddings = true;
     c.dtype = DType::kF32;
@@ -201,7 +292,7 @@ ModelConfig preset(const std::string& name) {
     c.kv_heads = 8;
     c.head_dim = 128;
     c.rope_theta = 500000.0f;
-    c.rope_scaling = RopeScaling{8.0f, 1.0f, 4.0f, 8192.0f};
+    c.rope_scaling = llama31_rope();
     c.max_position_embeddings = 131072;
   } else if (name == "mistral-7b") {
     c.architecture = "MistralForCausalLM";
@@ -215,6 +306,37 @@ ModelConfig preset(const std::string& name) {
     c.head_dim = 128;
     c.rope_theta = 1000000.0f;
     c.max_position_embeddings = 32768;
+  } else if (name == "qwen3-8b") {
+    // Qwen3-8B as served at 128K: yarn, factor 4 over its 32K.
+    c.architecture = "Qwen3ForCausalLM";
+    c.model_type = "qwen3";
+    c.vocab_size = 151936;
+    c.hidden_size = 4096;
+    c.intermediate_size = 12288;
+    c.layers = 36;
+    c.heads = 32;
+    c.kv_heads = 8;
+    c.head_dim = 128;
+    c.rms_norm_eps = 1e-6f;
+    c.rope_theta = 1000000.0f;
+    c.rope_scaling.type = RopeType::kYarn;
+    c.rope_scaling.factor = 4;
+    c.rope_scaling.original_max_position = 32768;
+    c.rope_scaling.attention_factor = 0.1 * std::log(4.0) + 1;
+    c.max_position_embeddings = 131072;
+  } else if (name == "mistral-nemo-12b") {
+    // Mistral Nemo: head_dim 128 where hidden / heads is 160.
+    c.architecture = "MistralForCausalLM";
+    c.model_type = "mistral";
+    c.vocab_size = 131072;
+    c.hidden_size = 5120;
+    c.intermediate_size = 14336;
+    c.layers = 40;
+    c.heads = 32;
+    c.kv_heads = 8;
+    c.head_dim = 128;
+    c.rope_theta = 1000000.0f;
+    c.max_position_embeddings = 131072;
   } else if (name == "qwen2.5-7b") {
     c.architecture = "Qwen2ForCausalLM";
     c.model_type = "qwen2";
@@ -238,7 +360,7 @@ ModelConfig preset(const std::string& name) {
 }
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "llama3-8b", "mistral-7b", "qwen2.5-7b"};
+  return {"tiny", "llama3-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b", "mistral-nemo-12b"};
 }
 
 std::string to_config_json(const ModelConfig& c) {
@@ -257,13 +379,30 @@ std::string to_config_json(const ModelConfig& c) {
   o["rope_theta"] = shortest(c.rope_theta);
   o["max_position_embeddings"] = c.max_position_embeddings;
   o["tie_word_embeddings"] = c.tie_word_embeddings;
-  if (c.rope_scaling.factor > 0) {
-    o["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", shortest(c.rope_scaling.factor)},
-                         {"low_freq_factor", shortest(c.rope_scaling.low_freq_factor)},
-                         {"high_freq_factor", shortest(c.rope_scaling.high_freq_factor)},
-                         {"original_max_position_embeddings",
-                          static_cast<std::int64_t>(c.rope_scaling.original_max_position)}};
+  const RopeScaling& r = c.rope_scaling;
+  if (r.type != RopeType::kDefault) {
+    nlohmann::ordered_json& j = o["rope_scaling"];
+    j["rope_type"] = rope_type_name(r.type);
+    j["factor"] = r.factor;
+    if (r.type != RopeType::kLinear && r.type != RopeType::kDynamic) {
+      j["original_max_position_embeddings"] = static_cast<std::int64_t>(r.original_max_position);
+    }
+    if (r.type == RopeType::kLlama3) {
+      j["low_freq_factor"] = r.low_freq_factor;
+      j["high_freq_factor"] = r.high_freq_factor;
+    }
+    if (r.type == RopeType::kYarn) {
+      j["beta_fast"] = r.beta_fast;
+      j["beta_slow"] = r.beta_slow;
+      j["truncate"] = r.truncate;
+    }
+    if (r.type == RopeType::kYarn || r.type == RopeType::kLongRope) {
+      j["attention_factor"] = r.attention_factor;
+    }
+    if (r.type == RopeType::kLongRope) {
+      j["short_factor"] = r.short_factor;
+      j["long_factor"] = r.long_factor;
+    }
   }
   family_of_architecture(c.architecture, "to_config_json").write_config(c, o);
   o["torch_dtype"] = c.dtype == DType::kF32   ? "float32"

@@ -1,5 +1,5 @@
 // The shape of a Llama-family decoder as Hugging Face's config.json describes it (Llama 2/3/3.1,
-// Mistral, Qwen2), and the built-in presets.
+// Mistral, Qwen2, Qwen3), and the built-in presets.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kvoffload/types.hpp"
-#include "model/decoder/numerics.hpp"
+#include "model/decoder/rope.hpp"
 
 namespace kvo::model {
 
@@ -23,7 +23,7 @@ struct ModelConfig {
   int head_dim = 128;  // head_dim, else hidden_size / heads
   float rms_norm_eps = 1e-5f;
   float rope_theta = 10000.0f;
-  RopeScaling rope_scaling;  // llama3 scaling; factor 0: none
+  RopeScaling rope_scaling;  // rope_scaling / rope_parameters: its type and parameters
   int max_position_embeddings = 4096;
   int sliding_window = 0;  // Mistral: attend to the last N keys; 0: full attention
   bool qkv_bias = false;   // Qwen2, or Llama's attention_bias
@@ -66,8 +66,8 @@ ModelConfig load_model_config(const std::string& path);
 // by kv_heads, even head_dim, ...). Throws kvo::Error(kInvalidArgument) naming the field.
 void validate(const ModelConfig& config);
 
-// Built-in shapes by name: tiny, llama3-8b, mistral-7b, qwen2.5-7b. Throws for an unknown name,
-// listing the known ones.
+// Built-in shapes by name: tiny, llama3-8b, mistral-7b, qwen2.5-7b, qwen3-8b, mistral-nemo-12b.
+// Throws for an unknown name, listing the known ones.
 ModelConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
 

@@ -44,6 +44,8 @@ struct LayerWeights {
   const void* bk = nullptr;
   const void* bv = nullptr;
   const void* bo = nullptr;        // [hidden] or null
+  const void* q_norm = nullptr;    // [head_dim] or null: RMSNorm of each query head (Qwen3)
+  const void* k_norm = nullptr;    // [head_dim] or null: and of each key head
   const void* mlp_norm = nullptr;  // [hidden]
   const void* w_gate = nullptr;    // [intermediate][hidden]
   const void* w_up = nullptr;      // [intermediate][hidden]

@@ -55,9 +55,8 @@ class CudaOps final : public Ops {
   void embed(const std::int32_t* tokens, int n, const void* table, float* out) override {
     cuda::embed(tokens, n, table, elem_, shape_.config.hidden_size, out, stream_);
   }
-  void rms_norm(const float* x, int n, const void* weight, float* out) override {
-    cuda::rms_norm(x, n, shape_.config.hidden_size, weight, elem_, shape_.config.rms_norm_eps, out,
-                   stream_);
+  void rms_norm(const float* x, int n, int width, const void* weight, float* out) override {
+    cuda::rms_norm(x, n, width, weight, elem_, shape_.config.rms_norm_eps, out, stream_);
   }
   void linear(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
               bool accumulate) override {
@@ -92,8 +91,8 @@ class CudaOps final : public Ops {
   }
   void rope(float* q, float* k, int n, const std::int32_t* positions, int first_position) override {
     const ModelConfig& c = shape_.config;
-    cuda::rope(q, k, n, c.heads, c.kv_heads, c.head_dim, shape_.inv_freq, positions, first_position,
-               stream_);
+    cuda::rope(q, k, n, c.heads, c.kv_heads, c.head_dim, shape_.inv_freq, shape_.rope_scale,
+               positions, first_position, stream_);
   }
   void to_cache_rows(const float* x, int n, void* out) override {
     const ModelConfig& c = shape_.config;

@@ -20,7 +20,7 @@ void rms_norm(const float* x, int n, int hidden, const void* weight, DType type,
 // q [n][heads][head_dim], k [n][kv_heads][head_dim] rotated in place; row i at positions[i], or
 // at first_position + i when positions is null. inv_freq [head_dim / 2].
 void rope(float* q, float* k, int n, int heads, int kv_heads, int head_dim, const float* inv_freq,
-          const std::int32_t* positions, int first_position, cudaStream_t stream);
+          float scale, const std::int32_t* positions, int first_position, cudaStream_t stream);
 // out [count] (type) = x [count] f32.
 void convert(const float* x, std::int64_t count, void* out, DType type, cudaStream_t stream);
 // out: n quantized rows (kvoffload/quant.hpp) of `row_bytes` bytes each, row i = x [i][kv_heads]

@@ -53,7 +53,7 @@ __global__ void rms_norm_kernel(const float* x, int hidden, const void* weight, 
 
 // One block per row; threads over (head, pair) of q then k.
 __global__ void rope_kernel(float* q, float* k, int heads, int kv_heads, int head_dim,
-                            const float* inv_freq, const std::int32_t* positions,
+                            const float* inv_freq, float scale, const std::int32_t* positions,
                             int first_position) {
   const int row = blockIdx.x;
   const int pos = positions != nullptr ? positions[row] : first_position + row;
@@ -68,6 +68,8 @@ __global__ void rope_kernel(float* q, float* k, int heads, int kv_heads, int hea
     const float angle = static_cast<float>(pos) * inv_freq[i];
     float s, c;
     sincosf(angle, &s, &c);
+    c *= scale;
+    s *= scale;
     const float a = x[i];
     const float b = x[i + half];
     x[i] = a * c - b * s;
@@ -161,10 +163,10 @@ void rms_norm(const float* x, int n, int hidden, const void* weight, DType type,
 }
 
 void rope(float* q, float* k, int n, int heads, int kv_heads, int head_dim, const float* inv_freq,
-          const std::int32_t* positions, int first_position, cudaStream_t stream) {
+          float scale, const std::int32_t* positions, int first_position, cudaStream_t stream) {
   if (n == 0) return;
-  rope_kernel<<<n, kThreads, 0, stream>>>(q, k, heads, kv_heads, head_dim, inv_freq, positions,
-                                          first_position);
+  rope_kernel<<<n, kThreads, 0, stream>>>(q, k, heads, kv_heads, head_dim, inv_freq, scale,
+                                          positions, first_position);
   KVO_MODEL_LAUNCH_CHECK();
 }
 

@@ -26,6 +26,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
                  const DecoderOptions& options, const ProgressFn& weights_progress)
     : config_((validate(config), config)),  // checked before layout_ sizes anything by it
       family_(family_of_architecture(config_.architecture, "the model")),
+      rope_(config_),
       options_(options),
       layout_(config, options.override_dtype ? options.dtype : config.dtype) {
   if (options_.threads < 0) {
@@ -65,12 +66,10 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   act_->carve(static_cast<std::byte*>(cache_->reserved("activations")), config_, memory.kv_dtype, R,
               P, options_.slots, memory.logit_rows);
   logit_rows_ = memory.logit_rows;
-  std::vector<float> inv_freq(static_cast<std::size_t>(config_.head_dim / 2));
-  for (int i = 0; i < config_.head_dim / 2; ++i) {
-    inv_freq[static_cast<std::size_t>(i)] =
-        rope_inv_freq(i, config_.head_dim, config_.rope_theta, config_.rope_scaling);
-  }
-  cache_->copy_to_device(act_->inv_freq, inv_freq.data(), inv_freq.size() * sizeof(float));
+  const RopeTable& rope = rope_.table();
+  cache_->copy_to_device(act_->inv_freq, rope.inv_freq.data(),
+                         rope.inv_freq.size() * sizeof(float));
+  shape.rope_scale = rope.scale;
   shape.inv_freq = act_->inv_freq;
 
   auto* weights = static_cast<std::byte*>(cache_->reserved("weights"));
@@ -175,7 +174,7 @@ void Decoder::decode_attention(int layer, const LayerView& view) {
 }
 
 void Decoder::head(const float* rows, int n) {
-  ops_->rms_norm(rows, n, weights_.final_norm, act_->xnorm);
+  ops_->rms_norm(rows, n, config_.hidden_size, weights_.final_norm, act_->xnorm);
   ops_->linear(act_->xnorm, n, config_.hidden_size, weights_.lm_head, nullptr, config_.vocab_size,
                act_->logits, false);
 }
@@ -266,6 +265,7 @@ void Decoder::prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
   }
   ActivationLayout& a = *act_;
   ops_->synchronize();  // the previous step's kernels may still read a.tokens
+  follow_rope(static_cast<std::int64_t>(start) + n);  // the prompt's chunks share one table
   cache_->copy_to_device(a.tokens, tokens.data(), tokens.size() * sizeof(std::int32_t));
   ops_->embed(a.tokens, n, weights_.embed, a.residual);
 
@@ -290,6 +290,13 @@ void Decoder::prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
     cache_->release(layer, stream_);
   }
   cache_->end_step();
+}
+
+void Decoder::follow_rope(std::int64_t seq_len) {
+  if (!rope_.update(seq_len)) return;
+  const RopeTable& rope = rope_.table();
+  cache_->copy_to_device(act_->inv_freq, rope.inv_freq.data(),
+                         rope.inv_freq.size() * sizeof(float));
 }
 
 void Decoder::decode(const std::vector<std::int32_t>& tokens, float* logits) {
@@ -337,6 +344,13 @@ int Decoder::decode_layers(const std::vector<std::int32_t>& tokens) {
   }
   const int n = batch_.size();
   if (n == 0) return 0;
+  std::int64_t seq_len = 0;
+  for (int s = 0; s < slots; ++s) {
+    if (tokens[static_cast<std::size_t>(s)] >= 0) {
+      seq_len = std::max<std::int64_t>(seq_len, cache_->length(s) + 1);
+    }
+  }
+  follow_rope(seq_len);
   ActivationLayout& a = *act_;
   cache_->copy_to_device(a.rows, batch_.data(), batch_.bytes());
   ops_->embed(a.rows, n, weights_.embed, a.residual);

@@ -22,6 +22,7 @@
 #include "model/checkpoint/weights.hpp"
 #include "model/decoder/ops.hpp"
 #include "model/decoder/progress.hpp"
+#include "model/decoder/rope.hpp"
 #include "model/decoder/sampler.hpp"
 #include "model/families/family.hpp"
 
@@ -163,6 +164,9 @@ class Decoder {
   void prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
                       const ProgressFn& progress);
   int decode_layers(const std::vector<std::int32_t>& tokens);  // returns the rows decoded
+  // Before a forward whose highest position is seq_len - 1 (the device idle): the rope table it
+  // uses, uploaded where it changed.
+  void follow_rope(std::int64_t seq_len);
   // The logits [n][vocab] of rows [n][hidden], in act_->logits.
   void head(const float* rows, int n);
   void logits_of(const float* rows, int n, float* host_logits);
@@ -171,6 +175,7 @@ class Decoder {
 
   ModelConfig config_;
   const Family& family_;  // model/families/: the config's architecture
+  RopeSchedule rope_;     // the rope table of each forward (dynamic and longrope change it)
   DecoderOptions options_;
   WeightLayout layout_;
   // Destroyed in reverse: the ops (which hold the stream) first, then the stream, then the cache.

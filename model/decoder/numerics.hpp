@@ -110,31 +110,6 @@ KVO_HD void store_elem(void* base, std::int64_t index, DType type, float value) 
 
 // ---- rotary position embedding ---------------------------------------------------------------
 
-// Llama 3 frequency scaling (rope_scaling.rope_type == "llama3"); factor <= 0 means none.
-struct RopeScaling {
-  float factor = 0;
-  float low_freq_factor = 1;
-  float high_freq_factor = 4;
-  float original_max_position = 8192;
-};
-
-// Inverse frequency of rotary pair i of a head of head_dim: theta^(-2i/head_dim), then scaled.
-// Computed in float like the reference implementation, so angles agree to the last bits.
-KVO_HD float rope_inv_freq(int i, int head_dim, float theta, RopeScaling scaling) {
-  const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
-  float inv_freq = 1.0f / powf(theta, exponent);
-  if (scaling.factor <= 0) return inv_freq;
-  const float pi = 3.14159265358979323846f;
-  const float low_freq_wavelen = scaling.original_max_position / scaling.low_freq_factor;
-  const float high_freq_wavelen = scaling.original_max_position / scaling.high_freq_factor;
-  const float wavelen = 2.0f * pi / inv_freq;
-  if (wavelen > low_freq_wavelen) return inv_freq / scaling.factor;  // long wavelengths: scaled
-  if (wavelen < high_freq_wavelen) return inv_freq;                  // short ones: kept
-  const float smooth = (scaling.original_max_position / wavelen - scaling.low_freq_factor) /
-                       (scaling.high_freq_factor - scaling.low_freq_factor);
-  return (1.0f - smooth) * inv_freq / scaling.factor + smooth * inv_freq;
-}
-
 // Rotates one head in place, pairs (i, i + head_dim/2) as Hugging Face's rotate_half does.
 // x [head_dim]; inv_freq [head_dim/2].
 KVO_HD void rope_rotate(float* x, int head_dim, const float* inv_freq, int position) {

@@ -48,8 +48,9 @@ class Ops {
 
   // out [n][hidden] = embed[tokens[i]] (tokens [n] int32, device).
   virtual void embed(const std::int32_t* tokens, int n, const void* table, float* out) = 0;
-  // out [n][hidden] = x / sqrt(mean(x^2) + eps) * weight.
-  virtual void rms_norm(const float* x, int n, const void* weight, float* out) = 0;
+  // out [n][width] = x / sqrt(mean(x^2) + eps) * weight, row by row: x [n][width], weight
+  // [width] (hidden for the model's norms, head_dim for Qwen3's per-head ones). out may be x.
+  virtual void rms_norm(const float* x, int n, int width, const void* weight, float* out) = 0;
   // y [n][out] = x [n][in] W^T + bias (W [out][in] in the model dtype; bias [out] or null);
   // with `accumulate`, y += instead (the residual add).
   virtual void linear(const float* x, int n, int in, const void* w, const void* bias, int out,
@@ -99,7 +100,8 @@ struct OpsShape {
   int max_decode_rows = 1;       // slots
   int max_seq = 1;
   int threads = 1;                  // host path: threads of its pool
-  const float* inv_freq = nullptr;  // [head_dim / 2], device
+  const float* inv_freq = nullptr;  // [head_dim / 2], device; the decoder updates it (rope.hpp)
+  float rope_scale = 1;             // on cos and sin (yarn's and longrope's attention factor)
   // CUDA: the attention kernels, chosen once with the plan (plan_decoder_memory) and sized in
   // its workspace; the ops run what it says.
   AttentionKernels kernels;

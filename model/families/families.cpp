@@ -9,10 +9,11 @@ namespace kvo::model {
 extern const Family kLlamaFamily;
 extern const Family kMistralFamily;
 extern const Family kQwen2Family;
+extern const Family kQwen3Family;
 
 namespace {
 
-const Family* const kFamilies[] = {&kLlamaFamily, &kMistralFamily, &kQwen2Family};
+const Family* const kFamilies[] = {&kLlamaFamily, &kMistralFamily, &kQwen2Family, &kQwen3Family};
 
 }  // namespace
 

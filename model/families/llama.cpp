@@ -29,18 +29,22 @@ std::vector<LayerTensor> layer_tensors(const ModelConfig& c) {
   return t;
 }
 
-void attention_inputs(const LayerContext& l, const float* x, int n, const std::int32_t* positions,
-                      int first_position) {
+void project_qkv(const LayerContext& l, const float* x, int n) {
   const ModelConfig& c = l.config;
   ActivationLayout& a = l.a;
   const int qd = static_cast<int>(c.q_dim());
   const int kvd = static_cast<int>(c.kv_dim());
-  l.ops.rms_norm(x, n, l.w.attn_norm, a.xnorm);
+  l.ops.rms_norm(x, n, c.hidden_size, l.w.attn_norm, a.xnorm);
   const Ops::Projection qkv[3] = {{l.w.wq, l.w.bq, qd, a.q, false},
                                   {l.w.wk, l.w.bk, kvd, a.k, false},
                                   {l.w.wv, l.w.bv, kvd, a.v, false}};
   l.ops.linear_many(a.xnorm, n, c.hidden_size, qkv, 3);
-  l.ops.rope(a.q, a.k, n, positions, first_position);
+}
+
+void attention_inputs(const LayerContext& l, const float* x, int n, const std::int32_t* positions,
+                      int first_position) {
+  project_qkv(l, x, n);
+  l.ops.rope(l.a.q, l.a.k, n, positions, first_position);
 }
 
 void attention_output(const LayerContext& l, float* x, int n) {
@@ -53,7 +57,7 @@ void mlp(const LayerContext& l, float* x, int n) {
   ActivationLayout& a = l.a;
   const int h = c.hidden_size;
   const int ff = c.intermediate_size;
-  l.ops.rms_norm(x, n, l.w.mlp_norm, a.xnorm);
+  l.ops.rms_norm(x, n, h, l.w.mlp_norm, a.xnorm);
   const Ops::Projection gate_up[2] = {{l.w.w_gate, nullptr, ff, a.gate, false},
                                       {l.w.w_up, nullptr, ff, a.up, false}};
   l.ops.linear_many(a.xnorm, n, h, gate_up, 2);

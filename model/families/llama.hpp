@@ -1,4 +1,5 @@
-// The Llama block, which Mistral and Qwen2 share (model/families/mistral.cpp, qwen2.cpp): an
+// The Llama block, which Mistral, Qwen2 and Qwen3 share (model/families/mistral.cpp, qwen2.cpp,
+// qwen3.cpp, which adds a norm of each q and k head): an
 // RMSNorm before attention and before the MLP, q, k and v projections (with biases where the
 // config says), rotary embeddings, the output projection (with a bias where it says), and a
 // SwiGLU MLP; and the tensors of its layers, as transformers names them.
@@ -11,6 +12,8 @@
 namespace kvo::model::llama {
 
 std::vector<LayerTensor> layer_tensors(const ModelConfig& c);
+// a.q, a.k and a.v of x, before the rotation: the input norm and the projections.
+void project_qkv(const LayerContext& l, const float* x, int n);
 void attention_inputs(const LayerContext& l, const float* x, int n, const std::int32_t* positions,
                       int first_position);
 void attention_output(const LayerContext& l, float* x, int n);

@@ -49,8 +49,10 @@ void HostOps::embed(const std::int32_t* tokens, int n, const void* table, float*
   });
 }
 
-void HostOps::rms_norm(const float* x, int n, const void* weight, float* out) {
-  const int h = shape_.config.hidden_size;
+void HostOps::rms_norm(const float* x, int n, int width, const void* weight, float* out) {
+  const int h = width;
+  if (norm_weight_.size() < static_cast<std::size_t>(h))
+    norm_weight_.resize(static_cast<std::size_t>(h));
   kernels::to_f32(weight, elem_, h, norm_weight_.data());
   pool_.run(blocks_of(n, kRowBlock), [&](int b, int) {
     const int t0 = b * kRowBlock;
@@ -76,8 +78,8 @@ void HostOps::rope(float* q, float* k, int n, const std::int32_t* positions, int
       const int pos = positions != nullptr ? positions[i] : first_position + i;
       for (int e = 0; e < half; ++e) {
         const float angle = static_cast<float>(pos) * shape_.inv_freq[e];
-        cos_sin[e] = cosf(angle);
-        cos_sin[half + e] = sinf(angle);
+        cos_sin[e] = cosf(angle) * shape_.rope_scale;
+        cos_sin[half + e] = sinf(angle) * shape_.rope_scale;
       }
       auto rotate = [&](float* x) {
         for (int e = 0; e < half; ++e) {

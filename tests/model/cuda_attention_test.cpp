@@ -36,6 +36,7 @@
 #include "model/cuda/attention_kernels.hpp"
 #include "model/cuda/cuda_ops.hpp"
 #include "model/decoder/memory_plan.hpp"
+#include "model/decoder/numerics.hpp"
 
 namespace kvo::model {
 namespace {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -93,15 +94,78 @@ TEST(ModelConfig, ParsesHuggingFaceFields) {
   EXPECT_EQ(l.kv_heads, 4);
   EXPECT_EQ(l.head_dim, 32);
   EXPECT_FLOAT_EQ(l.rope_theta, 500000.0f);
-  EXPECT_FLOAT_EQ(l.rope_scaling.factor, 8.0f);
+  EXPECT_DOUBLE_EQ(l.rope_scaling.factor, 8.0);
   // What to_config_json writes reads back the same.
   const ModelConfig t = preset("tiny");
   const ModelConfig back = parse_model_config(to_config_json(t), "round trip");
   EXPECT_EQ(back.hidden_size, t.hidden_size);
   EXPECT_EQ(back.kv_heads, t.kv_heads);
   EXPECT_EQ(back.tie_word_embeddings, t.tie_word_embeddings);
-  EXPECT_FLOAT_EQ(back.rope_scaling.original_max_position, t.rope_scaling.original_max_position);
+  EXPECT_DOUBLE_EQ(back.rope_scaling.original_max_position, t.rope_scaling.original_max_position);
   EXPECT_EQ(back.dtype, t.dtype);
+}
+
+// Every rope scaling type, read with transformers' defaults and derivations, written back by
+// to_config_json unchanged; and what it cannot serve refused by name.
+TEST(ModelConfig, RopeScalingsReadAsTransformersReadsThem) {
+  const auto config = [](const std::string& rope, const std::string& extra = "") {
+    return parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10,
+      "hidden_size": 64, "intermediate_size": 100, "num_hidden_layers": 1,
+      "num_attention_heads": 4, "head_dim": 8, "max_position_embeddings": 65536,
+      "rope_theta": 10000.0, "rope_scaling": )" +
+                                  rope + extra + "}",
+                              "cfg.json");
+  };
+  // yarn: factor given, attention factor derived as 0.1 ln(factor) + 1; betas default.
+  const ModelConfig y = config(R"({"rope_type": "yarn", "factor": 4.0,
+    "original_max_position_embeddings": 16384})");
+  EXPECT_EQ(y.rope_scaling.type, RopeType::kYarn);
+  EXPECT_DOUBLE_EQ(y.rope_scaling.attention_factor, 0.1 * std::log(4.0) + 1);
+  EXPECT_DOUBLE_EQ(y.rope_scaling.beta_fast, 32);
+  EXPECT_DOUBLE_EQ(y.rope_scaling.beta_slow, 1);
+  // mscale and mscale_all_dim: their ratio; no factor: max_position over the original.
+  const ModelConfig ym = config(R"({"type": "yarn", "mscale": 0.707, "mscale_all_dim": 1.0,
+    "original_max_position_embeddings": 4096})");
+  EXPECT_DOUBLE_EQ(ym.rope_scaling.factor, 16);
+  EXPECT_DOUBLE_EQ(ym.rope_scaling.attention_factor,
+                   (0.1 * 0.707 * std::log(16.0) + 1) / (0.1 * std::log(16.0) + 1));
+  // longrope: a top-level original_max_position_embeddings wins (Phi-3 keeps it there); the
+  // attention factor is sqrt(1 + ln(factor) / ln(original)).
+  const std::string factors = "[1, 1, 1, 2]";
+  const ModelConfig l =
+      config(R"({"rope_type": "longrope", "short_factor": )" + factors + R"(, "long_factor": )" +
+                 factors + R"(, "original_max_position_embeddings": 99})",
+             R"(, "original_max_position_embeddings": 4096)");
+  EXPECT_DOUBLE_EQ(l.rope_scaling.original_max_position, 4096);
+  EXPECT_DOUBLE_EQ(l.rope_scaling.factor, 16);
+  EXPECT_DOUBLE_EQ(l.rope_scaling.attention_factor,
+                   std::sqrt(1 + std::log(16.0) / std::log(4096.0)));
+  // llama3 without a pretraining length: max_position_embeddings, as transformers defaults it.
+  const ModelConfig l3 = config(R"({"rope_type": "llama3", "factor": 8.0})");
+  EXPECT_DOUBLE_EQ(l3.rope_scaling.original_max_position, 65536);
+  // Each written by to_config_json and read back the same, table for table.
+  for (const ModelConfig& c : {y, ym, l, l3, config(R"({"rope_type": "linear", "factor": 2})"),
+                               config(R"({"rope_type": "dynamic", "factor": 2})")}) {
+    const ModelConfig back = parse_model_config(to_config_json(c), "round trip");
+    EXPECT_EQ(describe(back.rope_scaling), describe(c.rope_scaling));
+    for (const std::int64_t len : {1, 4097, 200000}) {
+      EXPECT_EQ(rope_table(back, len).inv_freq, rope_table(c, len).inv_freq) << len;
+    }
+  }
+  // Refused, naming what is wrong.
+  expect_error([&] { config(R"({"rope_type": "dynamic", "factor": 0.5})"); },
+               {"cfg.json", "factor", "at least 1"});
+  expect_error([&] { config(R"({"rope_type": "linear"})"); }, {"factor", "positive"});
+  expect_error(
+      [&] {
+        config(R"({"rope_type": "longrope", "short_factor": [1, 1], "long_factor": [1, 1]})");
+      },
+      {"short_factor", "has 2 factors; head_dim 8 needs 4"});
+  expect_error(
+      [&] { config(R"({"rope_type": "yarn", "factor": 4, "partial_rotary_factor": 0.5})"); },
+      {"partial_rotary_factor"});
+  expect_error([&] { config(R"({"rope_type": "llama3", "factor": 8, "low_freq_factor": 4})"); },
+               {"high_freq_factor > low_freq_factor"});
 }
 
 TEST(ModelConfig, ErrorsNameTheProblem) {
@@ -127,10 +191,10 @@ TEST(ModelConfig, ErrorsNameTheProblem) {
       [] {
         parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10,
           "hidden_size": 64, "intermediate_size": 10, "num_hidden_layers": 1,
-          "num_attention_heads": 4, "rope_scaling": {"rope_type": "yarn", "factor": 4}})",
+          "num_attention_heads": 4, "rope_scaling": {"rope_type": "su", "factor": 4}})",
                            "cfg.json");
       },
-      {"yarn"});
+      {"\"su\" is not supported", "yarn", "longrope"});
   expect_error([] { load_model_config("/nonexistent/config.json"); }, {"cannot open"});
   expect_error([] { preset("llama-9000"); }, {"llama-9000", "tiny"});
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "model/decoder/decoder.hpp"
+#include "model/decoder/numerics.hpp"
 #include "model/decoder/sampler.hpp"
 
 namespace kvo::model::testing {

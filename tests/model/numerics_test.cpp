@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/decoder/numerics.hpp"
+#include "model/decoder/rope.hpp"
 
 namespace kvo::model {
 namespace {
@@ -73,7 +74,16 @@ TEST(Numerics, F16RoundsToNearestEvenAndRoundTrips) {
 TEST(Numerics, Llama3RopeScalingMatchesTheFormula) {
   const int head_dim = 128;
   const double theta = 500000.0;
-  const RopeScaling s{8.0f, 1.0f, 4.0f, 8192.0f};
+  RopeScaling s;
+  s.type = RopeType::kLlama3;
+  s.factor = 8;
+  s.low_freq_factor = 1;
+  s.high_freq_factor = 4;
+  s.original_max_position = 8192;
+  const std::vector<float> llama3 =
+      rope_table(s, static_cast<float>(theta), head_dim, 131072, 0).inv_freq;
+  const std::vector<float> plain =
+      rope_table(RopeScaling{}, static_cast<float>(theta), head_dim, 131072, 0).inv_freq;
   int scaled = 0, kept = 0, smoothed = 0;
   for (int i = 0; i < head_dim / 2; ++i) {
     const double inv = 1.0 / std::pow(theta, 2.0 * i / head_dim);
@@ -96,11 +106,8 @@ TEST(Numerics, Llama3RopeScalingMatchesTheFormula) {
     // ratio is at most 4); smooth weighs 7/8 of inv against at least inv / 8 of the result: 98u,
     // and the blend's 4 operations: 4u; 112u in all, relative to the result.
     const double bound = (in_smoothed_band ? 112 : 6) * kU;
-    EXPECT_NEAR(rope_inv_freq(i, head_dim, static_cast<float>(theta), s), expected,
-                bound * expected)
-        << i;
-    EXPECT_NEAR(rope_inv_freq(i, head_dim, static_cast<float>(theta), RopeScaling{}), inv,
-                5 * kU * inv);
+    EXPECT_NEAR(llama3[static_cast<std::size_t>(i)], expected, bound * expected) << i;
+    EXPECT_NEAR(plain[static_cast<std::size_t>(i)], inv, 5 * kU * inv);
   }
   EXPECT_GT(scaled, 0);
   EXPECT_GT(kept, 0);
@@ -112,7 +119,7 @@ TEST(Numerics, RopeRotatesPairsLikeRotateHalf) {
   std::vector<float> inv(d / 2), x(d);
   std::mt19937 rng(3);
   std::normal_distribution<float> dist;
-  for (int i = 0; i < d / 2; ++i) inv[i] = rope_inv_freq(i, d, 10000.0f, {});
+  inv = rope_table(RopeScaling{}, 10000.0f, d, 4096, 0).inv_freq;
   for (auto& v : x) v = dist(rng);
   std::vector<float> y = x;
   const int pos = 37;

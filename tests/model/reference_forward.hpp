@@ -43,6 +43,7 @@
 #include "model/checkpoint/weights.hpp"
 #include "model/decoder/decoder.hpp"
 #include "model/decoder/numerics.hpp"
+#include "model/decoder/rope.hpp"
 #include "model/host/host_linear.hpp"
 
 namespace kvo::model::testing {
@@ -120,6 +121,9 @@ class ReferenceModel {
   // Also model the mean of squares of RMSNorm as a float32 sum (transformers takes it so; the
   // host path in double, with less error): for a bound that covers both.
   void round_mean_square(bool yes) { float_mean_square_ = yes; }
+  // The decoder's forwards, which the rope table of dynamic and longrope follows (rope.hpp): the
+  // first `positions` in one forward, then one position a forward. 0 (the default): all in one.
+  void prefill_forward(int positions) { prefill_ = positions; }
 
   const ModelConfig& config() const { return c_; }
 
@@ -169,6 +173,10 @@ class ReferenceModel {
       Rows q = linear(xn, n, h, w.wq, w.bq, qd, nullptr, r);
       Rows k = linear(xn, n, h, w.wk, w.bk, kvd, nullptr, r);
       Rows v = linear(xn, n, h, w.wv, w.bv, kvd, nullptr, r);
+      if (w.q_norm != nullptr) {  // Qwen3: each head normed before the rotation
+        q = rms_norm(q, n * c_.heads, w.q_norm, r, c_.head_dim);
+        k = rms_norm(k, n * c_.kv_heads, w.k_norm, r, c_.head_dim);
+      }
       rope(q, n, c_.heads, r);
       rope(k, n, c_.kv_heads, r);
       store(k, n, kv.dtype, r);
@@ -211,8 +219,9 @@ class ReferenceModel {
   }
 
   // The mean of squares in double (as the host path takes it), its inverse root rounded to float.
-  Rows rms_norm(const Rows& x, int n, const void* w, Rounding& r) const {
-    const int h = c_.hidden_size;
+  // Rows of `width` (0: hidden_size).
+  Rows rms_norm(const Rows& x, int n, const void* w, Rounding& r, int width = 0) const {
+    const int h = width > 0 ? width : c_.hidden_size;
     Rows y(x.size());
     for (int t = 0; t < n; ++t) {
       double ms = 0;
@@ -226,18 +235,37 @@ class ReferenceModel {
     return y;
   }
 
-  // Row t at position t; the angle is the float32 product the host path and the kernels take.
+  // The rope table of each position, forward by forward as the decoder follows it.
+  std::vector<RopeTable> rope_tables(int n) const {
+    RopeSchedule schedule(c_);
+    const int first = prefill_ > 0 ? std::min(prefill_, n) : n;
+    schedule.update(first);
+    std::vector<RopeTable> tables(static_cast<std::size_t>(n), schedule.table());
+    for (int p = first; p < n; ++p) {
+      schedule.update(p + 1);
+      tables[static_cast<std::size_t>(p)] = schedule.table();
+    }
+    return tables;
+  }
+
+  // Row t at position t; the angle is the float32 product the host path and the kernels take,
+  // cos and sin then scaled (yarn, longrope) in float32.
   void rope(Rows& x, int n, int heads, Rounding& r) const {
     const int d = c_.head_dim;
     const int half = d / 2;
+    const std::vector<RopeTable> tables = rope_tables(n);
     for (int t = 0; t < n; ++t) {
+      const RopeTable& table = tables[static_cast<std::size_t>(t)];
       for (int head = 0; head < heads; ++head) {
         double* v = x.data() + (static_cast<std::size_t>(t) * heads + head) * d;
         for (int i = 0; i < half; ++i) {
-          const float angle =
-              static_cast<float>(t) * rope_inv_freq(i, d, c_.rope_theta, c_.rope_scaling);
-          const double cs = r(std::cos(static_cast<double>(angle)));
-          const double sn = r(std::sin(static_cast<double>(angle)));
+          const float angle = static_cast<float>(t) * table.inv_freq[static_cast<std::size_t>(i)];
+          double cs = r(std::cos(static_cast<double>(angle)));
+          double sn = r(std::sin(static_cast<double>(angle)));
+          if (table.scale != 1.0f) {
+            cs = r(cs * table.scale);
+            sn = r(sn * table.scale);
+          }
           const double a = v[i], b = v[i + half];
           v[i] = r(r(a * cs) - r(b * sn));
           v[i + half] = r(r(b * cs) + r(a * sn));
@@ -324,6 +352,7 @@ class ReferenceModel {
   std::vector<std::byte> region_;
   ModelWeights w_;
   bool float_mean_square_ = false;
+  int prefill_ = 0;
   bool bf16_inputs_ = false;
 };
 

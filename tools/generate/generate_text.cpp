@@ -267,10 +267,10 @@ std::string TextSession::fingerprint(const model::Decoder& decoder,
       << "\nintermediate_size=" << c.intermediate_size << "\nlayers=" << c.layers
       << "\nheads=" << c.heads << "\nkv_heads=" << c.kv_heads << "\nhead_dim=" << c.head_dim
       << "\nrms_norm_eps=" << c.rms_norm_eps << "\nrope_theta=" << c.rope_theta
-      << "\nrope_scaling_factor=" << c.rope_scaling.factor
-      << "\nsliding_window=" << c.sliding_window << "\nqkv_bias=" << c.qkv_bias
-      << "\no_bias=" << c.o_bias << "\ntie_word_embeddings=" << c.tie_word_embeddings
-      << "\ndtype=" << dtype_name(dtype) << "\nweights="
+      << "\nrope=" << model::describe(c.rope_scaling) << "\nsliding_window=" << c.sliding_window
+      << "\nqkv_bias=" << c.qkv_bias << "\no_bias=" << c.o_bias
+      << "\ntie_word_embeddings=" << c.tie_word_embeddings << "\ndtype=" << dtype_name(dtype)
+      << "\nweights="
       << (source.checkpoint_dir.empty() ? "seed " + std::to_string(source.seed) : "checkpoint");
   if (!source.checkpoint_dir.empty()) {
     // The weights' and the tokenizer's bytes: another model of the same shape is refused.
