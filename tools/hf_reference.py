@@ -22,7 +22,8 @@ import torch
 from safetensors.torch import save_file
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM)
 
 SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
              num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
@@ -30,7 +31,7 @@ SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_l
 PROMPT_LEN = 24
 PREFILL = 8  # tests/model/hf_reference_test.cpp prefills as many, then decodes one at a time
 ARCHS = ["llama31", "mistral", "qwen2", "llama_linear", "llama_dynamic", "qwen2_yarn",
-         "llama_longrope", "qwen3"]
+         "llama_longrope", "qwen3", "phi3"]
 
 
 def build(arch):
@@ -80,6 +81,18 @@ def build(arch):
                              rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                            "original_max_position_embeddings": 16})
         return Qwen3ForCausalLM, config
+    # Phi-3 as its 128K models are configured: fused projections, longrope with the pretraining
+    # length at the top level, and a window.
+    if arch == "phi3":
+        half = SHAPE["head_dim"] // 2
+        shape = dict(SHAPE, max_position_embeddings=64)
+        config = Phi3Config(**shape, original_max_position_embeddings=16, sliding_window=12,
+                            pad_token_id=0, eos_token_id=2, bos_token_id=1,
+                            tie_word_embeddings=False, rope_theta=10000.0,
+                            rope_scaling={"rope_type": "longrope",
+                                          "short_factor": [1.0 + 0.03 * i for i in range(half)],
+                                          "long_factor": [1.0 + 0.8 * i for i in range(half)]})
+        return Phi3ForCausalLM, config
     raise SystemExit(f"unknown arch {arch}")
 
 

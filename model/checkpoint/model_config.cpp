@@ -49,7 +49,7 @@ std::vector<double> rope_factors(const JsonField& s, const char* key, int head_d
 // top-level original_max_position_embeddings first (Phi-3 keeps it there), else the block's,
 // else max_position_embeddings; yarn's and longrope's factor and attention factor derived where
 // the block gives none. Needs max_position_embeddings and head_dim read.
-void parse_rope(const JsonField& f, ModelConfig& c) {
+void parse_rope(const JsonField& f, ModelConfig& c, const Family& family) {
   c.rope_theta = static_cast<float>(f.real_or("rope_theta", 10000.0));
   std::optional<JsonField> scaling = f.find("rope_parameters");
   if (!scaling || scaling->is_null()) scaling = f.find("rope_scaling");
@@ -59,6 +59,9 @@ void parse_rope(const JsonField& f, ModelConfig& c) {
   c.rope_theta = static_cast<float>(s.real_or("rope_theta", c.rope_theta));
   std::string type = "default";
   for (const char* key : {"type", "rope_type"}) type = s.text_or(key, type);
+  for (const auto& [name, meaning] : family.rope_aliases) {
+    if (type == name) type = meaning;
+  }
   if (s.real_or("partial_rotary_factor", 1.0) != 1.0) {
     throw s.at("partial_rotary_factor").error("only 1 (every dimension rotated) is supported");
   }
@@ -184,7 +187,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   c.rms_norm_eps = static_cast<float>(f.real_or("rms_norm_eps", 1e-6));
   c.max_position_embeddings = optional("max_position_embeddings", 1, L::kPositions, 4096);
   c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
-  parse_rope(f, c);
+  parse_rope(f, c, *family);
   family->read_config(f, c);
   std::string dtype = f.text_or("torch_dtype", f.text_or("dtype", "bfloat16"));
   try {
@@ -337,6 +340,29 @@ ModelConfig preset(const std::string& name) {
     c.head_dim = 128;
     c.rope_theta = 1000000.0f;
     c.max_position_embeddings = 131072;
+  } else if (name == "phi3-mini-128k") {
+    // Phi-3-mini-128k's shape: head_dim 96, every head its own KV head, longrope from 4K. Its
+    // factors here are a smooth ramp, not the released ones (a preset is a shape and its bytes).
+    c.architecture = "Phi3ForCausalLM";
+    c.model_type = "phi3";
+    c.vocab_size = 32064;
+    c.hidden_size = 3072;
+    c.intermediate_size = 8192;
+    c.layers = 32;
+    c.heads = 32;
+    c.kv_heads = 32;
+    c.head_dim = 96;
+    c.rope_theta = 10000.0f;
+    c.max_position_embeddings = 131072;
+    RopeScaling& r = c.rope_scaling;
+    r.type = RopeType::kLongRope;
+    r.original_max_position = 4096;
+    r.factor = 32;
+    r.attention_factor = std::sqrt(1 + std::log(32.0) / std::log(4096.0));
+    for (int i = 0; i < c.head_dim / 2; ++i) {
+      r.short_factor.push_back(1.0 + 0.02 * i);
+      r.long_factor.push_back(1.0 + 0.6 * i);
+    }
   } else if (name == "qwen2.5-7b") {
     c.architecture = "Qwen2ForCausalLM";
     c.model_type = "qwen2";
@@ -360,7 +386,8 @@ ModelConfig preset(const std::string& name) {
 }
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "llama3-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b", "mistral-nemo-12b"};
+  return {"tiny",     "llama3-8b",        "mistral-7b",    "qwen2.5-7b",
+          "qwen3-8b", "mistral-nemo-12b", "phi3-mini-128k"};
 }
 
 std::string to_config_json(const ModelConfig& c) {

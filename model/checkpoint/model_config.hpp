@@ -1,5 +1,5 @@
 // The shape of a Llama-family decoder as Hugging Face's config.json describes it (Llama 2/3/3.1,
-// Mistral, Qwen2, Qwen3), and the built-in presets.
+// Mistral, Qwen2, Qwen3, Phi-3), and the built-in presets.
 #pragma once
 
 #include <cstdint>
@@ -66,7 +66,8 @@ ModelConfig load_model_config(const std::string& path);
 // by kv_heads, even head_dim, ...). Throws kvo::Error(kInvalidArgument) naming the field.
 void validate(const ModelConfig& config);
 
-// Built-in shapes by name: tiny, llama3-8b, mistral-7b, qwen2.5-7b, qwen3-8b, mistral-nemo-12b.
+// Built-in shapes by name: tiny, llama3-8b, mistral-7b, qwen2.5-7b, qwen3-8b, mistral-nemo-12b,
+// phi3-mini-128k.
 // Throws for an unknown name, listing the known ones.
 ModelConfig preset(const std::string& name);
 std::vector<std::string> preset_names();

@@ -135,7 +135,7 @@ void Decoder::check_tokens(const std::vector<std::int32_t>& tokens) const {
 }
 
 LayerContext Decoder::layer_context(int layer) {
-  return {*ops_, config_, weights_.layers[static_cast<std::size_t>(layer)], *act_};
+  return {*ops_, config_, weights_.layers[static_cast<std::size_t>(layer)], *act_, layout_.dtype()};
 }
 
 void Decoder::prefill_attention(int layer, const LayerView& view, float* x, int n, int slot,

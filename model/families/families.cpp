@@ -10,10 +10,12 @@ extern const Family kLlamaFamily;
 extern const Family kMistralFamily;
 extern const Family kQwen2Family;
 extern const Family kQwen3Family;
+extern const Family kPhi3Family;
 
 namespace {
 
-const Family* const kFamilies[] = {&kLlamaFamily, &kMistralFamily, &kQwen2Family, &kQwen3Family};
+const Family* const kFamilies[] = {&kLlamaFamily, &kMistralFamily, &kQwen2Family, &kQwen3Family,
+                                   &kPhi3Family};
 
 }  // namespace
 

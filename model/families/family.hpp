@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/checkpoint/model_config.hpp"
@@ -40,6 +41,7 @@ struct LayerContext {
   const ModelConfig& config;
   const LayerWeights& w;
   ActivationLayout& a;
+  DType weight_dtype;  // of w's tensors (a fused tensor's parts lie at offsets of it)
 };
 
 struct Family {
@@ -62,6 +64,9 @@ struct Family {
   void (*attention_output)(const LayerContext& l, float* x, int n) = nullptr;
   // x [n][hidden] += the layer's MLP of x.
   void (*mlp)(const LayerContext& l, float* x, int n) = nullptr;
+  // Older names of rope types the family's configs use, as {name, meaning} (Phi-3: su and yarn
+  // mean longrope).
+  std::vector<std::pair<const char*, const char*>> rope_aliases = {};
 };
 
 // The family serving an architecture (config.json's architectures[0]), or a model_type (when

@@ -1,7 +1,19 @@
 # Runs kvo-generate on the tiny preset (host backend, a 2000-token prompt, 32 new tokens) with
 # every layer resident and with every layer streamed through two staging buffers, and fails
 # unless both generate the same tokens. Usage: cmake -DGENERATE=path -P compare_generate.cmake
-set(common --preset tiny --backend host --prompt-len 2000 --max-new 32 --json --quiet)
+# With -DMAKE_MODEL=path -DARCH=NAME -DDIR=dir: on a random checkpoint of that family
+# (kvo-make-model --preset tiny --arch NAME) instead, read from its files.
+set(source --preset tiny)
+if(DEFINED ARCH)
+  file(REMOVE_RECURSE ${DIR})
+  execute_process(COMMAND ${MAKE_MODEL} --preset tiny --arch ${ARCH} --layers 3 --out ${DIR}
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "kvo-make-model --arch ${ARCH} failed (${rc}):\n${out}\n${err}")
+  endif()
+  set(source --model ${DIR})
+endif()
+set(common ${source} --backend host --prompt-len 2000 --max-new 32 --json --quiet)
 set(tokens "")
 foreach(placement "--resident;all" "--resident;0;--ring;2")
   execute_process(COMMAND ${GENERATE} ${common} ${placement} OUTPUT_VARIABLE out

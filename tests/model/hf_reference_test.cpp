@@ -117,8 +117,8 @@ TEST_P(HfReference, RopeTablesMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Architectures, HfReference,
                          ::testing::Values("llama31", "mistral", "qwen2", "llama_linear",
-                                           "llama_dynamic", "qwen2_yarn", "llama_longrope",
-                                           "qwen3"));
+                                           "llama_dynamic", "qwen2_yarn", "llama_longrope", "qwen3",
+                                           "phi3"));
 
 }  // namespace
 }  // namespace kvo::model

@@ -154,6 +154,12 @@ class ReferenceModel {
  private:
   using Rows = std::vector<double>;  // [rows][width]
 
+  const void* rows_of(const void* fused, std::int64_t first, int in) const {
+    return static_cast<const std::byte*>(fused) + static_cast<std::size_t>(first) *
+                                                      static_cast<std::size_t>(in) *
+                                                      dtype_size(layout_.dtype());
+  }
+
   double weight(const void* base, std::int64_t i) const {
     return load_elem(base, i, layout_.dtype());
   }
@@ -170,9 +176,12 @@ class ReferenceModel {
     const int kvd = static_cast<int>(c_.kv_dim());
     for (const LayerWeights& w : w_.layers) {
       const Rows xn = rms_norm(x, n, w.attn_norm, r);
+      // Phi-3's fused q, k, v (and gate, up): each part the rows at an offset of the tensor.
+      const void* wk = w.wk != nullptr ? w.wk : rows_of(w.wq, qd, h);
+      const void* wv = w.wv != nullptr ? w.wv : rows_of(w.wq, qd + kvd, h);
       Rows q = linear(xn, n, h, w.wq, w.bq, qd, nullptr, r);
-      Rows k = linear(xn, n, h, w.wk, w.bk, kvd, nullptr, r);
-      Rows v = linear(xn, n, h, w.wv, w.bv, kvd, nullptr, r);
+      Rows k = linear(xn, n, h, wk, w.bk, kvd, nullptr, r);
+      Rows v = linear(xn, n, h, wv, w.bv, kvd, nullptr, r);
       if (w.q_norm != nullptr) {  // Qwen3: each head normed before the rotation
         q = rms_norm(q, n * c_.heads, w.q_norm, r, c_.head_dim);
         k = rms_norm(k, n * c_.kv_heads, w.k_norm, r, c_.head_dim);
@@ -184,7 +193,8 @@ class ReferenceModel {
       x = linear(attention(q, k, v, n, r), n, qd, w.wo, w.bo, h, &x, r);
       const Rows xm = rms_norm(x, n, w.mlp_norm, r);
       Rows gate = linear(xm, n, h, w.w_gate, nullptr, c_.intermediate_size, nullptr, r);
-      const Rows up = linear(xm, n, h, w.w_up, nullptr, c_.intermediate_size, nullptr, r);
+      const void* w_up = w.w_up != nullptr ? w.w_up : rows_of(w.w_gate, c_.intermediate_size, h);
+      const Rows up = linear(xm, n, h, w_up, nullptr, c_.intermediate_size, nullptr, r);
       for (std::size_t i = 0; i < gate.size(); ++i) {
         const double g = gate[i];
         const double denominator = r(1 + r(std::exp(-g), 2));
