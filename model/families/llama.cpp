@@ -29,16 +29,20 @@ std::vector<LayerTensor> layer_tensors(const ModelConfig& c) {
   return t;
 }
 
-void project_qkv(const LayerContext& l, const float* x, int n) {
+void project_qkv(const LayerContext& l, const float* x, int n, const void* wk, const void* wv) {
   const ModelConfig& c = l.config;
   ActivationLayout& a = l.a;
   const int qd = static_cast<int>(c.q_dim());
   const int kvd = static_cast<int>(c.kv_dim());
   l.ops.rms_norm(x, n, c.hidden_size, l.w.attn_norm, a.xnorm);
   const Ops::Projection qkv[3] = {{l.w.wq, l.w.bq, qd, a.q, false},
-                                  {l.w.wk, l.w.bk, kvd, a.k, false},
-                                  {l.w.wv, l.w.bv, kvd, a.v, false}};
+                                  {wk, l.w.bk, kvd, a.k, false},
+                                  {wv, l.w.bv, kvd, a.v, false}};
   l.ops.linear_many(a.xnorm, n, c.hidden_size, qkv, 3);
+}
+
+void project_qkv(const LayerContext& l, const float* x, int n) {
+  project_qkv(l, x, n, l.w.wk, l.w.wv);
 }
 
 void attention_inputs(const LayerContext& l, const float* x, int n, const std::int32_t* positions,
@@ -53,13 +57,17 @@ void attention_output(const LayerContext& l, float* x, int n) {
 }
 
 void mlp(const LayerContext& l, float* x, int n) {
+  mlp(l, x, n, l.w.w_up);
+}
+
+void mlp(const LayerContext& l, float* x, int n, const void* w_up) {
   const ModelConfig& c = l.config;
   ActivationLayout& a = l.a;
   const int h = c.hidden_size;
   const int ff = c.intermediate_size;
   l.ops.rms_norm(x, n, h, l.w.mlp_norm, a.xnorm);
   const Ops::Projection gate_up[2] = {{l.w.w_gate, nullptr, ff, a.gate, false},
-                                      {l.w.w_up, nullptr, ff, a.up, false}};
+                                      {w_up, nullptr, ff, a.up, false}};
   l.ops.linear_many(a.xnorm, n, h, gate_up, 2);
   l.ops.swiglu(a.gate, a.up, static_cast<std::int64_t>(n) * ff);
   l.ops.linear(a.gate, n, ff, l.w.w_down, nullptr, h, x, true);

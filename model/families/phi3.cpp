@@ -35,29 +35,14 @@ const void* rows_of(const LayerContext& l, const void* fused, std::int64_t first
 void attention_inputs(const LayerContext& l, const float* x, int n, const std::int32_t* positions,
                       int first_position) {
   const ModelConfig& c = l.config;
-  ActivationLayout& a = l.a;
-  const int h = c.hidden_size;
-  const int qd = static_cast<int>(c.q_dim());
-  const int kvd = static_cast<int>(c.kv_dim());
-  l.ops.rms_norm(x, n, h, l.w.attn_norm, a.xnorm);
-  const Ops::Projection qkv[3] = {{l.w.wq, nullptr, qd, a.q, false},
-                                  {rows_of(l, l.w.wq, qd, h), nullptr, kvd, a.k, false},
-                                  {rows_of(l, l.w.wq, qd + kvd, h), nullptr, kvd, a.v, false}};
-  l.ops.linear_many(a.xnorm, n, h, qkv, 3);
-  l.ops.rope(a.q, a.k, n, positions, first_position);
+  const std::int64_t qd = c.q_dim();
+  llama::project_qkv(l, x, n, rows_of(l, l.w.wq, qd, c.hidden_size),
+                     rows_of(l, l.w.wq, qd + c.kv_dim(), c.hidden_size));
+  l.ops.rope(l.a.q, l.a.k, n, positions, first_position);
 }
 
 void mlp(const LayerContext& l, float* x, int n) {
-  const ModelConfig& c = l.config;
-  ActivationLayout& a = l.a;
-  const int h = c.hidden_size;
-  const int ff = c.intermediate_size;
-  l.ops.rms_norm(x, n, h, l.w.mlp_norm, a.xnorm);
-  const Ops::Projection gate_up[2] = {{l.w.w_gate, nullptr, ff, a.gate, false},
-                                      {rows_of(l, l.w.w_gate, ff, h), nullptr, ff, a.up, false}};
-  l.ops.linear_many(a.xnorm, n, h, gate_up, 2);
-  l.ops.swiglu(a.gate, a.up, static_cast<std::int64_t>(n) * ff);
-  l.ops.linear(a.gate, n, ff, l.w.w_down, nullptr, h, x, true);
+  llama::mlp(l, x, n, rows_of(l, l.w.w_gate, l.config.intermediate_size, l.config.hidden_size));
 }
 
 }  // namespace phi3
