@@ -1,5 +1,6 @@
 // The CUDA path against the host path on the same synthetic weights: logits after prefill
-// (several chunk sizes, GQA ratios, dtypes, starting positions, a sliding window) and decode,
+// (several chunk sizes, GQA ratios, dtypes, starting positions, a sliding window, the families
+// and the rope scalings whose tables change with the length) and decode,
 // with most layers streamed through the staging ring; FlashInfer's kernels against the built-in
 // ones over contexts of several thousand tokens; and device sampling against host sampling.
 // Skipped without a GPU.
@@ -10,10 +11,14 @@
 // cuda_attention_test.cpp). Through a few layers and the final projection these add to a few
 // percent of the logits' range at most: 3e-2 (bf16), 1e-2 (f16: u = 2^-12), 2e-3 (f32: cuBLAS
 // and the host sum in different orders).
+#include <cmath>
+#include <functional>
+
 #include "cuda_required.hpp"
 #include "kvoffload/quant.hpp"
 #include "kvoffload/types.hpp"
 #include "model/decoder/memory_plan.hpp"
+#include "model/families/family.hpp"
 #include "model/model_test_util.hpp"
 
 namespace kvo::model {
@@ -32,6 +37,7 @@ struct Case {
   int sliding_window = 0;
   int prompt = 150;      // slot s prefills prompt + 40 s tokens...
   int continuation = 0;  // ...then, when > 0, this many more in a second prefill
+  std::function<void(ModelConfig&)> family;  // another family or rope scaling, when set
 };
 
 void compare_backends(const Case& k) {
@@ -43,6 +49,7 @@ void compare_backends(const Case& k) {
   c.kv_heads = k.kv_heads;
   c.head_dim = k.head_dim;
   c.sliding_window = k.sliding_window;
+  if (k.family) k.family(c);
   DecoderOptions o = testing::host_options(1200, k.slots);
   o.override_dtype = true;
   o.dtype = k.dtype;
@@ -87,6 +94,47 @@ void compare_backends(const Case& k) {
 
 TEST(CudaModel, MatchesHostPathF32) {
   compare_backends(Case{});
+}
+// Each family's block and each length-dependent rope on the device: Qwen3's per-head norms under
+// yarn's scaled cos and sin, Phi-3's fused projections under longrope (its long factors from
+// position 128, inside the prompt), dynamic NTK growing past 128 during decode.
+TEST(CudaModel, FamiliesAndRopeScalingsMatchTheHost) {
+  const auto family = [](const char* model_type) {
+    return [model_type](ModelConfig& c) {
+      const Family& f = family_of_model_type(model_type, "test");
+      c.architecture = f.architectures.front();
+      c.model_type = f.model_type;
+      c.qkv_bias = c.o_bias = false;
+      f.settle(c);
+      c.max_position_embeddings = 512;
+      RopeScaling& r = c.rope_scaling;
+      r = RopeScaling{};
+      r.original_max_position = 128;
+      if (c.model_type == "qwen3") {
+        r.type = RopeType::kYarn;
+        r.factor = 4;
+        r.attention_factor = 0.1 * std::log(4.0) + 1;
+      } else if (c.model_type == "phi3") {
+        r.type = RopeType::kLongRope;
+        r.factor = 4;
+        r.attention_factor = std::sqrt(1 + std::log(4.0) / std::log(128.0));
+        for (int i = 0; i < c.head_dim / 2; ++i) {
+          r.short_factor.push_back(1 + 0.05 * i);
+          r.long_factor.push_back(1 + 0.7 * i);
+        }
+      } else {
+        r.type = RopeType::kDynamic;
+        r.factor = 2;
+        c.max_position_embeddings = 152;  // the 150-token prompt, then growth in decode
+      }
+    };
+  };
+  for (const char* model_type : {"qwen3", "phi3", "llama"}) {
+    SCOPED_TRACE(model_type);
+    Case k;
+    k.family = family(model_type);
+    compare_backends(k);
+  }
 }
 TEST(CudaModel, MatchesHostPathBf16) {
   Case k;
