@@ -41,6 +41,9 @@ struct Args {
   std::string arch;  // empty: the preset's
   ModelConfig dims;  // the dimension options write here; `given` says which were
   double rope_theta = 0;
+  std::string rope;  // empty: the preset's (none for another family)
+  double rope_factor = 4;
+  int rope_original = 4096;
   int tie = 0;
   std::string dtype;
   std::uint64_t seed = 1;
@@ -77,6 +80,14 @@ void declare_options(CLI::App& app, Args& a) {
   dim("--vocab", d.vocab_size, 1, L::kVocab, "vocabulary size");
   kvo::cli::add_real(app, "--rope-theta", a.rope_theta, 1, 1e12, "rope base")
       ->description("rope base; 1 to 1e12");
+  kvo::cli::add_choice(app, "--rope", a.rope,
+                       {"default", "linear", "dynamic", "yarn", "longrope", "llama3"},
+                       "rope scaling, written as transformers writes it (longrope: synthetic "
+                       "short and long factors)");
+  kvo::cli::add_real(app, "--rope-factor", a.rope_factor, 1, 1e6, "")
+      ->description("the scaling's factor; 1 to 1e6 (default 4)");
+  add_integer(app, "--rope-original", a.rope_original, 1, L::kPositions, "")
+      ->description("the pretraining length of llama3, yarn and longrope (default 4096)");
   add_integer(app, "--tie", a.tie, 0, 1, "")->description("1: tied embeddings; 0 or 1");
   kvo::cli::add_choice(app, "--dtype", a.dtype, kvo::dtype_names(false),
                        "element type (default: the preset's)");
@@ -84,6 +95,34 @@ void declare_options(CLI::App& app, Args& a) {
   add_integer(app, "--seed", a.seed, 0, UINT64_MAX, "seed of the values");
   add_integer(app, "--shards", a.shards, 1, 1000,
               "write N shards and an index instead of one file");
+}
+
+// c with the rope scaling of --rope, read back through the config reader, which derives what
+// transformers derives (yarn's and longrope's attention factor) and checks it.
+ModelConfig with_rope(const ModelConfig& c, const Args& a) {
+  nlohmann::ordered_json config = nlohmann::ordered_json::parse(kvo::model::to_config_json(c));
+  config.erase("rope_scaling");
+  config.erase("original_max_position_embeddings");
+  if (a.rope != "default") {
+    nlohmann::ordered_json& r = config["rope_scaling"];
+    r["rope_type"] = a.rope;
+    r["factor"] = a.rope_factor;
+    if (a.rope == "llama3" || a.rope == "yarn" || a.rope == "longrope") {
+      r["original_max_position_embeddings"] = a.rope_original;
+    }
+    if (a.rope == "longrope") {
+      const int half = c.head_dim / 2;
+      for (int i = 0; i < half; ++i) {
+        r["short_factor"].push_back(1 + 0.02 * i);
+        r["long_factor"].push_back(1 + (a.rope_factor - 1) * i / std::max(half - 1, 1));
+      }
+    }
+  }
+  try {
+    return kvo::model::parse_model_config(config.dump(), "--rope " + a.rope);
+  } catch (const kvo::Error& e) {
+    throw kvo::cli::UsageError(e.what());
+  }
 }
 
 ModelConfig resolve(const Args& a, const CLI::App& app) {
@@ -107,6 +146,7 @@ ModelConfig resolve(const Args& a, const CLI::App& app) {
   if (given("--tie")) c.tie_word_embeddings = a.tie != 0;
   if (given("--rope-theta")) c.rope_theta = static_cast<float>(a.rope_theta);
   if (!a.dtype.empty()) c.dtype = kvo::parse_dtype(a.dtype);
+  if (!a.rope.empty()) c = with_rope(c, a);
   try {
     kvo::model::validate(c);
   } catch (const kvo::Error& e) {

@@ -1,12 +1,14 @@
 # Runs kvo-generate on the tiny preset (host backend, a 2000-token prompt, 32 new tokens) with
 # every layer resident and with every layer streamed through two staging buffers, and fails
 # unless both generate the same tokens. Usage: cmake -DGENERATE=path -P compare_generate.cmake
-# With -DMAKE_MODEL=path -DARCH=NAME -DDIR=dir: on a random checkpoint of that family
-# (kvo-make-model --preset tiny --arch NAME) instead, read from its files.
+# With -DMAKE_MODEL=path -DARCH=NAME -DDIR=dir [-DMAKE_ARGS="a b"]: on a random checkpoint of that
+# family (kvo-make-model --preset tiny --arch NAME MAKE_ARGS) instead, read from its files.
 set(source --preset tiny)
 if(DEFINED ARCH)
   file(REMOVE_RECURSE ${DIR})
-  execute_process(COMMAND ${MAKE_MODEL} --preset tiny --arch ${ARCH} --layers 3 --out ${DIR}
+  separate_arguments(make_args UNIX_COMMAND "${MAKE_ARGS}")
+  execute_process(COMMAND ${MAKE_MODEL} --preset tiny --arch ${ARCH} --layers 3 ${make_args}
+                          --out ${DIR}
                   OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "kvo-make-model --arch ${ARCH} failed (${rc}):\n${out}\n${err}")
