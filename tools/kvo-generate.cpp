@@ -95,6 +95,7 @@ int run(const kvo::cli::GenerateRun& o) {
 
   // Prefill, slot by slot, each a layer-major step.
   std::int64_t prompt_tokens = 0;
+  std::int64_t longest_prompt = 0;
   const auto prefill_start = Clock::now();
   for (int s = 0; s < slots; ++s) {
     const std::vector<std::int32_t> prompt = text.loads() ? question : o.prompt(s);
@@ -102,6 +103,7 @@ int run(const kvo::cli::GenerateRun& o) {
     auto progress = [&](std::int64_t done, std::int64_t total) { bar.update(done, total); };
     first[static_cast<std::size_t>(s)] = decoder.prefill_sample(s, prompt, progress);
     prompt_tokens += static_cast<std::int64_t>(prompt.size());
+    longest_prompt = std::max(longest_prompt, static_cast<std::int64_t>(prompt.size()));
     sample_memory();
   }
   const double prefill_s = seconds_since(prefill_start);
@@ -177,6 +179,13 @@ int run(const kvo::cli::GenerateRun& o) {
   std::printf("  setup           %.3f s\n", setup_s);
   std::printf("  prefill         %lld tokens in %.3f s: %.1f tokens/s\n",
               static_cast<long long>(prompt_tokens), prefill_s, prefill_tps);
+  const int piece = decoder.options().max_prompt;
+  if (piece < longest_prompt) {
+    std::printf(
+        "  prefill pieces  %lld of at most %d tokens (the longest prompt), each attending "
+        "over the ones before\n",
+        static_cast<long long>((longest_prompt + piece - 1) / piece), piece);
+  }
   std::printf("  decode          %lld tokens in %.3f s: %.2f tokens/s\n",
               static_cast<long long>(decode_tokens), decode_s, decode_tps);
   std::printf(
@@ -192,6 +201,7 @@ int run(const kvo::cli::GenerateRun& o) {
     nlohmann::ordered_json j;
     j["tokens"] = generated;
     j["prefill_tokens"] = prompt_tokens;
+    j["prefill_piece"] = piece;
     j["decode_tokens"] = decode_tokens;
     j["prefill_tokens_per_s"] = prefill_tps;
     j["decode_tokens_per_s"] = decode_tps;

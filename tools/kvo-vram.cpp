@@ -208,7 +208,12 @@ int run(const Args& a, const CLI::App& app) {
     std::string fits = p.fits ? "yes" : "no";
     if (p.strategy == kvo::Strategy::kKvoffload && p.fits) {
       fits += " (" + std::to_string(p.resident_layers) + "/" + std::to_string(p.layers) +
-              " layers resident)";
+              " layers resident";
+      if (p.prefill_piece < r.context) {
+        fits += "; prefill in pieces of " + context_label(p.prefill_piece) + ", +" +
+                gib(p.piece_reread_bytes) + " H2D";
+      }
+      fits += ")";
     }
     if (!p.host_fits) fits += ", host memory short";
     std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |", context_label(r.context).c_str(),
@@ -230,14 +235,15 @@ int run(const Args& a, const CLI::App& app) {
   if (csv_given) {
     std::ostringstream csv;
     csv << "context,strategy,weights_bytes,kv_device_bytes,activation_bytes,workspace_bytes,"
-           "total_bytes,host_bytes,fits,resident_layers,host_fits"
+           "total_bytes,host_bytes,fits,resident_layers,host_fits,prefill_piece,piece_reread_bytes"
         << (do_measure ? ",measured_bytes" : "") << "\n";
     for (const Row& r : rows) {
       const kvo::MemoryPlan& p = r.plan;
       csv << r.context << ',' << kvo::strategy_name(p.strategy) << ',' << p.weights_bytes << ','
           << p.kv_device_bytes << ',' << p.activation_bytes << ',' << p.workspace_bytes << ','
           << p.total_bytes << ',' << p.host_bytes << ',' << (p.fits ? "yes" : "no") << ','
-          << p.resident_layers << ',' << (p.host_fits ? "yes" : "no");
+          << p.resident_layers << ',' << (p.host_fits ? "yes" : "no") << ',' << p.prefill_piece
+          << ',' << p.piece_reread_bytes;
       if (do_measure) csv << ',' << (r.measured < 0 ? std::string() : std::to_string(r.measured));
       csv << "\n";
     }

@@ -27,8 +27,10 @@ struct MemoryQuery {
   DType kv_dtype = DType::kBF16;   // K/V: f32, f16, bf16, fp8 or int8
   int max_seq = 4096;              // the context, tokens per slot
   int slots = 1;
-  int chunk = 512;     // prefill rows per attention/MLP chunk
-  int max_prompt = 0;  // longest prompt prefilled at once; 0: max_seq
+  int chunk = 512;  // prefill rows per attention/MLP chunk
+  // Longest piece of a prompt prefilled at once; 0: planned (the whole context, or with a budget
+  // the largest piece whose activations fit beside the weights and the ring).
+  int max_prompt = 0;
   int ring_depth = 2;
   int resident_layers = kAutoResidentLayers;
   std::uint64_t budget = 0;  // device bytes; 0: none
@@ -59,6 +61,11 @@ struct MemoryPlan {
   bool fits = false;                       // total_bytes <= budget (always true without a budget)
   std::uint64_t host_available_bytes = 0;  // this machine's available memory
   bool host_fits = false;  // host_bytes (plus total_bytes on the host backend) fit available
+  // kvoffload: the longest piece of a prompt prefilled at once, and the H2D bytes a prompt of
+  // the whole context costs beyond one piece's: each later piece attends over the rows of the
+  // pieces before it, which cross PCIe again for each streamed layer.
+  int prefill_piece = 0;
+  std::uint64_t piece_reread_bytes = 0;
 };
 
 // kvoffload's plan: as many resident layers as the budget holds. Throws kvo::Error:

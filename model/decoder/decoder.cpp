@@ -212,15 +212,19 @@ void Decoder::sample_of(const float* rows, int n, const std::int32_t* row_slots,
 
 void Decoder::prefill(int slot, const std::vector<std::int32_t>& tokens, float* logits,
                       const ProgressFn& progress) {
-  prefill_layers(slot, tokens, progress);
-  const int n = static_cast<int>(tokens.size());
-  logits_of(act_->residual + static_cast<std::int64_t>(n - 1) * config_.hidden_size, 1, logits);
+  const int last = prefill_layers(slot, tokens, progress);
+  logits_of(act_->residual + static_cast<std::int64_t>(last - 1) * config_.hidden_size, 1, logits);
 }
 
 void Decoder::prefill_scored(int slot, const std::vector<std::int32_t>& tokens,
                              const RowLogitsFn& row, const ProgressFn& progress) {
-  prefill_layers(slot, tokens, progress);
   const int n = static_cast<int>(tokens.size());
+  if (n > options_.max_prompt) {
+    throw invalid("scoring needs the prompt in one piece: it has " + std::to_string(n) +
+                  " tokens, more than the " + std::to_string(options_.max_prompt) +
+                  " the decoder was planned for");
+  }
+  prefill_layers(slot, tokens, progress);
   const int vocab = config_.vocab_size;
   std::vector<float> logits(static_cast<std::size_t>(std::min(n, logit_rows_)) * vocab);
   for (int r0 = 0; r0 < n; r0 += logit_rows_) {
@@ -233,16 +237,15 @@ void Decoder::prefill_scored(int slot, const std::vector<std::int32_t>& tokens,
 
 std::int32_t Decoder::prefill_sample(int slot, const std::vector<std::int32_t>& tokens,
                                      const ProgressFn& progress) {
-  prefill_layers(slot, tokens, progress);
-  const int n = static_cast<int>(tokens.size());
+  const int last = prefill_layers(slot, tokens, progress);
   std::int32_t token = 0;
-  sample_of(act_->residual + static_cast<std::int64_t>(n - 1) * config_.hidden_size, 1, &slot,
+  sample_of(act_->residual + static_cast<std::int64_t>(last - 1) * config_.hidden_size, 1, &slot,
             &token);
   return token;
 }
 
-void Decoder::prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
-                             const ProgressFn& progress) {
+int Decoder::prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
+                            const ProgressFn& progress) {
   if (slot < 0 || slot >= options_.slots) {
     throw invalid("slot " + std::to_string(slot) + " is out of range (" +
                   std::to_string(options_.slots) + " slots)");
@@ -255,27 +258,39 @@ void Decoder::prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
                   (start > 0 ? " after " + std::to_string(start) + " already held" : "") +
                   ", more than max_seq (" + std::to_string(options_.max_seq) + ")");
   }
-  if (n > options_.max_prompt) {
-    throw invalid("the prompt has " + std::to_string(n) + " tokens, more than the " +
-                  std::to_string(options_.max_prompt) + " the decoder was planned for");
-  }
   check_tokens(tokens);
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0) throw invalid("token id " + std::to_string(tokens[i]) + " is negative");
   }
+  // Pieces of max_prompt tokens, the last one shorter; each a layer-major step of its own.
+  const int piece = options_.max_prompt;
+  const int chunk = options_.chunk;
+  std::int64_t total = 0;
+  for (int p0 = 0; p0 < n; p0 += piece) {
+    total +=
+        (std::min(piece, n - p0) + chunk - 1) / chunk * static_cast<std::int64_t>(config_.layers);
+  }
+  std::int64_t done = 0;
+  int last = 0;
+  for (int p0 = 0; p0 < n; p0 += piece) {
+    last = std::min(piece, n - p0);
+    prefill_piece(slot, tokens.data() + p0, last, start + p0, progress, &done, total);
+  }
+  return last;
+}
+
+void Decoder::prefill_piece(int slot, const std::int32_t* tokens, int n, int start,
+                            const ProgressFn& progress, std::int64_t* done, std::int64_t total) {
   ActivationLayout& a = *act_;
   ops_->synchronize();  // the previous step's kernels may still read a.tokens
-  follow_rope(static_cast<std::int64_t>(start) + n);  // the prompt's chunks share one table
-  cache_->copy_to_device(a.tokens, tokens.data(), tokens.size() * sizeof(std::int32_t));
+  follow_rope(static_cast<std::int64_t>(start) + n);  // the piece's chunks share one table
+  cache_->copy_to_device(a.tokens, tokens, static_cast<std::size_t>(n) * sizeof(std::int32_t));
   ops_->embed(a.tokens, n, weights_.embed, a.residual);
 
   std::vector<std::int32_t> counts(static_cast<std::size_t>(options_.slots), 0);
   counts[static_cast<std::size_t>(slot)] = n;
   cache_->begin_step(counts);
   const int chunk = options_.chunk;
-  const std::int64_t chunks = (n + chunk - 1) / chunk;
-  const std::int64_t total = chunks * config_.layers;
-  std::int64_t done = 0;
   for (int layer = 0; layer < config_.layers; ++layer) {
     const LayerView view = cache_->acquire(layer, stream_);
     for (int c0 = 0; c0 < n; c0 += chunk) {
@@ -285,7 +300,7 @@ void Decoder::prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
       family_.mlp(layer_context(layer), x, m);
       // On CUDA the chunk is only enqueued here; the bar then runs ahead of the device by at
       // most the queue, and the layer's release orders it again.
-      if (progress) progress(++done, total);
+      if (progress) progress(++*done, total);
     }
     cache_->release(layer, stream_);
   }

@@ -42,7 +42,11 @@ struct DecoderOptions {
   int max_seq = 4096;  // tokens per slot
   int slots = 1;       // sequences decoded together
   int chunk = 512;     // prefill tokens per attention/MLP chunk
-  int max_prompt = 0;  // longest prompt prefilled at once; 0: max_seq
+  int max_prompt = 0;  // longest piece of a prompt prefilled at once; 0: max_seq
+  // With a device_budget: max_prompt shrunk, where its activations do not fit beside the weights
+  // and the ring, to the largest piece of whole chunks that does (no smaller than chunk). A longer prompt is then
+  // prefilled piece by piece, each piece attending over the rows of the pieces before it.
+  bool fit_prompt = false;
   int logit_rows = 0;  // prefill_scored: rows of logits computed at once (at least slots)
   int resident_layers = kAutoResidentLayers;  // or 0..layers
   int ring_depth = 2;
@@ -103,13 +107,15 @@ class Decoder {
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
 
-  // Appends `tokens` to `slot` in one layer-major step and writes the logits of the last one to
-  // `logits` [vocab] (host). REQUIRES: 0 < tokens.size() <= max_prompt; each id in the
+  // Appends `tokens` to `slot` and writes the logits of the last one to `logits` [vocab] (host):
+  // one layer-major step per piece of at most max_prompt tokens (options().max_prompt), each
+  // piece attending over every row before it. REQUIRES: 0 < tokens.size(); each id in the
   // vocabulary; length(slot) + tokens.size() <= max_seq. `progress` (if set) hears (chunks done,
-  // chunks) after each chunk of each layer: layers x ceil(tokens / chunk) in all.
+  // chunks) after each chunk of each layer: layers x the pieces' ceil(piece / chunk) in all.
   void prefill(int slot, const std::vector<std::int32_t>& tokens, float* logits,
                const ProgressFn& progress = {});
-  // prefill(), scoring every token: row(i, logits) hears the logits [vocab] (host, valid during
+  // prefill(), scoring every token (REQUIRES tokens.size() <= max_prompt: one piece):
+  // row(i, logits) hears the logits [vocab] (host, valid during
   // the call) after tokens[i], for i = 0 .. tokens.size() - 1 in order, computed
   // max(slots, options.logit_rows) rows at a time. For perplexity and agreement measures.
   using RowLogitsFn = std::function<void(int row, const float* logits)>;
@@ -160,9 +166,12 @@ class Decoder {
                          int first_position);
   // Decode: the rows of batch_ (on the device at act_->rows), in act_->residual.
   void decode_attention(int layer, const LayerView& view);
-  // The steps without their head: the residual stream of the last layer in act_->residual.
-  void prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
-                      const ProgressFn& progress);
+  // The steps without their head: the residual stream of the last layer of the last piece in
+  // act_->residual; returns that piece's rows.
+  int prefill_layers(int slot, const std::vector<std::int32_t>& tokens, const ProgressFn& progress);
+  // One piece: tokens [n] after `start` rows; progress counts on from *done of total.
+  void prefill_piece(int slot, const std::int32_t* tokens, int n, int start,
+                     const ProgressFn& progress, std::int64_t* done, std::int64_t total);
   int decode_layers(const std::vector<std::int32_t>& tokens);  // returns the rows decoded
   // Before a forward whose highest position is seq_len - 1 (the device idle): the rope table it
   // uses, uploaded where it changed.

@@ -113,6 +113,40 @@ void require_weights_fit(const DecoderMemory& memory, std::uint64_t budget) {
   }
 }
 
+namespace {
+
+// The sizes that follow from the longest piece prefilled at once (and the cache's region for
+// the activations, once the cache is configured).
+void size_prompt(DecoderMemory& m, const ModelConfig& config, const DecoderOptions& options,
+                 int max_prompt) {
+  m.max_prompt = max_prompt;
+  m.max_rows = std::max(std::min(options.chunk, m.max_prompt), options.slots);
+  m.prompt_rows = std::max(m.max_prompt, options.slots);
+  m.logit_rows = std::max(std::min(options.logit_rows, m.max_prompt), options.slots);
+  m.activations = ActivationLayout().carve(nullptr, config, m.kv_dtype, m.max_rows, m.prompt_rows,
+                                           options.slots, m.logit_rows);
+  for (ReservedRegion& r : m.cache.reserved) {
+    if (r.name == "activations") r.bytes = m.activations;
+  }
+}
+
+// Whether the cache's plan, its reserved regions included, fits `budget` with any number of
+// resident layers.
+bool plan_fits(const DecoderMemory& m, std::uint64_t budget) {
+  if (m.weights > budget) return false;
+  CacheConfig c = m.cache;
+  c.resident_layers = 0;
+  try {
+    plan_cache(c, budget);
+    return true;
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kOutOfMemory) return false;
+    throw;
+  }
+}
+
+}  // namespace
+
 DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOptions& options,
                                   BackendKind backend) {
   if (options.max_seq < 1 || options.slots < 1 || options.chunk < 1 || options.logit_rows < 0) {
@@ -127,15 +161,11 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
                                                  dtype_name(m.dtype) +
                                                  " (fp8 and int8 are K/V dtypes: kv_dtype)");
   }
-  m.max_prompt = options.max_prompt <= 0 || options.max_prompt > options.max_seq
-                     ? options.max_seq
-                     : options.max_prompt;
-  m.max_rows = std::max(std::min(options.chunk, m.max_prompt), options.slots);
-  m.prompt_rows = std::max(m.max_prompt, options.slots);
-  m.logit_rows = std::max(std::min(options.logit_rows, m.max_prompt), options.slots);
   m.weights = WeightLayout(config, m.dtype).bytes();
-  m.activations = ActivationLayout().carve(nullptr, config, m.kv_dtype, m.max_rows, m.prompt_rows,
-                                           options.slots, m.logit_rows);
+  const int requested = options.max_prompt <= 0 || options.max_prompt > options.max_seq
+                            ? options.max_seq
+                            : options.max_prompt;
+  size_prompt(m, config, options, requested);
   // The attention kernels are chosen here, once: the workspace is sized for them, and the
   // decoder hands them to its ops (OpsShape::kernels).
   m.kernels = choose_attention_kernels(config, m.kv_dtype, options.slots, options.max_seq,
@@ -161,6 +191,27 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
   cc.reserved.push_back({"weights", m.weights});
   cc.reserved.push_back({"activations", m.activations});
   if (m.workspace > 0) cc.reserved.push_back({"workspace", m.workspace});
+  if (options.fit_prompt && options.device_budget > 0 && !plan_fits(m, options.device_budget)) {
+    // The largest piece of whole chunks, no smaller than one, whose activations fit beside the
+    // weights and the ring (the plan's other reserved regions do not depend on it). Where even a
+    // chunk does not fit, the requested size stays and the cache's plan says what is missing.
+    const int smallest = std::min(options.chunk, requested);
+    const auto fits = [&](int piece) {
+      DecoderMemory trial = m;
+      size_prompt(trial, config, options, piece);
+      return plan_fits(trial, options.device_budget);
+    };
+    if (fits(smallest)) {
+      int lo = smallest, hi = requested;  // fits(lo), !fits(hi)
+      while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2;
+        (fits(mid) ? lo : hi) = mid;
+      }
+      // Whole chunks: a prompt in pieces then computes what it would in one (the same chunks
+      // meet the same keys).
+      size_prompt(m, config, options, std::max(smallest, lo / options.chunk * options.chunk));
+    }
+  }
   return m;
 }
 

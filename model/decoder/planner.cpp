@@ -46,6 +46,12 @@ MemoryPlan kvoffload_plan(const model::DecoderMemory& m, int layers, std::uint64
   p.kv_device_bytes = cache.resident_bytes + cache.staging_bytes;
   p.host_bytes = cache.host_bytes;
   p.resident_layers = cache.resident_layers;
+  p.prefill_piece = m.max_prompt;
+  // Pieces 1 .. k-1 start after piece, 2 piece, ... rows: piece k(k-1)/2 rows re-read in all.
+  const std::uint64_t k = (static_cast<std::uint64_t>(m.cache.max_seq) + m.max_prompt - 1) /
+                          static_cast<std::uint64_t>(m.max_prompt);
+  p.piece_reread_bytes = static_cast<std::uint64_t>(m.max_prompt) * k * (k - 1) / 2 *
+                         cache.row_bytes * 2 * static_cast<std::uint64_t>(cache.streamed_layers);
   finish(p, budget, m.cache.backend);
   if (p.total_bytes != cache.device_bytes) {
     throw Error(ErrorCode::kInternal, "the memory plan does not add up to the cache's plan");
@@ -148,6 +154,7 @@ DecoderOptions decoder_options(const MemoryQuery& q) {
   options.slots = q.slots;
   options.chunk = q.chunk;
   options.max_prompt = q.max_prompt;
+  options.fit_prompt = q.max_prompt == 0;
   options.resident_layers = q.resident_layers;
   options.ring_depth = q.ring_depth;
   options.device_budget = q.budget;

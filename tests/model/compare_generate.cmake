@@ -1,6 +1,7 @@
 # Runs kvo-generate on the tiny preset (host backend, a 2000-token prompt, 32 new tokens) with
-# every layer resident and with every layer streamed through two staging buffers, and fails
-# unless both generate the same tokens. Usage: cmake -DGENERATE=path -P compare_generate.cmake
+# every layer resident and with every layer streamed through two staging buffers (with
+# -DPIECE=N, its prompt prefilled in pieces of N tokens), and fails unless both generate the
+# same tokens. Usage: cmake -DGENERATE=path -P compare_generate.cmake
 # With -DMAKE_MODEL=path -DARCH=NAME -DDIR=dir [-DMAKE_ARGS="a b"]: on a random checkpoint of that
 # family (kvo-make-model --preset tiny --arch NAME MAKE_ARGS) instead, read from its files.
 set(source --preset tiny)
@@ -17,7 +18,11 @@ if(DEFINED ARCH)
 endif()
 set(common ${source} --backend host --prompt-len 2000 --max-new 32 --json --quiet)
 set(tokens "")
-foreach(placement "--resident;all" "--resident;0;--ring;2")
+set(streamed "--resident;0;--ring;2")
+if(DEFINED PIECE)  # the streamed run prefills in pieces of PIECE tokens
+  list(APPEND streamed --max-prompt ${PIECE})
+endif()
+foreach(placement "--resident;all" "${streamed}")
   execute_process(COMMAND ${GENERATE} ${common} ${placement} OUTPUT_VARIABLE out
                   ERROR_VARIABLE err RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)

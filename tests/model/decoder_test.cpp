@@ -10,6 +10,7 @@
 #include "expect_error.hpp"
 #include "kvoffload/error.hpp"
 #include "kvoffload/quant.hpp"
+#include "model/decoder/memory_plan.hpp"
 #include "model/model_test_util.hpp"
 #include "model/reference_forward.hpp"
 
@@ -143,6 +144,84 @@ TEST(Decoder, SameLogitsForAnyThreadCountResidentOrStreamed) {
     runs.push_back(greedy(d, prompt, 10));
   }
   expect_bit_identical(runs);
+}
+
+// A prompt prefilled in pieces (each a layer-major step attending over the rows before it)
+// computes what one piece does when the pieces are whole chunks: the same chunks meet the same
+// keys, so the bits agree. Each later piece re-reads the rows before it for each streamed layer,
+// and H2D counts exactly those bytes more.
+TEST(Decoder, APromptInPiecesMatchesOnePiece) {
+  const ModelConfig c = small_config();
+  const auto prompt = random_prompt(300, c.vocab_size, 21);
+  std::vector<testing::GreedyRun> runs;
+  std::vector<std::uint64_t> h2d;
+  std::uint64_t row_bytes = 0;
+  for (int piece : {0, 64, 96}) {
+    DecoderOptions o = host_options(320);
+    o.chunk = 16;
+    o.max_prompt = piece;
+    o.resident_layers = 0;  // 3 layers streamed through a ring of 2
+    o.host.max_delay_us = 20;
+    Decoder d(c, WeightSource{"", 23}, o);
+    ASSERT_EQ(d.cache().stats().plan.streamed_layers, 3);
+    EXPECT_EQ(d.options().max_prompt, piece == 0 ? 320 : piece);
+    std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
+    d.prefill(0, prompt, logits.data());
+    h2d.push_back(d.cache().stats().h2d_bytes_total);
+    row_bytes = d.cache().stats().plan.row_bytes;
+    d.reset(0);
+    runs.push_back(greedy(d, prompt, 8));
+  }
+  expect_bit_identical(runs);
+  // Pieces of 64: 4 later pieces start after 64, 128, 192 and 256 rows; of 96: after 96, 192, 288.
+  const std::uint64_t per_row = 2 * row_bytes * 3;  // K and V, 3 streamed layers
+  // (Each run also prefetches the first two layers of the step after its prefill, rows included:
+  // the same bytes in all three.)
+  EXPECT_EQ(h2d[1] - h2d[0], (64 + 128 + 192 + 256) * per_row);
+  EXPECT_EQ(h2d[2] - h2d[0], (96 + 192 + 288) * per_row);
+  EXPECT_EQ(h2d[0], 2 * 300 * 2 * row_bytes);
+  // Scoring takes the prompt whole, and says so.
+  DecoderOptions o = host_options(320);
+  o.max_prompt = 64;
+  Decoder d(c, WeightSource{"", 23}, o);
+  EXPECT_THROW(d.prefill_scored(0, prompt, [](int, const float*) {}), Error);
+  EXPECT_EQ(d.length(0), 0);
+}
+
+// With a budget, fit_prompt shrinks the piece to the whole chunks that fit beside the weights and
+// the ring.
+TEST(Decoder, FitPromptTakesTheLargestPieceTheBudgetHolds) {
+  const ModelConfig c = small_config();
+  DecoderOptions o = host_options(4096);
+  o.chunk = 16;
+  o.fit_prompt = true;
+  const DecoderMemory whole = plan_decoder_memory(c, o, BackendKind::kHost);
+  EXPECT_EQ(whole.max_prompt, 4096);  // no budget: nothing to fit
+  DecoderOptions small = o;
+  small.max_prompt = 64;
+  const DecoderMemory piece64 = plan_decoder_memory(c, small, BackendKind::kHost);
+  // A budget that holds the weights, a ring and the activations of 64 rows, and 1 KiB more.
+  CacheConfig ring = piece64.cache;
+  ring.resident_layers = 0;
+  o.device_budget = plan_cache(ring, 0).device_bytes + 1024;
+  o.resident_layers = 0;
+  const DecoderMemory fitted = plan_decoder_memory(c, o, BackendKind::kHost);
+  EXPECT_GE(fitted.max_prompt, 64);
+  EXPECT_LT(fitted.max_prompt, 4096);
+  EXPECT_LE(plan_cache(fitted.cache, o.device_budget).device_bytes, o.device_budget);
+  DecoderOptions one_more = o;
+  one_more.fit_prompt = false;
+  one_more.max_prompt = fitted.max_prompt + o.chunk;  // whole chunks: one more does not fit
+  EXPECT_EQ(fitted.max_prompt % o.chunk, 0);
+  EXPECT_THROW(
+      plan_cache(plan_decoder_memory(c, one_more, BackendKind::kHost).cache, o.device_budget),
+      Error);
+  // The decoder it plans prefills the whole context, piece by piece.
+  Decoder d(c, WeightSource{"", 5}, o);
+  EXPECT_EQ(d.options().max_prompt, fitted.max_prompt);
+  std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
+  d.prefill(0, random_prompt(fitted.max_prompt * 2 + 5, c.vocab_size, 6), logits.data());
+  EXPECT_EQ(d.length(0), fitted.max_prompt * 2 + 5);
 }
 
 TEST(Decoder, RefusesANegativeThreadCount) {

@@ -136,6 +136,7 @@ TEST(Planner, StrategiesFollowTheirFormulas) {
 
 TEST(Planner, ImpossibleBudgetsNameTheMissingBytes) {
   MemoryQuery q = tiny(1024, 0);
+  q.max_prompt = 1024;  // the whole prompt at once: the piece is not planned
   q.resident_layers = 0;
   const MemoryPlan smallest = plan_memory(q);
   q.resident_layers = kAutoResidentLayers;
@@ -149,6 +150,19 @@ TEST(Planner, ImpossibleBudgetsNameTheMissingBytes) {
   }
   const auto plans = compare_strategies(q);  // no throw: says it does not fit
   EXPECT_FALSE(plans[2].fits);
+  // With the piece planned, the same budget holds a prompt prefilled in pieces, and says what
+  // the later pieces re-read: k pieces of p rows re-read p k(k - 1) / 2 rows of each streamed
+  // layer's K and V.
+  MemoryQuery planned = q;
+  planned.max_prompt = 0;
+  const MemoryPlan pieces = plan_memory(planned);
+  EXPECT_TRUE(pieces.fits);
+  EXPECT_LE(pieces.total_bytes, q.budget);
+  EXPECT_LT(pieces.prefill_piece, 1024);
+  const std::uint64_t k = (1024 + pieces.prefill_piece - 1) / pieces.prefill_piece;
+  const std::uint64_t row = kv_row_bytes(DType::kF32, 2, 64);
+  EXPECT_EQ(pieces.piece_reread_bytes, pieces.prefill_piece * k * (k - 1) / 2 * row * 2 *
+                                           static_cast<std::uint64_t>(4 - pieces.resident_layers));
   q.budget = smallest.weights_bytes - 1;
   try {
     plan_memory(q);

@@ -55,6 +55,11 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
                     std::to_string(kMaxTokens));
   add_integer(app, "--slots", a.slots, 1, kMaxSlots, "sequences decoded together");
   add_tokens(app, "--chunk", a.chunk, 1, kMaxTokens, "prefill tokens per attention/MLP chunk");
+  add_tokens(app, "--max-prompt", a.max_prompt, 1, kMaxTokens, "")
+      ->description(
+          "the longest piece of a prompt prefilled at once (default: the prompt, or with "
+          "--vram-budget the largest piece whose activations fit); 1 to " +
+          std::to_string(kMaxTokens));
   add_real(app, "--temperature", a.temperature, 0, 1000, "0: greedy");
   add_integer(app, "--top-k", a.top_k, 0, ModelLimits::kVocab, "0: off");
   add_real(app, "--top-p", a.top_p, 0, 1, "1: off; above 0");
@@ -194,7 +199,9 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
                      std::to_string(a.max_new) + ") - 1 exceeds --max-seq " +
                      std::to_string(d.max_seq));
   }
-  d.max_prompt = static_cast<int>(std::max<std::int64_t>(prefilled, 1));
+  d.max_prompt =
+      a.max_prompt > 0 ? a.max_prompt : static_cast<int>(std::max<std::int64_t>(prefilled, 1));
+  d.fit_prompt = a.max_prompt == 0;
   d.chunk = a.chunk;
   d.ring_depth = a.ring;
   if (a.resident == "all") {

@@ -34,6 +34,7 @@ struct GenerateArgs {
   int max_seq = 0;  // 0: the longest prompt + max_new
   int slots = 1;
   int chunk = 512;
+  int max_prompt = 0;  // 0: planned
   double temperature = 0;
   int top_k = 0;
   double top_p = 1;
