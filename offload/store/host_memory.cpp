@@ -69,11 +69,21 @@ void require_host_memory(const CachePlan& plan, BackendKind backend, std::uint64
             "does not reduce it), or run on a GPU, where resident layers live in device memory");
   }
   if (plan.host_bytes <= available) return;
+  // What would fit: the tokens per slot a store of these streamed layers holds here.
+  const KvLayout& l = plan.layout;
+  const std::uint64_t per_token = static_cast<std::uint64_t>(plan.streamed_layers) *
+                                  static_cast<std::uint64_t>(l.slots) *
+                                  (l.k_row_bytes + l.v_row_bytes);
+  const std::string longest =
+      per_token == 0 ? std::string()
+                     : " (here it holds at most " + std::to_string(available / per_token) +
+                           " tokens per slot for " + std::to_string(l.slots) + " slot" +
+                           (l.slots == 1 ? "" : "s") + ")";
   throw Error(ErrorCode::kOutOfMemory,
               "the pinned host KV store needs " + format_bytes(plan.host_bytes) + " (" +
                   std::to_string(plan.streamed_layers) + " streamed layers) but this machine has " +
                   format_bytes(available) + " available: missing " +
-                  format_bytes(plan.host_bytes - available) +
+                  format_bytes(plan.host_bytes - available) + longest +
                   ". Keep more layers resident on the device (a larger budget or "
                   "resident_layers), or lower max_seq or slots (on a virtual machine whose memory "
                   "grows as it is used, KVO_HOST_MEMORY states what it can give)");

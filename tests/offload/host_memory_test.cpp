@@ -51,6 +51,22 @@ TEST(HostMemory, OnCudaTheStoreAloneCountsAndMoreResidentLayersHelp) {
                "but this machine has 22.00 GiB (23622320128 bytes) available: missing 8.00 GiB");
   expect_error([&] { offload::require_host_memory(p, BackendKind::kCuda, 22 * gib); },
                ErrorCode::kOutOfMemory, "Keep more layers resident on the device");
+  // A real plan also says what would fit: a million tokens of Llama-3-8B's shape in fp8, every
+  // layer streamed, is 66 GiB of store; 50 GiB holds 50 GiB / (32 x 2 x 1056) tokens.
+  CacheConfig c;
+  c.layers = 32;
+  c.kv_heads = 8;
+  c.head_dim = 128;
+  c.max_seq = 1 << 20;
+  c.dtype = DType::kFP8E4M3;
+  c.resident_layers = 0;
+  c.backend = BackendKind::kCuda;
+  const CachePlan million = plan_cache(c, 0);
+  EXPECT_EQ(million.row_bytes, 1056u);
+  expect_error([&] { offload::require_host_memory(million, BackendKind::kCuda, 50 * gib); },
+               ErrorCode::kOutOfMemory,
+               "(here it holds at most " + std::to_string(50 * gib / (32 * 2 * 1056)) +
+                   " tokens per slot for 1 slot)");
 }
 
 TEST(HostMemory, ACacheBeyondThisMachineIsRefusedBeforeAllocating) {
