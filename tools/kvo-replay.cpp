@@ -55,6 +55,7 @@ struct RowSource {
 struct Options {
   kvo::CacheConfig config;
   int prompt = -1;  // -1: max_seq - steps
+  int piece = 0;    // the prompt prefilled in steps of at most this many rows; 0: one step
   int steps = 8;
   std::string verify = "full";
   bool json = false;
@@ -90,6 +91,10 @@ void declare_options(CLI::App& app, Options& o) {
   app.option_defaults()->group("Steps");
   kvo::cli::add_tokens(app, "--prompt", o.prompt, 0, kMax, "")
       ->description("prefill tokens per slot (default: --max-seq - --steps)");
+  kvo::cli::add_tokens(app, "--piece", o.piece, 1, kMax, "")
+      ->description(
+          "prefill the prompt in steps of at most this many tokens, each re-reading "
+          "the rows before it (default: one step)");
   kvo::cli::add_tokens(app, "--steps", o.steps, 0, kMax, "decode steps after the prefill");
   app.option_defaults()->group("Cache");
   kvo::cli::add_text(app, "--resident", o.resident, "N|auto",
@@ -154,7 +159,7 @@ class Replay {
       : o_(std::move(options)),
         row_bytes_(static_cast<std::size_t>(
             kvo::kv_row_bytes(o_.config.dtype, o_.config.kv_heads, o_.config.head_dim))),
-        max_rows_(std::max(o_.prompt, 1)),
+        max_rows_(std::max(o_.piece > 0 ? std::min(o_.piece, o_.prompt) : o_.prompt, 1)),
         source_{o_.seed, o_.config.slots, o_.config.max_seq, row_bytes_} {
     // The rows handed to append live in device memory planned with the cache.
     o_.config.reserved.push_back({"append_rows", 2 * max_rows_ * row_bytes_});
@@ -194,7 +199,12 @@ class Replay {
   // True when every view held what was appended and the bytes moved match the model.
   bool run() {
     const auto start = Clock::now();
-    bool ok = step(o_.prompt);
+    bool ok = true;
+    const int piece = o_.piece > 0 ? o_.piece : std::max(o_.prompt, 1);
+    for (int done = 0; ok && done < o_.prompt; done += piece) {
+      ok = step(std::min(piece, o_.prompt - done));
+    }
+    if (o_.prompt == 0) ok = step(0);
     const double prefill_s = seconds_since(start);
     const kvo::CacheStats after_prefill = cache_->stats();
     const auto decode_start = Clock::now();
@@ -255,7 +265,20 @@ class Replay {
     const std::uint64_t decode_h2d = st.h2d_bytes_total - prefill.h2d_bytes_total;
     const double step_s = o_.steps > 0 ? decode_s / o_.steps : 0.0;
     const double h2d_gbps = decode_s > 0 ? static_cast<double>(decode_h2d) / decode_s * 1e-9 : 0;
-    const bool bytes_ok = o_.steps == 0 || st.h2d_bytes_last_step == expected_h2d;
+    // The prefill: each piece's streamed layers bring the rows before it, and the last piece
+    // prefetches the first layers of the next step (as many as the ring holds) whole.
+    std::uint64_t rows_before = 0;
+    const int piece = o_.piece > 0 ? o_.piece : std::max(o_.prompt, 1);
+    for (int start = piece; start < o_.prompt; start += piece) {
+      rows_before += static_cast<std::uint64_t>(start);
+    }
+    const std::uint64_t per_row = 2ull * p.row_bytes * static_cast<std::uint64_t>(o_.config.slots);
+    const std::uint64_t expected_prefill_h2d =
+        per_row * (static_cast<std::uint64_t>(p.streamed_layers) * rows_before +
+                   static_cast<std::uint64_t>(std::min(p.ring_depth, p.streamed_layers)) *
+                       static_cast<std::uint64_t>(o_.prompt));
+    const bool bytes_ok = (o_.steps == 0 || st.h2d_bytes_last_step == expected_h2d) &&
+                          prefill.h2d_bytes_total == expected_prefill_h2d;
     const bool verified = ok && bytes_ok && o_.verify != "off";
 
     std::printf(
@@ -266,7 +289,10 @@ class Replay {
     std::printf("  plan            %d resident + %d streamed layers, ring %d; device %s, host %s\n",
                 p.resident_layers, p.streamed_layers, p.ring_depth,
                 kvo::format_bytes(p.device_bytes).c_str(), kvo::format_bytes(p.host_bytes).c_str());
-    std::printf("  prefill         %d tokens/slot in %.3f s\n", o_.prompt, prefill_s);
+    std::printf("  prefill         %d tokens/slot in %d step(s) in %.3f s; H2D %s (model: %s)\n",
+                o_.prompt, o_.prompt == 0 ? 1 : (o_.prompt + piece - 1) / piece, prefill_s,
+                kvo::format_bytes(prefill.h2d_bytes_total).c_str(),
+                kvo::format_bytes(expected_prefill_h2d).c_str());
     std::printf("  decode          %d steps, %.3f ms/step\n", o_.steps, step_s * 1e3);
     std::printf("  last step       H2D %s (model: %s), D2H %s\n",
                 kvo::format_bytes(st.h2d_bytes_last_step).c_str(),
@@ -291,6 +317,9 @@ class Replay {
       j["max_seq"] = o_.config.max_seq;
       j["slots"] = o_.config.slots;
       j["prompt"] = o_.prompt;
+      j["piece"] = piece;
+      j["prefill_h2d_bytes"] = prefill.h2d_bytes_total;
+      j["model_prefill_h2d_bytes"] = expected_prefill_h2d;
       j["steps"] = o_.steps;
       j["resident_layers"] = p.resident_layers;
       j["ring_depth"] = p.ring_depth;
