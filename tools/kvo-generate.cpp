@@ -96,6 +96,10 @@ int run(const kvo::cli::GenerateRun& o) {
   // Prefill, slot by slot, each a layer-major step.
   std::int64_t prompt_tokens = 0;
   std::int64_t longest_prompt = 0;
+  // A prompt in k pieces of p tokens: the later pieces re-read p k(k-1)/2 rows of each streamed
+  // layer's K and V.
+  const std::uint64_t piece = static_cast<std::uint64_t>(decoder.options().max_prompt);
+  std::uint64_t reread_bytes = 0;
   const auto prefill_start = Clock::now();
   for (int s = 0; s < slots; ++s) {
     const std::vector<std::int32_t> prompt = text.loads() ? question : o.prompt(s);
@@ -104,6 +108,9 @@ int run(const kvo::cli::GenerateRun& o) {
     first[static_cast<std::size_t>(s)] = decoder.prefill_sample(s, prompt, progress);
     prompt_tokens += static_cast<std::int64_t>(prompt.size());
     longest_prompt = std::max(longest_prompt, static_cast<std::int64_t>(prompt.size()));
+    const std::uint64_t k = (prompt.size() + piece - 1) / piece;
+    reread_bytes += piece * (k * (k - (k > 0 ? 1 : 0)) / 2) * 2 * plan.row_bytes *
+                    static_cast<std::uint64_t>(plan.streamed_layers);
     sample_memory();
   }
   const double prefill_s = seconds_since(prefill_start);
@@ -179,12 +186,12 @@ int run(const kvo::cli::GenerateRun& o) {
   std::printf("  setup           %.3f s\n", setup_s);
   std::printf("  prefill         %lld tokens in %.3f s: %.1f tokens/s\n",
               static_cast<long long>(prompt_tokens), prefill_s, prefill_tps);
-  const int piece = decoder.options().max_prompt;
-  if (piece < longest_prompt) {
+  if (static_cast<std::int64_t>(piece) < longest_prompt) {
     std::printf(
-        "  prefill pieces  %lld of at most %d tokens (the longest prompt), each attending "
-        "over the ones before\n",
-        static_cast<long long>((longest_prompt + piece - 1) / piece), piece);
+        "  prefill pieces  %lld of at most %llu tokens (the longest prompt), each attending "
+        "over the ones before: %s of H2D re-read\n",
+        static_cast<long long>((static_cast<std::uint64_t>(longest_prompt) + piece - 1) / piece),
+        static_cast<unsigned long long>(piece), kvo::format_bytes(reread_bytes).c_str());
   }
   std::printf("  decode          %lld tokens in %.3f s: %.2f tokens/s\n",
               static_cast<long long>(decode_tokens), decode_s, decode_tps);
@@ -202,6 +209,7 @@ int run(const kvo::cli::GenerateRun& o) {
     j["tokens"] = generated;
     j["prefill_tokens"] = prompt_tokens;
     j["prefill_piece"] = piece;
+    j["prefill_reread_h2d_bytes"] = reread_bytes;
     j["decode_tokens"] = decode_tokens;
     j["prefill_tokens_per_s"] = prefill_tps;
     j["decode_tokens_per_s"] = decode_tps;

@@ -156,7 +156,7 @@ TEST(Decoder, APromptInPiecesMatchesOnePiece) {
   std::vector<testing::GreedyRun> runs;
   std::vector<std::uint64_t> h2d;
   std::uint64_t row_bytes = 0;
-  for (int piece : {0, 64, 96}) {
+  for (int piece : {0, 64, 96, 32}) {
     DecoderOptions o = host_options(320);
     o.chunk = 16;
     o.max_prompt = piece;
@@ -179,6 +179,7 @@ TEST(Decoder, APromptInPiecesMatchesOnePiece) {
   // the same bytes in all three.)
   EXPECT_EQ(h2d[1] - h2d[0], (64 + 128 + 192 + 256) * per_row);
   EXPECT_EQ(h2d[2] - h2d[0], (96 + 192 + 288) * per_row);
+  EXPECT_EQ(h2d[3] - h2d[0], 32 * (1 + 2 + 3 + 4 + 5 + 6 + 7 + 8 + 9) * per_row);  // 10 pieces
   EXPECT_EQ(h2d[0], 2 * 300 * 2 * row_bytes);
   // Scoring takes the prompt whole, and says so.
   DecoderOptions o = host_options(320);
@@ -216,12 +217,17 @@ TEST(Decoder, FitPromptTakesTheLargestPieceTheBudgetHolds) {
   EXPECT_THROW(
       plan_cache(plan_decoder_memory(c, one_more, BackendKind::kHost).cache, o.device_budget),
       Error);
-  // The decoder it plans prefills the whole context, piece by piece.
+  // The decoder it plans prefills a prompt of 8 pieces and more, and generates what one piece
+  // without a budget does, bit for bit.
   Decoder d(c, WeightSource{"", 5}, o);
   EXPECT_EQ(d.options().max_prompt, fitted.max_prompt);
-  std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
-  d.prefill(0, random_prompt(fitted.max_prompt * 2 + 5, c.vocab_size, 6), logits.data());
-  EXPECT_EQ(d.length(0), fitted.max_prompt * 2 + 5);
+  const auto prompt = random_prompt(fitted.max_prompt * 8 + 5, c.vocab_size, 6);
+  DecoderOptions unlimited = host_options(4096);
+  unlimited.chunk = 16;
+  unlimited.resident_layers = 0;
+  Decoder one(c, WeightSource{"", 5}, unlimited);
+  EXPECT_EQ(one.options().max_prompt, 4096);
+  expect_bit_identical({greedy(d, prompt, 6), greedy(one, prompt, 6)});
 }
 
 TEST(Decoder, RefusesANegativeThreadCount) {
