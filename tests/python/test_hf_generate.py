@@ -58,6 +58,29 @@ class GreedyMatchesStaticCache(unittest.TestCase):
                           ids, mask)
         self.assertEqual(got.tolist(), expected.tolist())
 
+    def test_assisted_decoding_and_prompt_lookup_match_greedy(self):
+        # Both propose tokens the model checks in one forward and crop the rejected ones from the
+        # cache: a draft model of the same vocabulary (assisted decoding) and n-grams of the prompt
+        # (prompt lookup). Every layer streamed and every layer resident: the tokens are greedy's
+        # over StaticCache, and rows were cropped along the way.
+        model = make_model("llama3")
+        draft = make_model("llama3", seed=1)
+        ids, mask = prompts(1, 12, seed=7)
+        new_tokens = 16
+        expected = greedy(model, StaticCache(config=model.config, max_cache_len=MAX_CACHE_LEN),
+                          ids, mask, new_tokens=new_tokens)
+        for resident in (0, model.config.num_hidden_layers):
+            for mode in ({"assistant_model": draft}, {"prompt_lookup_num_tokens": 3}):
+                cache = offloaded(model, 1, resident_layers=resident)
+                cropped = []
+                crop = cache.crop
+                cache.crop = lambda n, crop=crop, cropped=cropped: (cropped.append(-n), crop(n))
+                got = greedy(model, cache, ids, mask, new_tokens=new_tokens, **mode)
+                what = f"{list(mode)[0]}, resident_layers={resident}"
+                self.assertEqual(got.tolist(), expected.tolist(), what)
+                if "assistant_model" in mode:  # a random draft: most of its tokens are rejected
+                    self.assertGreater(sum(cropped), 0, what)
+
     def test_generated_tokens_depend_on_the_cache(self):
         # A guard on the tests above: with these tiny models, dropping the cached rows changes
         # the greedy tokens, so equality above means the rows were right.

@@ -538,10 +538,12 @@ class OffloadedStaticCache(Cache):
         self._refuse("selecting rows (batch_select_indices)")
 
     def activate_past_recording(self):
-        raise NotImplementedError(
-            "kvoffload's OffloadedStaticCache keeps fixed-size buffers and does not record past "
-            "states to roll back (assisted generation)"
-        )
+        """Assisted decoding and prompt lookup call this before they crop rejected draft tokens.
+        Full-attention layers keep every row in place, so crop already restores them; a window
+        or state layer that cannot restore what a crop asks for refuses in crop, naming itself."""
+        for layer in self.layers:
+            if hasattr(layer, "activate_past_recording"):
+                layer.activate_past_recording()
 
     @property
     def is_compileable(self) -> bool:
