@@ -3,6 +3,7 @@
 that would pass max_cache_len, beam search, bad sizes and budgets."""
 
 import unittest
+import warnings
 
 import torch
 from transformers import StaticCache
@@ -155,6 +156,30 @@ class Mismatches(unittest.TestCase):
         self.assertEqual(cache.stats()["device_allocations"], allocations)
         cache.reset()
         self.assert_untouched(cache)
+
+    def test_the_exact_length_is_enough(self):
+        # prompt + max_new_tokens - 1 positions suffice (the last new token is never cached), and
+        # the message asks for exactly that.
+        cache = cpu_cache(self.model, max_cache_len=6 + 19 - 1)
+        greedy(self.model, cache, self.ids, self.mask, 19)
+        self.assertEqual(cache.get_seq_length(), 24)
+        cache.reset()
+        with self.assertRaises(ValueError) as raised:
+            greedy(self.model, cache, self.ids, self.mask, 20)
+        self.assertIn("prompt length + max_new_tokens - 1", str(raised.exception))
+
+    def test_a_resident_layers_request_raised_is_reported(self):
+        # 4 layers, 3 asked resident: streaming 1 layer through a ring of 2 costs what keeping it
+        # does, so all 4 stay, and the cache says so instead of changing the request silently.
+        with self.assertWarns(UserWarning) as warned:
+            cache = cpu_cache(self.model, resident_layers=3)
+        self.assertIn("resident_layers=3 became 4", str(warned.warning))
+        plan = cache.plan()
+        self.assertEqual((plan["resident_layers"], plan["resident_layers_requested"]), (4, 3))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            honoured = cpu_cache(self.model, resident_layers=1)  # 3 streamed > a ring of 2
+        self.assertEqual(honoured.plan()["resident_layers"], 1)
 
     def test_prompt_longer_than_max_cache_len(self):
         cache = cpu_cache(self.model, max_cache_len=5)

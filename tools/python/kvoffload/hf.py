@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -284,6 +285,17 @@ class OffloadedStaticCache(Cache):
                 device_budget=0 if budget is None else budget - local_bytes,
             )
             self._handle = hf_ops.register(self)
+            granted = self._native.stats()["plan"]["resident_layers"]
+            if resident_layers is not None and granted != resident_layers:
+                # The native plan keeps every layer when the streamed ones would be no more than
+                # the ring: their buffers would cost what keeping them does.
+                warnings.warn(
+                    f"resident_layers={resident_layers} became {granted}: streaming "
+                    f"{len(offloaded) - resident_layers} layer(s) through a ring of {ring_depth} "
+                    "buffers takes as much device memory as keeping them, so every layer stays "
+                    "resident (plan()['resident_layers_requested'] keeps the request)",
+                    stacklevel=2)
+        self._resident_requested = resident_layers
 
         # Per model layer: its index among the offloaded layers (-1: kept here), its layer object.
         self._slot = [-1] * len(specs)
@@ -378,8 +390,9 @@ class OffloadedStaticCache(Cache):
                 raise ValueError(
                     f"the cache holds {self._length} tokens per row and this forward adds {tokens}: "
                     f"{self._length + tokens} would pass max_cache_len={self.max_cache_len}. Build "
-                    "the cache with max_cache_len >= prompt length + max_new_tokens (it is "
-                    "allocated once and never grows), or reset() it between generations"
+                    "the cache with max_cache_len >= prompt length + max_new_tokens - 1 (the last "
+                    "new token is never cached; the cache is allocated once and never grows), or "
+                    "reset() it between generations"
                 )
         self._length += tokens
         self._forward_tokens = tokens
@@ -598,6 +611,7 @@ class OffloadedStaticCache(Cache):
                  "tensor_bytes", "layer_bytes", "resident_bytes", "staging_bytes",
                  "reserved_bytes", "device_bytes", "host_bytes", "budget"), 0)
         plan["offloaded_layers"] = plan.pop("layers")
+        plan["resident_layers_requested"] = self._resident_requested
         plan["layers"] = len(self._specs)
         plan["offloaded_device_bytes"] = plan["device_bytes"]
         plan["window_layers"] = sum(1 for s in self._specs if s.attention == WINDOW)
