@@ -108,7 +108,9 @@ ModelConfig with_rope(const ModelConfig& c, const Args& a) {
     r["rope_type"] = a.rope;
     r["factor"] = a.rope_factor;
     if (a.rope == "llama3" || a.rope == "yarn" || a.rope == "longrope") {
+      // In the block and at the top level, where Phi-3's class reads it first.
       r["original_max_position_embeddings"] = a.rope_original;
+      config["original_max_position_embeddings"] = a.rope_original;
     }
     if (a.rope == "longrope") {
       const int half = c.head_dim / 2;

@@ -45,15 +45,24 @@ std::vector<double> rope_factors(const JsonField& s, const char* key, int head_d
 }
 
 // rope_theta and the scaling block (rope_scaling in older configs, rope_parameters in newer ones
-// holding rope_theta too), read with transformers' defaults: the pretraining length from a
-// top-level original_max_position_embeddings first (Phi-3 keeps it there), else the block's,
-// else max_position_embeddings; yarn's and longrope's factor and attention factor derived where
-// the block gives none. Needs max_position_embeddings and head_dim read.
+// holding rope_theta too; where both are there, transformers takes rope_scaling), read with
+// transformers' defaults: the pretraining length from a top-level
+// original_max_position_embeddings first (Phi-3 keeps it there, and its class defaults it to
+// 4096), else the block's, else max_position_embeddings; yarn's and longrope's factor and
+// attention factor derived where the block gives none. A partial rotation (partial_rotary_factor
+// below 1, in the block or at the top level) is refused. Needs max_position_embeddings and
+// head_dim read.
 void parse_rope(const JsonField& f, ModelConfig& c, const Family& family) {
   c.rope_theta = static_cast<float>(f.real_or("rope_theta", 10000.0));
-  std::optional<JsonField> scaling = f.find("rope_parameters");
-  if (!scaling || scaling->is_null()) scaling = f.find("rope_scaling");
-  if (!scaling || scaling->is_null()) return;
+  std::optional<JsonField> scaling = f.find("rope_scaling");
+  if (!scaling) scaling = f.find("rope_parameters");
+  for (const JsonField& where : {f, scaling ? *scaling : f}) {
+    if (where.real_or("partial_rotary_factor", 1.0) != 1.0) {
+      throw where.at("partial_rotary_factor")
+          .error("only 1 (every dimension rotated) is supported");
+    }
+  }
+  if (!scaling) return;
   const JsonField& s = *scaling;
   s.require_object();
   c.rope_theta = static_cast<float>(s.real_or("rope_theta", c.rope_theta));
@@ -62,20 +71,17 @@ void parse_rope(const JsonField& f, ModelConfig& c, const Family& family) {
   for (const auto& [name, meaning] : family.rope_aliases) {
     if (type == name) type = meaning;
   }
-  if (s.real_or("partial_rotary_factor", 1.0) != 1.0) {
-    throw s.at("partial_rotary_factor").error("only 1 (every dimension rotated) is supported");
-  }
   RopeScaling& r = c.rope_scaling;
   r = RopeScaling{};
   if (type == "default") return;
   const double max_pos = c.max_position_embeddings;
-  r.original_max_position =
-      f.find("original_max_position_embeddings")
-          ? static_cast<double>(
-                f.at("original_max_position_embeddings").integer(1, ModelLimits::kPositions))
-          : static_cast<double>(s.integer_or("original_max_position_embeddings",
-                                             c.max_position_embeddings, 1,
-                                             ModelLimits::kPositions));
+  const auto top = f.find("original_max_position_embeddings");
+  r.original_max_position = top ? static_cast<double>(top->integer(1, ModelLimits::kPositions))
+                            : family.original_max_position > 0
+                                ? family.original_max_position
+                                : static_cast<double>(s.integer_or(
+                                      "original_max_position_embeddings", c.max_position_embeddings,
+                                      1, ModelLimits::kPositions));
   if (type == "linear" || type == "dynamic") {
     r.type = type == "linear" ? RopeType::kLinear : RopeType::kDynamic;
     r.factor = positive(s, "factor", 0);

@@ -270,6 +270,10 @@ int Decoder::prefill_layers(int slot, const std::vector<std::int32_t>& tokens,
     total +=
         (std::min(piece, n - p0) + chunk - 1) / chunk * static_cast<std::int64_t>(config_.layers);
   }
+  // One rope table for the whole prompt, whatever its pieces: the tables of dynamic and longrope
+  // follow the length of a forward, and the prompt is one forward however the budget splits it.
+  ops_->synchronize();  // the previous step's kernels may still read the table
+  follow_rope(static_cast<std::int64_t>(start) + n);
   std::int64_t done = 0;
   int last = 0;
   for (int p0 = 0; p0 < n; p0 += piece) {
@@ -283,7 +287,6 @@ void Decoder::prefill_piece(int slot, const std::int32_t* tokens, int n, int sta
                             const ProgressFn& progress, std::int64_t* done, std::int64_t total) {
   ActivationLayout& a = *act_;
   ops_->synchronize();  // the previous step's kernels may still read a.tokens
-  follow_rope(static_cast<std::int64_t>(start) + n);  // the piece's chunks share one table
   cache_->copy_to_device(a.tokens, tokens, static_cast<std::size_t>(n) * sizeof(std::int32_t));
   ops_->embed(a.tokens, n, weights_.embed, a.residual);
 

@@ -122,7 +122,8 @@ void size_prompt(DecoderMemory& m, const ModelConfig& config, const DecoderOptio
   m.max_prompt = max_prompt;
   m.max_rows = std::max(std::min(options.chunk, m.max_prompt), options.slots);
   m.prompt_rows = std::max(m.max_prompt, options.slots);
-  m.logit_rows = std::max(std::min(options.logit_rows, m.max_prompt), options.slots);
+  // Logit rows go through the rows of a chunk (xnorm, the GEMM input): no more than max_rows.
+  m.logit_rows = std::max(std::min({options.logit_rows, m.max_prompt, m.max_rows}), options.slots);
   m.activations = ActivationLayout().carve(nullptr, config, m.kv_dtype, m.max_rows, m.prompt_rows,
                                            options.slots, m.logit_rows);
   for (ReservedRegion& r : m.cache.reserved) {

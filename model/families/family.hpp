@@ -67,6 +67,9 @@ struct Family {
   // Older names of rope types the family's configs use, as {name, meaning} (Phi-3: su and yarn
   // mean longrope).
   std::vector<std::pair<const char*, const char*>> rope_aliases = {};
+  // The pretraining length the family's config class gives when config.json has no top-level
+  // original_max_position_embeddings (Phi-3: 4096, over the scaling block's); 0: none.
+  int original_max_position = 0;
 };
 
 // The family serving an architecture (config.json's architectures[0]), or a model_type (when

@@ -68,6 +68,7 @@ const Family kPhi3Family = {
     phi3::attention_inputs,
     llama::attention_output,
     phi3::mlp,
-    {{"su", "longrope"}, {"yarn", "longrope"}}};
+    {{"su", "longrope"}, {"yarn", "longrope"}},
+    4096};
 
 }  // namespace kvo::model

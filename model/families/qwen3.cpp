@@ -41,6 +41,8 @@ const Family kQwen3Family = {
       if (f.boolean_or("use_sliding_window", false)) {
         throw f.at("use_sliding_window").error("true is not supported for Qwen3");
       }
+      // Qwen3's class defaults head_dim to 128, not hidden / heads.
+      c.head_dim = static_cast<int>(f.integer_or("head_dim", 128, 2, ModelLimits::kHeadDim));
     },
     [](const ModelConfig& c, nlohmann::ordered_json& o) {
       o["attention_bias"] = c.qkv_bias;

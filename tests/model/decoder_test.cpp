@@ -189,6 +189,38 @@ TEST(Decoder, APromptInPiecesMatchesOnePiece) {
   EXPECT_EQ(d.length(0), 0);
 }
 
+// The rope tables of dynamic and longrope follow a forward's length; a prompt is one forward
+// however the budget splits it, so its pieces share the whole prompt's table and the bits stay
+// those of one piece, past the lengths where the tables change.
+TEST(Decoder, PiecesShareTheWholePromptsRopeTable) {
+  for (const RopeType type : {RopeType::kDynamic, RopeType::kLongRope}) {
+    ModelConfig c = small_config();
+    c.max_position_embeddings = 128;
+    RopeScaling& r = c.rope_scaling;
+    r = RopeScaling{};
+    r.type = type;
+    r.factor = 2;
+    r.original_max_position = 96;
+    r.attention_factor = 1.1;
+    for (int i = 0; i < c.head_dim / 2; ++i) {
+      r.short_factor.push_back(1 + 0.1 * i);
+      r.long_factor.push_back(1 + 0.9 * i);
+    }
+    const auto prompt = random_prompt(200, c.vocab_size, 31);
+    std::vector<testing::GreedyRun> runs;
+    for (int piece : {0, 64}) {
+      DecoderOptions o = host_options(220);
+      o.chunk = 16;
+      o.max_prompt = piece;
+      o.resident_layers = 0;
+      Decoder d(c, WeightSource{"", 29}, o);
+      runs.push_back(greedy(d, prompt, 6));
+    }
+    SCOPED_TRACE(rope_type_name(type));
+    expect_bit_identical(runs);
+  }
+}
+
 // With a budget, fit_prompt shrinks the piece to the whole chunks that fit beside the weights and
 // the ring.
 TEST(Decoder, FitPromptTakesTheLargestPieceTheBudgetHolds) {

@@ -152,7 +152,29 @@ TEST(ModelConfig, RopeScalingsReadAsTransformersReadsThem) {
       EXPECT_EQ(rope_table(back, len).inv_freq, rope_table(c, len).inv_freq) << len;
     }
   }
+  // rope_scaling wins over rope_parameters where both are given, as in transformers.
+  const ModelConfig both = config(R"({"rope_type": "linear", "factor": 2},
+    "rope_parameters": {"rope_type": "dynamic", "factor": 3})");
+  EXPECT_EQ(both.rope_scaling.type, RopeType::kLinear);
+  // Phi-3's class gives 4096 as the pretraining length where config.json has none at the top
+  // level, over the block's.
+  const ModelConfig phi = parse_model_config(R"({"architectures": ["Phi3ForCausalLM"],
+    "vocab_size": 10, "hidden_size": 64, "intermediate_size": 100, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "head_dim": 8, "max_position_embeddings": 131072,
+    "rope_scaling": {"rope_type": "su", "short_factor": [1, 1, 1, 1],
+    "long_factor": [1, 2, 3, 4], "original_max_position_embeddings": 16}})",
+                                             "phi3.json");
+  EXPECT_EQ(phi.rope_scaling.type, RopeType::kLongRope);
+  EXPECT_DOUBLE_EQ(phi.rope_scaling.original_max_position, 4096);
+  // Qwen3's class defaults head_dim to 128, not hidden / heads.
+  const ModelConfig qwen3 = parse_model_config(R"({"architectures": ["Qwen3ForCausalLM"],
+    "vocab_size": 10, "hidden_size": 64, "intermediate_size": 100, "num_hidden_layers": 1,
+    "num_attention_heads": 4})",
+                                               "qwen3.json");
+  EXPECT_EQ(qwen3.head_dim, 128);
   // Refused, naming what is wrong.
+  expect_error([&] { config("null", R"(, "partial_rotary_factor": 0.75)"); },
+               {"partial_rotary_factor", "only 1"});
   expect_error([&] { config(R"({"rope_type": "dynamic", "factor": 0.5})"); },
                {"cfg.json", "factor", "at least 1"});
   expect_error([&] { config(R"({"rope_type": "linear"})"); }, {"factor", "positive"});
