@@ -5,6 +5,8 @@
 // small pinned host mirrors of FlashInfer's decode schedule, allocated here once).
 #include "model/cuda/cuda_ops.hpp"
 
+#include "kvoffload/plan.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -473,6 +475,12 @@ std::uint64_t cuda_device_bytes_in_use() {
   std::size_t free_bytes = 0, total = 0;
   if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) return 0;
   return total - free_bytes;
+}
+
+std::uint64_t cuda_default_budget() {
+  std::size_t free_bytes = 0, total = 0;
+  if (cudaMemGetInfo(&free_bytes, &total) != cudaSuccess) return 0;
+  return default_device_budget(free_bytes, total);
 }
 
 }  // namespace kvo::model

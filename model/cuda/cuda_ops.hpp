@@ -19,5 +19,8 @@ std::unique_ptr<Ops> make_cuda_ops(const OpsShape& shape, void* stream, void* wo
 
 // Bytes in use on the current device (total - free, cudaMemGetInfo); 0 without CUDA.
 std::uint64_t cuda_device_bytes_in_use();
+// The budget a cache left at 0 gets on the current device now (default_device_budget of its
+// free and total memory); 0 without CUDA.
+std::uint64_t cuda_default_budget();
 
 }  // namespace kvo::model

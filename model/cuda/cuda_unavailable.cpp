@@ -17,4 +17,8 @@ std::uint64_t cuda_device_bytes_in_use() {
   return 0;
 }
 
+std::uint64_t cuda_default_budget() {
+  return 0;
+}
+
 }  // namespace kvo::model

@@ -39,8 +39,14 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
     checkpoint = std::make_unique<Checkpoint>(source.checkpoint_dir);
     check_checkpoint(layout_, *checkpoint);
   }
-  const DecoderMemory memory =
-      plan_decoder_memory(config_, options_, resolve_backend(options_.backend));
+  const BackendKind backend = resolve_backend(options_.backend);
+  DecoderOptions planned = options_;
+  if (planned.fit_prompt && planned.device_budget == 0 && backend == BackendKind::kCuda) {
+    // The piece fits the budget the cache will take: the device's free memory less headroom.
+    planned.device_budget = cuda_default_budget();
+  }
+  DecoderMemory memory = plan_decoder_memory(config_, planned, backend);
+  memory.cache.device_budget = options_.device_budget;  // 0 stays 0: the cache resolves it
   options_.max_prompt = memory.max_prompt;
   const DType dtype = memory.dtype;
   const int R = memory.max_rows;
