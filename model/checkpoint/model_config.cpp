@@ -100,8 +100,8 @@ void parse_rope(const JsonField& f, ModelConfig& c, const Family& family) {
     r.type = RopeType::kYarn;
     r.factor = positive(s, "factor", max_pos / r.original_max_position);
     // Zero or absent: the defaults, as transformers reads them.
-    r.beta_fast = s.real_or("beta_fast", 0) != 0 ? s.real_or("beta_fast", 0) : 32;
-    r.beta_slow = s.real_or("beta_slow", 0) != 0 ? s.real_or("beta_slow", 0) : 1;
+    r.beta_fast = s.real_or("beta_fast", 0) != 0 ? positive(s, "beta_fast", 32) : 32;
+    r.beta_slow = s.real_or("beta_slow", 0) != 0 ? positive(s, "beta_slow", 1) : 1;
     r.truncate = s.boolean_or("truncate", true);
     const auto mscale = [](double scale, double m) {
       return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
@@ -254,6 +254,20 @@ void validate(const ModelConfig& c) {
                                         static_cast<int>(r.long_factor.size()) != c.head_dim / 2)) {
     throw invalid("longrope needs head_dim / 2 (" + std::to_string(c.head_dim / 2) +
                   ") short and long factors");
+  }
+  // Whatever the parameters, the tables a forward can use must be positive and finite (a base
+  // of 1 under yarn, say, divides by log(1)): short, past the pretraining length, and far past.
+  for (const std::int64_t len :
+       {std::int64_t{1}, static_cast<std::int64_t>(c.max_position_embeddings) + 1,
+        std::int64_t{1} << 31}) {
+    const RopeTable t = rope_table(c, len);
+    bool finite = std::isfinite(t.scale) && t.scale > 0;
+    for (const float f : t.inv_freq) finite = finite && std::isfinite(f) && f > 0;
+    if (!finite) {
+      throw invalid(std::string("the ") + rope_type_name(r.type) + " rope with rope_theta " +
+                    std::to_string(c.rope_theta) +
+                    " gives frequencies that are not positive and finite (" + describe(r) + ")");
+    }
   }
   if (is_quantized(c.dtype)) {
     throw invalid(std::string("the weights' dtype must be f32, f16 or bf16, not ") +

@@ -175,6 +175,11 @@ TEST(ModelConfig, RopeScalingsReadAsTransformersReadsThem) {
   // Refused, naming what is wrong.
   expect_error([&] { config("null", R"(, "partial_rotary_factor": 0.75)"); },
                {"partial_rotary_factor", "only 1"});
+  expect_error([&] { config(R"({"rope_type": "yarn", "factor": 4, "beta_fast": -2})"); },
+               {"beta_fast", "positive"});
+  // A stretch so large that the base overflows float: frequencies of 0, refused.
+  expect_error([&] { config(R"({"rope_type": "dynamic", "factor": 1e30})"); },
+               {"dynamic rope", "not positive and finite"});
   expect_error([&] { config(R"({"rope_type": "dynamic", "factor": 0.5})"); },
                {"cfg.json", "factor", "at least 1"});
   expect_error([&] { config(R"({"rope_type": "linear"})"); }, {"factor", "positive"});
