@@ -15,7 +15,8 @@ import tempfile
 
 import torch
 from transformers import (AutoTokenizer, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+                          MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 
 def put(out, target, data):
@@ -42,6 +43,18 @@ def tiny_models():
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64}))
     yield "qwen2", Qwen2ForCausalLM(Qwen2Config(**common))
     yield "mistral", MistralForCausalLM(MistralConfig(**common, sliding_window=32))
+    # The other rope scalings and families (last, so that the seeds above stay as they were).
+    yield "llama-linear", LlamaForCausalLM(LlamaConfig(
+        **common, rope_scaling={"rope_type": "linear", "factor": 4.0}))
+    yield "llama-dynamic", LlamaForCausalLM(LlamaConfig(
+        **common, rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+    yield "qwen3-yarn", Qwen3ForCausalLM(Qwen3Config(
+        **common, head_dim=8, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                            "original_max_position_embeddings": 32}))
+    yield "phi3-longrope", Phi3ForCausalLM(Phi3Config(
+        **common, original_max_position_embeddings=32, pad_token_id=0, eos_token_id=1,
+        rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.1],
+                      "long_factor": [1.0, 3.0]}))
 
 
 def main():
