@@ -89,6 +89,7 @@ struct CacheStats {
   // Prefetches of the next step discarded because the host rows they copy changed under them
   // (abort_step, reset_slot, truncate_slot, load_slot), each issued again.
   std::uint64_t prefetch_reissues = 0;
+  std::uint64_t reorder_bytes = 0;       // rows written by reorder_slots, K and V, every layer
   CachePlan plan;                        // planned (and allocated) bytes per purpose
   std::uint64_t device_allocations = 0;  // device allocations made; fixed after construction
 };
@@ -184,6 +185,12 @@ class KVO_API OffloadedStaticCache {
   // so the next step moves exactly its new prefixes; stats().prefetch_reissues counts them.
   void reset_slot(int slot);                 // length 0
   void truncate_slot(int slot, int length);  // REQUIRES: 0 <= length <= length(slot)
+  // Slot s takes the rows and length slot source[s] held (beam search's reorder): every layer's
+  // valid rows are staged, then written, so any mapping is safe (cycles, one source for many).
+  // source has one entry per slot, each a slot. Between steps only; stats().reorder_bytes
+  // counts the rows written. Throws kvo::Error: kProtocol inside a step, kInvalidArgument for a
+  // bad source (nothing changed).
+  void reorder_slots(const std::vector<int>& source);
   int length(int slot) const;
   bool in_step() const;
 

@@ -182,6 +182,8 @@ typedef struct kvo_cache_stats {
   uint64_t budget;         /* the budget the plan was made against (0: none) */
   /* Since 0.2: one token of V (differs from row_bytes when v_head_dim does). */
   uint64_t v_row_bytes;
+  /* rows written by kvo_reorder_slots (K and V, every layer) */
+  uint64_t reorder_bytes;
 } kvo_cache_stats;
 
 /* ---- library -------------------------------------------------------------------------------- */
@@ -291,6 +293,11 @@ KVO_API kvo_status kvo_reset_slot(kvo_cache_t* cache, int32_t slot);
 /* Drops the slot's rows [length, kvo_length(slot)).
  * REQUIRES: no step open; 0 <= slot < slots; 0 <= length <= kvo_length(slot). */
 KVO_API kvo_status kvo_truncate_slot(kvo_cache_t* cache, int32_t slot, int32_t length);
+
+/* New in 0.2: slot s takes the rows and length slot source[s] held (beam search's reorder; any
+ * mapping, cycles and repeats included). REQUIRES: no step open; source != NULL; count == slots;
+ * 0 <= source[s] < slots. Nothing changes on an error. */
+KVO_API kvo_status kvo_reorder_slots(kvo_cache_t* cache, const int32_t* source, int32_t count);
 
 /* The slot's committed length in *out_length. REQUIRES: 0 <= slot < slots; out_length != NULL. */
 KVO_API kvo_status kvo_length(const kvo_cache_t* cache, int32_t slot, int32_t* out_length);

@@ -471,6 +471,19 @@ kvo_status kvo_truncate_slot(kvo_cache_t* cache, int32_t slot, int32_t length) {
                   [&](kvo_cache& c) { c.cache.truncate_slot(slot, length); });
 }
 
+kvo_status kvo_reorder_slots(kvo_cache_t* cache, const int32_t* source, int32_t count) {
+  return on_cache(cache, "kvo_reorder_slots", [&](kvo_cache& c) {
+    require(source, "source is NULL");
+    const int slots = c.cache.config().slots;
+    if (count != slots) {  // checked before a single int is read
+      throw kvo::Error(kvo::ErrorCode::kInvalidArgument, "count is " + std::to_string(count) +
+                                                             ", the cache has " +
+                                                             std::to_string(slots) + " slots");
+    }
+    c.cache.reorder_slots(std::vector<int>(source, source + count));
+  });
+}
+
 kvo_status kvo_length(const kvo_cache_t* cache, int32_t slot, int32_t* out_length) {
   return on_cache(cache, "kvo_length", [&](const kvo_cache& c) {
     require(out_length, "out_length is NULL");
@@ -524,6 +537,7 @@ kvo_status kvo_stats(const kvo_cache_t* cache, kvo_cache_stats* out_stats) {
     out->d2h_bytes_last_step = stats.d2h_bytes_last_step;
     out->acquire_wait_s = stats.acquire_wait_s;
     out->prefetch_reissues = stats.prefetch_reissues;
+    out->reorder_bytes = stats.reorder_bytes;
     out->device_allocations = stats.device_allocations;
     out->resident_layers = stats.plan.resident_layers;
     out->streamed_layers = stats.plan.streamed_layers;

@@ -2,6 +2,7 @@
 // and streamed layers to the staging ring. Every check runs before any state changes, so a call
 // that throws leaves the cache as it was.
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -148,6 +149,7 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
   int next_layer = 0;
   int held_layer = -1;
   std::byte* held_buffer = nullptr;
+  std::uint64_t reorder_bytes = 0;
   std::vector<std::int32_t> new_tokens;  // [slots] of the open step
   std::vector<std::int32_t> appended;    // [slots] rows appended to the held layer
   std::uint64_t steps = 0;
@@ -489,6 +491,75 @@ void OffloadedStaticCache::reset_slot(int slot) {
   if (m.ring) m.ring->forget_prefetches();
 }
 
+void OffloadedStaticCache::reorder_slots(const std::vector<int>& source) {
+  Impl& m = *impl_;
+  m.check_between_steps("reorder_slots");
+  const int slots = m.config.slots;
+  if (static_cast<int>(source.size()) != slots) {
+    throw invalid("reorder_slots: " + std::to_string(source.size()) + " sources for " +
+                  std::to_string(slots) + " slots");
+  }
+  bool identity = true;
+  for (int s = 0; s < slots; ++s) {
+    const int from = source[static_cast<std::size_t>(s)];
+    if (from < 0 || from >= slots) {
+      throw invalid("reorder_slots: source[" + std::to_string(s) + "] is " + std::to_string(from) +
+                    ", not a slot (the cache has " + std::to_string(slots) + ")");
+    }
+    identity = identity && from == s;
+  }
+  if (identity) return;
+  m.quiesce();  // no copy of the ring or the caller still reads or writes the rows
+  const KvLayout& l = m.plan.layout;
+  std::vector<std::int32_t> lengths(static_cast<std::size_t>(slots));
+  for (int s = 0; s < slots; ++s) {
+    lengths[static_cast<std::size_t>(s)] = m.lengths[static_cast<std::size_t>(source[s])];
+  }
+  std::vector<std::byte> staged;
+  for (int layer = 0; layer < m.config.layers; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::uint64_t row = kv == 0 ? l.k_row_bytes : l.v_row_bytes;
+      // Stage every moved slot's source rows, then write them: a target may be another's source.
+      std::vector<std::size_t> at(static_cast<std::size_t>(slots));
+      std::size_t total = 0;
+      for (int s = 0; s < slots; ++s) {
+        at[static_cast<std::size_t>(s)] = total;
+        if (source[static_cast<std::size_t>(s)] != s) {
+          total += static_cast<std::size_t>(lengths[static_cast<std::size_t>(s)]) * row;
+        }
+      }
+      staged.resize(total);
+      for (int pass = 0; pass < 2; ++pass) {
+        for (int s = 0; s < slots; ++s) {
+          const int from = source[static_cast<std::size_t>(s)];
+          const std::size_t bytes =
+              static_cast<std::size_t>(lengths[static_cast<std::size_t>(s)]) * row;
+          if (from == s || bytes == 0) continue;
+          std::byte* stage = staged.data() + at[static_cast<std::size_t>(s)];
+          CacheSlotRows rows(*m.backend, *m.store, *m.arena, m.plan, pass == 0 ? from : s);
+          std::byte* host = rows.host_rows(layer, kv);
+          if (pass == 0) {
+            if (host != nullptr) {
+              std::memcpy(stage, host, bytes);
+            } else {
+              rows.copy_from_device(layer, kv, 0, bytes, stage);
+            }
+          } else {
+            if (host != nullptr) {
+              std::memcpy(host, stage, bytes);
+            } else {
+              rows.copy_to_device(layer, kv, 0, bytes, stage);
+            }
+            m.reorder_bytes += bytes;
+          }
+        }
+      }
+    }
+  }
+  m.lengths = lengths;
+  if (m.ring) m.ring->forget_prefetches();
+}
+
 void OffloadedStaticCache::truncate_slot(int slot, int length) {
   Impl& m = *impl_;
   m.check_between_steps("truncate_slot");
@@ -570,6 +641,7 @@ CacheStats OffloadedStaticCache::stats() const {
     stats.d2h_bytes_last_step = ring.d2h_bytes_last_step;
     stats.prefetch_reissues = ring.prefetch_reissues;
   }
+  stats.reorder_bytes = m.reorder_bytes;
   stats.acquire_wait_s = m.backend->stall_seconds();
   stats.plan = m.plan;
   stats.device_allocations = m.backend->memory().device_allocations;

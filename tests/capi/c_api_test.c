@@ -296,6 +296,15 @@ static void provoke_errors(engine* e) {
                 "cannot truncate");
   EXPECT_STATUS(cache, kvo_begin_step(cache, n, SLOTS - 1), KVO_ERROR_INVALID_ARGUMENT,
                 "one new-token count per slot");
+  {
+    const int32_t one = 1, outside[SLOTS] = {0, SLOTS, 1};
+    EXPECT_STATUS(cache, kvo_reorder_slots(cache, NULL, SLOTS), KVO_ERROR_INVALID_ARGUMENT,
+                  "source is NULL");
+    EXPECT_STATUS(cache, kvo_reorder_slots(cache, &one, 1 << 20), KVO_ERROR_INVALID_ARGUMENT,
+                  "count is 1048576, the cache has 3 slots");
+    EXPECT_STATUS(cache, kvo_reorder_slots(cache, outside, SLOTS), KVO_ERROR_INVALID_ARGUMENT,
+                  "source[1] is 3, not a slot");
+  }
   EXPECT_STATUS(cache, kvo_begin_step(cache, NULL, SLOTS), KVO_ERROR_INVALID_ARGUMENT,
                 "new_tokens is NULL");
   /* A count far past the array: refused before a single int is read (AddressSanitizer catches a

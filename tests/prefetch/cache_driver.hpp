@@ -37,6 +37,19 @@ class Reference {
            static_cast<std::size_t>(token) * row_bytes_;
   }
   std::size_t row_bytes() const { return row_bytes_; }
+  // Slot s takes slot source[s]'s rows, every layer and tensor (reorder_slots).
+  void reorder(const std::vector<int>& source) {
+    const std::size_t layers_kv = rows_.size() / static_cast<std::size_t>(slots_);
+    for (std::size_t lk = 0; lk < layers_kv; ++lk) {
+      std::vector<std::vector<std::uint8_t>> before(
+          rows_.begin() + static_cast<std::ptrdiff_t>(lk * slots_),
+          rows_.begin() + static_cast<std::ptrdiff_t>((lk + 1) * slots_));
+      for (int s = 0; s < slots_; ++s) {
+        rows_[lk * slots_ + static_cast<std::size_t>(s)] =
+            before[static_cast<std::size_t>(source[static_cast<std::size_t>(s)])];
+      }
+    }
+  }
 
  private:
   int slots_;
@@ -138,6 +151,7 @@ struct DriverOptions {
   int max_prefill = 40;
   double reset_probability = 0.08;
   double truncate_probability = 0.08;
+  double reorder_probability = 0;  // between steps: reorder_slots with a random source
 };
 
 // Runs one random sequence on every cache of `caches` (same shape) and returns the number of
@@ -163,6 +177,22 @@ inline int drive(std::vector<std::unique_ptr<CacheUnderTest>>& caches, std::uint
       } else if (length[index] > 0 && chance(options.truncate_probability)) {
         length[index] = uniform(0, length[index] - 1);
         for (auto& c : caches) c->cache().truncate_slot(s, length[index]);
+      }
+    }
+    if (options.reorder_probability > 0 && chance(options.reorder_probability)) {
+      std::vector<int> source(static_cast<std::size_t>(config.slots));
+      for (int& from : source) from = uniform(0, config.slots - 1);
+      std::vector<int> moved(length.size());
+      for (std::size_t s = 0; s < length.size(); ++s) {
+        moved[s] = length[static_cast<std::size_t>(source[s])];
+      }
+      length = moved;
+      ref.reorder(source);
+      for (auto& c : caches) {
+        c->cache().reorder_slots(source);
+        for (int s = 0; s < config.slots; ++s) {
+          EXPECT_EQ(c->cache().length(s), length[static_cast<std::size_t>(s)]);
+        }
       }
     }
     // New tokens: a prefill now and then, mostly decodes, some idle slots.

@@ -82,6 +82,40 @@ TEST_P(EquivalenceUnderDelays, EveryAcquireMatchesTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, EquivalenceUnderDelays, ::testing::Range(1, 13));
 
+// Beam search's reorders between steps (any mapping: cycles, one source for several slots), under
+// random copy delays: every later acquire holds the source's rows, resident or streamed, and the
+// prefetches made before a reorder are issued again.
+TEST(Equivalence, ReorderedSlotsHoldTheirSourcesRows) {
+  for (int seed = 1; seed <= 4; ++seed) {
+    const CacheConfig base = shape(6, 4, 80, DType::kBF16);
+    auto caches = make_caches(base, kVariants, 40, static_cast<std::uint64_t>(seed));
+    DriverOptions options;
+    options.steps = 40;
+    options.reorder_probability = 0.4;
+    testing::drive(caches, static_cast<std::uint64_t>(seed) * 31 + 7, options);
+    for (auto& c : caches) {
+      EXPECT_EQ(c->failures(), 0) << c->name() << " seed " << seed;
+      EXPECT_GT(c->cache().stats().reorder_bytes, 0u) << c->name();
+    }
+    EXPECT_GT(caches[0]->cache().stats().prefetch_reissues, 0u);
+  }
+  // Misuse changes nothing: a wrong count, a source outside the slots, inside a step.
+  CacheConfig c = shape(2, 3, 16, DType::kF32);
+  c.backend = BackendKind::kHost;
+  OffloadedStaticCache cache(c);
+  EXPECT_THROW(cache.reorder_slots({0, 1}), Error);
+  EXPECT_THROW(cache.reorder_slots({0, 3, 1}), Error);
+  cache.begin_step({1, 1, 1});
+  try {
+    cache.reorder_slots({1, 1, 1});
+    FAIL() << "expected a protocol error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kProtocol);
+  }
+  cache.abort_step();
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(cache.length(s), 0);
+}
+
 // Long prefills that fill slots to max_seq, then decodes at the limit, with no delays (the
 // fast path) and with long delays (copies that take longer than the caller's work).
 TEST(Equivalence, FullSlotsAndLongDelays) {

@@ -208,12 +208,17 @@ class Mismatches(unittest.TestCase):
                 cache.update(states, states, bad)
         self.assert_untouched(cache)
 
-    def test_beam_search(self):
-        # Beam search makes batch * num_beams rows and reorders them: refused.
-        cache = cpu_cache(self.model, batch=2)
-        with self.assertRaises(NotImplementedError) as raised:
+    def test_beam_search_needs_a_slot_per_beam(self):
+        # Beam search makes batch * num_beams rows: more than max_batch_size is refused, naming
+        # it; a reorder that names a row outside the batch too.
+        cache = cpu_cache(self.model, batch=1)
+        with self.assertRaises(ValueError) as raised:
             greedy(self.model, cache, self.ids, self.mask, 3, num_beams=2)
-        self.assertIn("beam search", str(raised.exception))
+        self.assertIn("max_batch_size", str(raised.exception))
+        cache = cpu_cache(self.model, batch=2)
+        with self.assertRaises(ValueError) as raised:
+            cache.reorder_cache(torch.tensor([0, 2]))
+        self.assertIn("beam_idx", str(raised.exception))
 
 
 class Construction(unittest.TestCase):

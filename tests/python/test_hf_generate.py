@@ -81,6 +81,27 @@ class GreedyMatchesStaticCache(unittest.TestCase):
                 if "assistant_model" in mode:  # a random draft: most of its tokens are rejected
                     self.assertGreater(sum(cropped), 0, what)
 
+    def test_beam_search_matches_static_cache(self):
+        # Two beams in two slots: at every step transformers reorders the cache to the surviving
+        # beams (reorder_cache), the full-attention rows in the native cache, resident or
+        # streamed, and a model's window rows here (mistral_window: windows shorter than the
+        # prompt). The tokens are StaticCache's, and the reorders moved rows.
+        for name in ("llama3", "mistral_window"):
+            model = make_model(name)
+            ids, mask = prompts(1, 12, seed=8)
+            kwargs = dict(num_beams=2, num_return_sequences=2, do_sample=False,
+                          max_new_tokens=NEW_TOKENS)
+            expected = model.generate(ids, attention_mask=mask, cache=StaticCache(
+                config=model.config, max_cache_len=MAX_CACHE_LEN), **kwargs)
+            offloaded_layers = offloaded(model, 2).plan()["offloaded_layers"]
+            for resident in sorted({0, offloaded_layers}):
+                cache = offloaded(model, 2, resident_layers=resident)
+                got = model.generate(ids, attention_mask=mask, cache=cache, **kwargs)
+                what = f"{name}, resident_layers={resident}"
+                self.assertEqual(got.tolist(), expected.tolist(), what)
+                if offloaded_layers > 0:
+                    self.assertGreater(cache.stats()["reorder_bytes"], 0, what)
+
     def test_generated_tokens_depend_on_the_cache(self):
         # A guard on the tests above: with these tiny models, dropping the cached rows changes
         # the greedy tokens, so equality above means the rows were right.

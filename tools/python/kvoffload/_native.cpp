@@ -95,6 +95,7 @@ py::dict stats_dict(const kvo::CacheStats& stats) {
   d["d2h_bytes_last_step"] = stats.d2h_bytes_last_step;
   d["acquire_wait_s"] = stats.acquire_wait_s;
   d["prefetch_reissues"] = stats.prefetch_reissues;
+  d["reorder_bytes"] = stats.reorder_bytes;
   d["device_allocations"] = stats.device_allocations;
   d["plan"] = plan_dict(stats.plan);
   return d;
@@ -177,6 +178,14 @@ PYBIND11_MODULE(_native, m) {
             }
           },
           py::arg("length"), py::call_guard<py::gil_scoped_release>())
+      // Beam search: slot s takes slot source[s]'s rows (commits the open step first).
+      .def(
+          "reorder",
+          [](Adapter& cache, const std::vector<int>& source) {
+            cache.end_step();
+            cache.cache().reorder_slots(source);
+          },
+          py::arg("source"), py::call_guard<py::gil_scoped_release>())
       // Saved contexts: every slot, in order, to one file (written atomically); load replaces
       // every slot (an open step is dropped first) and returns each slot's token ids.
       .def(

@@ -542,7 +542,27 @@ class OffloadedStaticCache(Cache):
         )
 
     def reorder_cache(self, beam_idx) -> None:
-        self._refuse("beam search (reorder_cache)")
+        """Beam search: row i takes the rows of row ``beam_idx[i]`` (a 1-D integer tensor or
+        list, as transformers passes it), in every layer: the offloaded ones in the native cache
+        (resident and streamed rows staged, then written; ``stats()['reorder_bytes']`` counts
+        them), windows and states here. Rows past ``len(beam_idx)`` keep theirs."""
+        source = [int(i) for i in (beam_idx.tolist() if hasattr(beam_idx, "tolist") else beam_idx)]
+        rows = len(source)
+        if not 0 < rows <= self.max_batch_size or not all(0 <= i < rows for i in source):
+            raise ValueError(
+                f"reorder_cache: beam_idx must hold one row index in [0, {rows}) per row, at "
+                f"most max_batch_size={self.max_batch_size} rows; got {source}")
+        if source == list(range(rows)):
+            return
+        if self._open:
+            raise RuntimeError("reorder_cache inside a forward: reorder between forwards")
+        if self._native is not None:
+            self._native.reorder(source + list(range(rows, self.max_batch_size)))
+        for layer in self.layers:
+            if isinstance(layer, (WindowLayer, StateLayer)):
+                for buffer in layer.buffers():
+                    index = torch.tensor(source, device=buffer.device)
+                    buffer[:rows].copy_(buffer.index_select(0, index))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         self._refuse("repeating rows (batch_repeat_interleave)")
