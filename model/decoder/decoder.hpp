@@ -44,8 +44,9 @@ struct DecoderOptions {
   int chunk = 512;     // prefill tokens per attention/MLP chunk
   int max_prompt = 0;  // longest piece of a prompt prefilled at once; 0: max_seq
   // With a device_budget: max_prompt shrunk, where its activations do not fit beside the weights
-  // and the ring, to the largest piece of whole chunks that does (no smaller than chunk). A longer prompt is then
-  // prefilled piece by piece, each piece attending over the rows of the pieces before it.
+  // and the ring, to the largest piece of whole chunks that does (no smaller than chunk). A longer
+  // prompt is then prefilled piece by piece, each piece attending over the rows of the pieces
+  // before it.
   bool fit_prompt = false;
   int logit_rows = 0;  // prefill_scored: rows of logits computed at once (at least slots)
   int resident_layers = kAutoResidentLayers;  // or 0..layers
