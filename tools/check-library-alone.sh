@@ -16,7 +16,7 @@ wanted=(cmake g++ make libboost-dev libxxhash-dev bash coreutils dash sed grep f
 # them).
 mapfile -t packages < <(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
   --no-breaks --no-replaces --no-enhances "${wanted[@]}" 2>/dev/null | grep '^[a-z0-9]' | sort -u |
-  while read -r p; do dpkg-query -W -f='${db:Status-Status}\n' "$p" 2>/dev/null | grep -qx installed && echo "$p"; done)
+  while read -r p; do [ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" = installed ] && echo "$p"; done)
 chroot_dir=$(mktemp -d)
 trap 'rm -rf "$chroot_dir"' EXIT
 for link in lib lib64 bin sbin; do

@@ -65,7 +65,7 @@ trap 'rm -rf "$stage"' EXIT
 carry=$stage/carry
 mkdir -p "$carry/bin" "$carry/lib"
 for t in "${targets[@]}"; do
-  file=$(find "$build" -type f -name "$t" -perm -u+x -not -path "*/CMakeFiles/*" | head -n1)
+  file=$(find "$build" -type f -name "$t" -perm -u+x -not -path "*/CMakeFiles/*" -print -quit)
   [ -n "$file" ] || { echo "device-build: $t was not built in $build" >&2; exit 1; }
   strip -o "$carry/bin/$t" "$file"
 done

@@ -27,8 +27,16 @@ status=0
 # libpthread, nothing else of this machine.
 glibc=(/lib64/ld-linux-x86-64.so.2)
 for name in libc.so.6 libm.so.6 libdl.so.2 librt.so.1 libpthread.so.0; do
-  glibc+=("$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ {print $NF; exit}')")
+  # awk reads to the end: leaving early would kill ldconfig with SIGPIPE, which pipefail reports
+  # once its listing outgrows the pipe's buffer.
+  glibc+=("$(ldconfig -p | awk -v n="$name" '$1 == n && /x86-64/ && !found {print $NF; found = 1}')")
 done
+
+is_glibc() {
+  local g
+  for g in "${glibc[@]}"; do [ "$g" = "$1" ] && return 0; done
+  return 1
+}
 
 if [ "$(id -u)" -ne 0 ] || ! mkdir -p "$work/proc" || ! mount -t proc proc "$work/proc" 2>/dev/null; then
   echo "device-dry-run: not root, or /proc cannot be mounted: checking library resolution only" >&2
@@ -36,8 +44,7 @@ if [ "$(id -u)" -ne 0 ] || ! mkdir -p "$work/proc" || ! mount -t proc proc "$wor
     while read -r lib; do
       case "$lib" in
         "$carry"/lib/*) ;;
-        *) if ! printf '%s\n' "${glibc[@]}" | grep -qx "$(readlink -f "$lib")" &&
-              ! printf '%s\n' "${glibc[@]}" | grep -qx "$lib"; then
+        *) if ! is_glibc "$(readlink -f "$lib")" && ! is_glibc "$lib"; then
              echo "device-dry-run: $(basename "$f") loads $lib from this machine" >&2
              status=1
            fi ;;
