@@ -24,13 +24,21 @@
 // call on this cache, which may release the buffer for reuse. Use them for this layer's
 // attention, do not keep them, do not write to them.
 //
+// Static shapes (the constructor's static_shapes): update returns max_seq rows per batch row
+// instead, [batch, kv_heads, max_seq, head_dim], as HF's StaticCache does, so the shapes a
+// compiled forward sees never change (torch.compile without recompiling, CUDA graphs). Only the
+// valid rows are copied, as without it; the rows past len + n are whatever the buffer holds: zero
+// in a buffer never written (device memory starts zeroed) or rows of an earlier layer or step,
+// finite either way, never uninitialized memory. The caller's mask hides them (max_seq columns).
+//
 // Quantized K/V (config.dtype fp8 or int8, kvoffload/quant.hpp): update() quantizes the new rows
 // on their device (torch operations with the arithmetic of kvo::quantize_row, to the same bits)
 // and appends the quantized rows; what it returns are not views then but new tensors of
 // states_dtype, [batch, kv_heads, len + n, head_dim] (strides [(len + n) * kv_heads * head_dim,
 // head_dim, kv_heads * head_dim, 1]), dequantized on the device from the staged rows: 2 x batch x
 // (len + n) x kv_heads x head_dim x its element size in torch's allocator per update, freed with
-// them after the layer's attention.
+// them after the layer's attention. With static shapes they have max_seq rows, the rows past
+// len + n zero.
 //
 // Values may have their own head size (config.v_head_dim, multi-head latent attention): value
 // tensors are then [.., v_head_dim] in and out.
@@ -63,9 +71,11 @@ class KVO_API OffloadedStaticCache {
   // Plans and allocates like kvo::OffloadedStaticCache(config); throws the same errors.
   // states_dtype: the dtype of the keys and values update() takes and returns. For f32, f16 and
   // bf16 K/V it is that dtype (Undefined means so); for quantized K/V (fp8, int8) it is required:
-  // float, half or bfloat16, the dtype the model computes in.
+  // float, half or bfloat16, the dtype the model computes in. static_shapes: update returns
+  // max_seq rows (above).
   explicit OffloadedStaticCache(const CacheConfig& config,
-                                at::ScalarType states_dtype = at::ScalarType::Undefined);
+                                at::ScalarType states_dtype = at::ScalarType::Undefined,
+                                bool static_shapes = false);
   // Waits for the work of the last stream used (CUDA), then frees everything. Never throws.
   ~OffloadedStaticCache();
   OffloadedStaticCache(const OffloadedStaticCache&) = delete;
@@ -73,7 +83,8 @@ class KVO_API OffloadedStaticCache {
 
   // Appends key_states and value_states, each [batch, kv_heads, n, head_dim] (any strides), as
   // rows [len, len + n) of layer `layer_idx`, and returns (keys, values), each
-  // [batch, kv_heads, len + n, head_dim]: the rows to attend over (see above).
+  // [batch, kv_heads, len + n, head_dim] (max_seq rows with static shapes): the rows to attend
+  // over (see above).
   // cache_position, when defined: a 1-D integer tensor of the n positions, which must be
   // len, len + 1, ..., len + n - 1 (a CUDA tensor here costs a device sync to read). Undefined:
   // the rows go at len, as in HF's current StaticCache.
@@ -88,6 +99,7 @@ class KVO_API OffloadedStaticCache {
   // was updated.
   std::int64_t get_seq_length();
   std::int64_t get_max_cache_shape() const;
+  bool static_shapes() const { return static_shapes_; }
   // Empties every row: aborts an open step, lengths back to 0.
   void reset();
   // Ends the open step (every layer updated): releases the last layer and commits the lengths.
@@ -110,6 +122,7 @@ class KVO_API OffloadedStaticCache {
   kvo::OffloadedStaticCache cache_;
   at::Device device_;
   at::ScalarType dtype_;
+  bool static_shapes_;
   int layers_;
   int slots_;
   bool in_step_ = false;

@@ -20,7 +20,9 @@ struct MemoryCounters {
 class MemoryResource {
  public:
   virtual ~MemoryResource() = default;
-  // Device memory. alloc_device throws kvo::Error(kOutOfMemory) naming `bytes`.
+  // Device memory, every byte zero (finite rows past any slot's length for a caller that reads
+  // whole static buffers, kvoffload/torch.hpp's static shapes). alloc_device throws
+  // kvo::Error(kOutOfMemory) naming `bytes`.
   virtual void* alloc_device(std::size_t bytes) = 0;
   virtual void free_device(void* ptr) noexcept = 0;
   // Host memory for the store: pinned on CUDA, page-aligned on the host backend. Throws

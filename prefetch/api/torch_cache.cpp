@@ -123,10 +123,12 @@ at::Tensor dequantize_rows(void* base, std::int64_t batch, std::int64_t length,
 
 }  // namespace
 
-OffloadedStaticCache::OffloadedStaticCache(const CacheConfig& config, at::ScalarType states_dtype)
+OffloadedStaticCache::OffloadedStaticCache(const CacheConfig& config, at::ScalarType states_dtype,
+                                           bool static_shapes)
     : cache_(config),
       device_(at::kCPU),
       dtype_(states_dtype_of(config, states_dtype)),
+      static_shapes_(static_shapes),
       layers_(config.layers),
       slots_(config.slots),
       new_tokens_(static_cast<std::size_t>(config.slots), 0) {
@@ -310,21 +312,30 @@ std::tuple<at::Tensor, at::Tensor> OffloadedStaticCache::update(const at::Tensor
                   v_base + static_cast<std::size_t>(s) * v_slot_bytes, static_cast<int>(n), stream);
   }
 
+  const std::int64_t rows = static_shapes_ ? c.max_seq : length + n;  // returned per batch row
   if (is_quantized(view.layout.dtype)) {
     // Dequantized on the device into new tensors of the caller's dtype (the staged rows hold
-    // bytes and scales, which attention in torch cannot read).
-    return {dequantize_rows(view.k, batch, length + n, view.slot_stride, view.token_stride,
-                            view.layout.kv_heads, view.layout.head_dim, view.layout.k_scale_offset,
-                            view.layout.dtype, dtype_, device_),
-            dequantize_rows(view.v, batch, length + n, view.v_slot_stride, view.v_token_stride,
-                            view.layout.kv_heads, view.layout.v_head_dim,
-                            view.layout.v_scale_offset, view.layout.dtype, dtype_, device_)};
+    // bytes and scales, which attention in torch cannot read); with static shapes, zero rows
+    // after the valid ones, token-major as the valid ones are.
+    const auto padded = [&](at::Tensor valid) {
+      if (rows == length + n) return valid;
+      // valid is [batch, kv_heads, length + n, dim] over [batch, length + n, kv_heads, dim].
+      return at::constant_pad_nd(valid.permute({0, 2, 1, 3}), {0, 0, 0, 0, 0, rows - length - n})
+          .permute({0, 2, 1, 3});
+    };
+    return {
+        padded(dequantize_rows(view.k, batch, length + n, view.slot_stride, view.token_stride,
+                               view.layout.kv_heads, view.layout.head_dim,
+                               view.layout.k_scale_offset, view.layout.dtype, dtype_, device_)),
+        padded(dequantize_rows(view.v, batch, length + n, view.v_slot_stride, view.v_token_stride,
+                               view.layout.kv_heads, view.layout.v_head_dim,
+                               view.layout.v_scale_offset, view.layout.dtype, dtype_, device_))};
   }
-  // [batch, kv_heads, length + n, head_dim] over the NHD buffer: zero-copy, strided.
+  // [batch, kv_heads, rows, head_dim] over the NHD buffer: zero-copy, strided.
   const at::TensorOptions options = at::TensorOptions().dtype(dtype_).device(device_);
-  return {at::from_blob(view.k, {batch, view.layout.kv_heads, length + n, view.layout.head_dim},
+  return {at::from_blob(view.k, {batch, view.layout.kv_heads, rows, view.layout.head_dim},
                         {view.slot_stride, view.head_stride, view.token_stride, 1}, options),
-          at::from_blob(view.v, {batch, view.layout.kv_heads, length + n, view.layout.v_head_dim},
+          at::from_blob(view.v, {batch, view.layout.kv_heads, rows, view.layout.v_head_dim},
                         {view.v_slot_stride, view.v_head_stride, view.v_token_stride, 1}, options)};
 }
 

@@ -109,6 +109,14 @@ void* CudaBackend::alloc_device(std::size_t bytes) {
                     "); the device has " + format_bytes(free_bytes) + " free of " +
                     format_bytes(total_bytes) + ": lower the budget or max_seq");
   }
+  // Zeroed once, before any stream of the cache touches it (the copy streams do not wait on the
+  // legacy stream cudaMemset runs on, so the host waits here).
+  const cudaError_t zeroed = cudaMemset(ptr, 0, bytes);
+  const cudaError_t synced = zeroed == cudaSuccess ? cudaDeviceSynchronize() : zeroed;
+  if (synced != cudaSuccess) {
+    cudaFree(ptr);
+    KVO_CUDA_CHECK(synced);
+  }
   ledger_.add(ptr, bytes, offload::AllocationLedger::Kind::kDevice);
   return ptr;
 }

@@ -192,6 +192,7 @@ void* HostBackend::alloc_device(std::size_t bytes) {
     throw Error(ErrorCode::kOutOfMemory,
                 "host backend: could not allocate " + format_bytes(rounded) + " of device memory");
   }
+  std::memset(ptr, 0, rounded);
   ledger_.add(ptr, rounded, offload::AllocationLedger::Kind::kDevice);
   g_allocations.fetch_add(1);
   return ptr;

@@ -12,6 +12,8 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -119,11 +121,16 @@ at::Tensor through_quantized_rows(const at::Tensor& t, DType stored) {
 
 // The same random run, in lockstep, on the adapter, a concatenated cache and HF's static layers.
 // states: the dtype of keys and values in and out (the stored one's unless K/V is quantized).
+// static_shapes: the adapter returns max_seq rows, the valid ones first.
 class Lockstep {
  public:
   Lockstep(const CacheConfig& config, at::Device device, std::uint64_t seed,
-           at::ScalarType states = at::ScalarType::Undefined)
-      : config_(config), device_(device), cache_(config, states), rng_(seed) {
+           at::ScalarType states = at::ScalarType::Undefined, bool static_shapes = false)
+      : config_(config),
+        device_(device),
+        static_shapes_(static_shapes),
+        cache_(config, states, static_shapes),
+        rng_(seed) {
     generator_ = at::make_generator<at::CPUGeneratorImpl>(seed);
     dtype_ = states != at::ScalarType::Undefined ? states
              : config.dtype == DType::kF32       ? at::kFloat
@@ -169,13 +176,25 @@ class Lockstep {
       if (with_positions) {
         position = at::arange(past, past + n, at::TensorOptions().dtype(at::kLong));
       }
-      auto [keys, values] = cache_.update(k, v, layer, position);
+      auto [all_keys, all_values] = cache_.update(k, v, layer, position);
 
-      // Shape and layout: the valid rows only, a strided view of the cache's buffer.
-      ASSERT_EQ(keys.sizes(),
-                (at::IntArrayRef{config_.slots, config_.kv_heads, past + n, config_.head_dim}));
-      ASSERT_EQ(values.sizes(),
-                (at::IntArrayRef{config_.slots, config_.kv_heads, past + n, v_head_dim_}));
+      // Shape and layout: the valid rows only (static shapes: max_seq rows), a strided view of
+      // the cache's buffer.
+      const std::int64_t rows = static_shapes_ ? config_.max_seq : past + n;
+      ASSERT_EQ(all_keys.sizes(),
+                (at::IntArrayRef{config_.slots, config_.kv_heads, rows, config_.head_dim}));
+      ASSERT_EQ(all_values.sizes(),
+                (at::IntArrayRef{config_.slots, config_.kv_heads, rows, v_head_dim_}));
+      if (static_shapes_) {
+        // Past the valid rows: finite values (zeros, or rows an earlier layer or step left),
+        // which the causal mask hides; attention over all of them is checked below.
+        EXPECT_TRUE(at::isfinite(all_keys.to(at::kFloat)).all().item<bool>()) << "layer " << layer;
+        EXPECT_TRUE(at::isfinite(all_values.to(at::kFloat)).all().item<bool>())
+            << "layer " << layer;
+        EXPECT_EQ(all_keys.stride(2), all_values.stride(2) * config_.head_dim / v_head_dim_);
+      }
+      const at::Tensor keys = all_keys.narrow(2, 0, past + n);
+      const at::Tensor values = all_values.narrow(2, 0, past + n);
       EXPECT_EQ(keys.device(), device_);
       EXPECT_EQ(keys.scalar_type(), dtype_);
       EXPECT_EQ(values.scalar_type(), dtype_);
@@ -196,6 +215,11 @@ class Lockstep {
       const at::Tensor plain = attention(q, concat_k_[l], concat_v_[l], past);
       const double bound = attention_difference_bound(q, keys, values, past + n);
       EXPECT_LE((ours - plain).abs().max().item<double>(), bound) << "layer " << layer;
+      if (static_shapes_) {
+        const at::Tensor over_all = attention(q, all_keys, all_values, past);
+        const double all_bound = attention_difference_bound(q, all_keys, all_values, rows);
+        EXPECT_LE((over_all - plain).abs().max().item<double>(), all_bound) << "layer " << layer;
+      }
 
       // Against HF's StaticLayer: attention over its whole buffers with a max_cache_len mask
       // sees exactly the rows the adapter returns.
@@ -254,6 +278,7 @@ class Lockstep {
 
   CacheConfig config_;
   at::Device device_;
+  bool static_shapes_;
   at::ScalarType dtype_;
   std::int64_t v_head_dim_ = 0;
   kvo::torch::OffloadedStaticCache cache_;
@@ -275,6 +300,50 @@ TEST_P(TorchCacheCpu, AttentionMatchesAConcatenatedCacheOverRandomSteps) {
     const CacheStats stats = run.cache().cache().stats();
     EXPECT_GT(stats.h2d_bytes_total, 0u);  // layers really were streamed
     EXPECT_GT(stats.d2h_bytes_total, 0u);
+  }
+}
+
+// Static shapes: max_seq rows every update, for the stored dtypes and the quantized ones; rows
+// past the valid ones are finite and masked, so attention over all of them is attention over
+// the valid rows. Streamed layers' staging buffers hold other layers' rows there, resident
+// layers zeros or earlier steps' rows.
+TEST(TorchCacheStaticShapes, EveryUpdateReturnsMaxSeqRowsTheValidOnesFirst) {
+  for (DType stored : {DType::kF32, DType::kBF16, DType::kInt8, DType::kFP8E4M3}) {
+    SCOPED_TRACE(dtype_name(stored));
+    Lockstep run(small_config(BackendKind::kHost, stored), at::Device(at::kCPU), 11,
+                 is_quantized(stored) ? at::kFloat : at::ScalarType::Undefined,
+                 /*static_shapes=*/true);
+    run.run(30);
+    EXPECT_GT(run.checks(), 90);
+    EXPECT_TRUE(run.cache().static_shapes());
+    // Only the valid rows moved: the same bytes as without static shapes.
+    Lockstep plain(small_config(BackendKind::kHost, stored), at::Device(at::kCPU), 11,
+                   is_quantized(stored) ? at::kFloat : at::ScalarType::Undefined);
+    plain.run(30);
+    EXPECT_EQ(run.cache().cache().stats().h2d_bytes_total,
+              plain.cache().cache().stats().h2d_bytes_total);
+  }
+}
+
+// A cache never written reads as zeros, not as whatever the allocator left (here NaN bytes of a
+// freed block of the arena's size; under ASan, its malloc fill byte).
+TEST(TorchCacheStaticShapes, AFreshCacheReadsZerosPastTheFirstRows) {
+  CacheConfig config = small_config(BackendKind::kHost, DType::kF32);
+  config.resident_layers = 2;
+  {
+    const std::size_t arena = 4 * 2 * 2 * 80 * 2 * 16 * sizeof(float);  // 4 layer buffers
+    void* dirty = std::aligned_alloc(256, arena);
+    ASSERT_NE(dirty, nullptr);
+    std::memset(dirty, 0xff, arena);  // NaN floats
+    std::free(dirty);
+  }
+  kvo::torch::OffloadedStaticCache cache(config, at::ScalarType::Undefined, true);
+  const at::Tensor k = at::ones({2, 2, 3, 16});
+  for (int layer = 0; layer < config.layers; ++layer) {
+    auto [keys, values] = cache.update(k, k, layer);
+    EXPECT_TRUE(at::equal(keys.narrow(2, 0, 3), k)) << layer;
+    EXPECT_EQ(keys.narrow(2, 3, config.max_seq - 3).abs().sum().item<float>(), 0.0f) << layer;
+    EXPECT_EQ(values.narrow(2, 3, config.max_seq - 3).abs().sum().item<float>(), 0.0f) << layer;
   }
 }
 
@@ -357,6 +426,13 @@ TEST(TorchCacheCuda, AttentionMatchesAConcatenatedCacheOverRandomSteps) {
   for (DType stored : {DType::kFP8E4M3, DType::kInt8}) {
     Lockstep run(small_config(BackendKind::kCuda, stored), at::Device(at::kCUDA, 0), 4,
                  at::kBFloat16);
+    run.run(30);
+    EXPECT_GT(run.checks(), 100);
+  }
+  // Static shapes: max_seq rows from cudaMalloc'd buffers, finite past the valid rows.
+  for (DType stored : {DType::kBF16, DType::kInt8}) {
+    Lockstep run(small_config(BackendKind::kCuda, stored), at::Device(at::kCUDA, 0), 6,
+                 at::kBFloat16, /*static_shapes=*/true);
     run.run(30);
     EXPECT_GT(run.checks(), 100);
   }

@@ -102,6 +102,16 @@ class FullGraph(unittest.TestCase):
         got = greedy(model, cache, ids, mask, compile_config=compile_config("inductor"))
         self.assertEqual(got.tolist(), expected.tolist())
         self.assertTrue(hasattr(model, "_compiled_call"), "generate did not compile")
+        # Static shapes under inductor with dynamic=False: one graph for every decode step.
+        torch._dynamo.reset()
+        del model._compiled_call
+        torch._dynamo.utils.counters.clear()
+        config = compile_config("inductor")
+        config.dynamic = False
+        cache = offloaded(model, 2, resident_layers=1, static_shapes=True)
+        got = greedy(model, cache, ids, mask, compile_config=config)
+        self.assertEqual(got.tolist(), expected.tolist())
+        self.assertEqual(torch._dynamo.utils.counters["stats"]["unique_graphs"], 1)
 
     def test_generate_compile_path_with_windows_and_states(self):
         for name in ("gemma3", "qwen3_next"):
@@ -117,6 +127,92 @@ class FullGraph(unittest.TestCase):
             self.assertEqual(got.tolist(), expected.tolist(), name)
             self.assertTrue(recorder.graphs, f"{name}: generate did not compile")
             self.assertEqual(set(recorder.op_counts()), {2}, name)  # two offloaded layers
+
+
+def fixed_shapes_config(recorder):
+    """generate's compile path as transformers' own compile tests run it: fullgraph, no dynamic
+    shapes (so a shape or a Python int that changes means a recompile), the graphs recorded."""
+    config = CompileConfig(backend=recorder, fullgraph=True, dynamic=False, mode=None)
+    config._compile_all_devices = True
+    return config
+
+
+class StaticShapes(unittest.TestCase):
+    """static_shapes=True: every update of an offloaded layer returns max_cache_len rows, the
+    masks have max_cache_len columns, and the decode step compiles once under dynamic=False, as
+    with transformers' StaticCache (without it, every step is a new shape and generate hits
+    dynamo's recompile limit)."""
+
+    TOKENS = 20  # past dynamo's recompile limit (8) if any step recompiled
+
+    def setUp(self):
+        torch._dynamo.reset()
+
+    def compiled_greedy(self, model, cache, ids, mask):
+        recorder = GraphRecorder()
+        if hasattr(model, "_compiled_call"):
+            del model._compiled_call  # generate keeps one compiled forward per model
+        tokens = greedy(model, cache, ids, mask, new_tokens=self.TOKENS,
+                        compile_config=fixed_shapes_config(recorder))
+        return tokens, recorder
+
+    def test_decode_compiles_once_resident_and_streamed(self):
+        # qwen3_next: 2 of its 4 layers attend, both streamed through a ring of one buffer, or
+        # both resident.
+        for name, layers, ring, residents in (("llama3", 4, 2, (0, 1, 4)),
+                                               ("qwen3_next", 2, 1, (0, 2))):
+            model = make_model(name)
+            ids, mask = prompts(2, 12, seed=4, pad_rows=(3, 0))
+            expected, reference = self.compiled_greedy(
+                model, StaticCache(config=model.config, max_cache_len=MAX_CACHE_LEN), ids, mask)
+            self.assertEqual(len(reference.graphs), 1, f"{name}: StaticCache recompiled")
+            for resident in residents:
+                torch._dynamo.reset()
+                cache = offloaded(model, 2, resident_layers=resident, ring_depth=ring,
+                                  static_shapes=True)
+                self.assertTrue(cache.is_compileable)
+                self.assertEqual(cache.plan()["streamed_layers"], layers - resident)
+                got, recorder = self.compiled_greedy(model, cache, ids, mask)
+                where = f"{name}, resident_layers={resident}"
+                self.assertEqual(got.tolist(), expected.tolist(), where)
+                self.assertEqual(len(recorder.graphs), 1, f"{where}: the decode step recompiled")
+                self.assertEqual(recorder.op_counts(), [layers], where)
+                self.assertEqual(cache.get_seq_length(), 12 + self.TOKENS - 1, where)
+                if resident < layers:
+                    self.assertGreater(cache.stats()["h2d_bytes_total"], 0, where)
+
+    def test_quantized_rows_compile_once(self):
+        model = make_model("llama3")
+        ids, mask = prompts(2, 10, seed=5, pad_rows=(0, 2))
+        eager = greedy(model, offloaded(model, 2, resident_layers=1, kv_dtype="int8"), ids, mask,
+                       new_tokens=self.TOKENS)
+        cache = offloaded(model, 2, resident_layers=1, kv_dtype="int8", static_shapes=True)
+        got, recorder = self.compiled_greedy(model, cache, ids, mask)
+        self.assertEqual(got.tolist(), eager.tolist())
+        self.assertEqual(len(recorder.graphs), 1)
+
+    def test_eager_rows_masks_and_lengths(self):
+        model = make_model("llama3")
+        ids, mask = prompts(2, 12, seed=6, pad_rows=(2, 0))
+        expected = greedy(model, StaticCache(config=model.config, max_cache_len=MAX_CACHE_LEN),
+                          ids, mask)
+        cache = offloaded(model, 2, resident_layers=1, static_shapes=True)
+        self.assertEqual(greedy(model, cache, ids, mask).tolist(), expected.tolist())
+        self.assertEqual(cache.get_mask_sizes(1, 0), (MAX_CACHE_LEN, 0))
+        self.assertEqual(cache.get_seq_length(), 12 + NEW_TOKENS - 1)
+        cache.reset()
+        k = torch.randn(2, cache.num_key_value_heads, 3, cache.head_dim)
+        keys, values = cache.update(k, k.clone(), 0)
+        self.assertEqual(tuple(keys.shape), (2, k.shape[1], MAX_CACHE_LEN, cache.head_dim))
+        torch.testing.assert_close(keys[:, :, :3], k, rtol=0, atol=0)
+        self.assertTrue(torch.isfinite(keys).all() and torch.isfinite(values).all())
+        # Crop back, then continue: the Python length follows the native cache's.
+        for layer in range(1, 4):
+            cache.update(k, k, layer)
+        cache.crop(-2)
+        self.assertEqual(cache.get_seq_length(), 1)
+        with self.assertRaises(TypeError):
+            offloaded(model, 1, static_shapes="yes")
 
 
 if __name__ == "__main__":

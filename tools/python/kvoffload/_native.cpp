@@ -27,12 +27,13 @@ using Adapter = kvo::torch::OffloadedStaticCache;
 // Every field of CacheConfig the Python side sets; the rest keep their defaults (no reserved
 // regions: the model's own memory is torch's business).
 // states_dtype: "" for the stored dtype; for quantized K/V, the dtype the model computes in.
+// static_shapes: update returns max_seq rows per batch row (kvoffload/torch.hpp).
 std::unique_ptr<Adapter> make_cache(int layers, int kv_heads, int head_dim, int max_seq, int slots,
                                     const std::string& dtype, const std::string& backend,
                                     int device, int resident_layers, int ring_depth,
                                     std::uint64_t device_budget, std::uint32_t host_max_delay_us,
                                     std::uint64_t host_delay_seed, int v_head_dim,
-                                    const std::string& states_dtype) {
+                                    const std::string& states_dtype, bool static_shapes) {
   kvo::CacheConfig config;
   config.layers = layers;
   config.kv_heads = kv_heads;
@@ -65,7 +66,7 @@ std::unique_ptr<Adapter> make_cache(int layers, int kv_heads, int head_dim, int 
                          "states_dtype is f32, f16 or bf16, not " + states_dtype);
     }
   }
-  return std::make_unique<Adapter>(config, states);
+  return std::make_unique<Adapter>(config, states, static_shapes);
 }
 
 py::dict plan_dict(const kvo::CachePlan& plan) {
@@ -151,6 +152,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("ring_depth") = 2, py::arg("device_budget") = 0,
            py::arg("host_max_delay_us") = 0, py::arg("host_delay_seed") = 0,
            py::arg("v_head_dim") = 0, py::arg("states_dtype") = "",
+           py::arg("static_shapes") = false,
            "Plans and allocates every byte of the cache (see kvoffload/cache.hpp).")
       // The GIL is released while the adapter works: on CUDA it only enqueues, on the host
       // backend it copies on the calling thread.

@@ -184,6 +184,14 @@ class OffloadedStaticCache(Cache):
             and values in ``dtype``: new tensors then, not views (2 x rows x heads x head size x
             its element size per layer's update, in torch's allocator, freed after that layer's
             attention). Windows and states stay in ``dtype``.
+        static_shapes: False (the default): ``update`` returns the valid rows of an offloaded
+            layer, one more every step. True: it returns all ``max_cache_len`` rows per batch row
+            and ``get_mask_sizes`` answers ``(max_cache_len, 0)``, as transformers' StaticCache
+            does, so a compiled decode step keeps its shapes: ``torch.compile(...,
+            dynamic=False)`` compiles once, and generate may compile on CUDA (CUDA graphs,
+            ``is_compileable`` True there). Only the valid rows are copied either way; what the
+            mode adds is attention over masked rows, whose values are finite (zeros, or rows of
+            an earlier layer or step).
 
     Raises:
         UnsupportedModelError: the model has layers the cache cannot serve (named, with why).
@@ -215,8 +223,12 @@ class OffloadedStaticCache(Cache):
         resident_layers: int | None = None,
         ring_depth: int = 2,
         kv_dtype=None,
+        static_shapes: bool = False,
     ):
         _check_config(config)
+        if not isinstance(static_shapes, bool):
+            raise TypeError(f"static_shapes must be True or False, got {static_shapes!r}")
+        self.static_shapes = static_shapes
         text_config = config.get_text_config(decoder=True)
         self._text_config = text_config
         for name, value in (("max_batch_size", max_batch_size), ("max_cache_len", max_cache_len)):
@@ -283,6 +295,7 @@ class OffloadedStaticCache(Cache):
                 resident_layers=-1 if resident_layers is None else int(resident_layers),
                 ring_depth=ring_depth,
                 device_budget=0 if budget is None else budget - local_bytes,
+                static_shapes=static_shapes,
             )
             self._handle = hf_ops.register(self)
             granted = self._native.stats()["plan"]["resident_layers"]
@@ -319,6 +332,15 @@ class OffloadedStaticCache(Cache):
         # layer on; `_open` holds until its last one, `_forward_tokens` is its token count.
         kv_layers = [s.index for s in specs if s.attention]
         self._first_kv_layer, self._last_kv_layer = kv_layers[0], kv_layers[-1]
+        # With static shapes a compiled forward reads no Python length (dynamo would guard on it
+        # and recompile every step): it counts in `_length_tensor` (a static address, as
+        # transformers' StaticLayer.cumulative_length) and marks `_length_stale`; eager code then
+        # reads the length back from the native cache, which always knows it.
+        self._length_tensor = None
+        if static_shapes:
+            self._length_tensor = torch.zeros((), dtype=torch.long, device=self.device)
+            torch._dynamo.mark_static_address(self._length_tensor)
+        self._length_stale = False
         self._length = 0
         self._forward_tokens = 0
         self._open = False
@@ -355,12 +377,17 @@ class OffloadedStaticCache(Cache):
         slot = self._slot[layer_idx]
         if slot >= 0:
             if torch.compiler.is_compiling():
-                # Rows between batch rows of the output: the buffer's max_cache_len for views of
-                # it, the rows themselves for the new tensors of a quantized cache.
+                # Rows per batch row of the output, and rows between batch rows: max_cache_len
+                # for both with static shapes; else the valid rows, and the buffer's
+                # max_cache_len for views of it, the rows themselves for the new tensors of a
+                # quantized cache.
+                if self.static_shapes:
+                    rows = between = self.max_cache_len
+                else:
+                    rows = self._length
+                    between = rows if self._quantized else self.max_cache_len
                 keys, values = torch.ops.kvoffload.update(
-                    key_states, value_states, self._handle, slot, self._length,
-                    self._length if self._quantized else self.max_cache_len,
-                )
+                    key_states, value_states, self._handle, slot, rows, between)
             else:
                 keys, values = self._native.update(key_states, value_states, slot)
         else:
@@ -384,7 +411,14 @@ class OffloadedStaticCache(Cache):
                 f"{self._last_kv_layer} (after an error?): reset() the cache first"
             )
         tokens = key_states.shape[2]
+        if self.static_shapes and torch.compiler.is_compiling():
+            self._length_tensor.add_(tokens)
+            self._length_stale = True
+            self._forward_tokens = tokens
+            self._open = True
+            return
         if not torch.compiler.is_compiling():
+            self._sync_length()
             self._check_states(key_states, value_states, layer_idx)
             if self._length + tokens > self.max_cache_len:
                 raise ValueError(
@@ -395,8 +429,24 @@ class OffloadedStaticCache(Cache):
                     "reset() it between generations"
                 )
         self._length += tokens
+        if self._length_tensor is not None:
+            self._length_tensor.fill_(self._length)
         self._forward_tokens = tokens
         self._open = True
+
+    def _sync_length(self) -> None:
+        """After compiled forwards with static shapes: the Python length, from the native cache
+        (the windows' own counts advanced in those forwards as they do eagerly)."""
+        if self._length_stale and not self._open:
+            self._length = self._native.get_seq_length() if self._native is not None else int(
+                self._length_tensor)
+            self._length_stale = False
+
+    def _set_length(self, length: int) -> None:
+        self._length = length
+        self._length_stale = False
+        if self._length_tensor is not None:
+            self._length_tensor.fill_(length)
 
     def _check_states(self, key_states, value_states, layer_idx: int) -> None:
         kv = self._specs[layer_idx].kv
@@ -431,7 +481,10 @@ class OffloadedStaticCache(Cache):
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Tokens per row, counting the current forward's once its first key/value layer was
-        updated."""
+        updated (inside a compiled forward with static shapes: a 0-d tensor holding it)."""
+        if self.static_shapes and torch.compiler.is_compiling():
+            return self._length_tensor
+        self._sync_length()
         return self._length
 
     def get_max_length(self, layer_idx: int | None = None) -> int:
@@ -448,6 +501,9 @@ class OffloadedStaticCache(Cache):
             return layer.get_mask_sizes(query_length)
         if self._slot[layer_idx] < 0:  # no keys and values: as transformers, the first such layer
             return self.get_mask_sizes(query_length, self._first_kv_layer)
+        if self.static_shapes:  # every row of the buffer, as transformers' StaticLayer
+            return self.max_cache_len, 0
+        self._sync_length()
         # One mask column per key update returns: the tokens before this forward, plus its own.
         # Right also when asked in the middle of a forward, before a layer's update.
         before = self._length - self._forward_tokens if self._open else self._length
@@ -502,7 +558,7 @@ class OffloadedStaticCache(Cache):
         for layer in self.layers:
             if isinstance(layer, (WindowLayer, StateLayer)):
                 layer.reset()
-        self._length = 0
+        self._set_length(0)
         self._forward_tokens = 0
         self._open = False
 
@@ -522,6 +578,7 @@ class OffloadedStaticCache(Cache):
             )
         if tokens_to_remove == 0:
             return
+        self._sync_length()
         removed = min(-tokens_to_remove, self._length)
         for layer in self.layers:
             if isinstance(layer, (WindowLayer, StateLayer)) and not layer.is_croppable:
@@ -531,7 +588,7 @@ class OffloadedStaticCache(Cache):
         for layer in self.layers:
             if isinstance(layer, WindowLayer):
                 layer.crop(removed)
-        self._length -= removed
+        self._set_length(self._length - removed)
         self._forward_tokens = 0
         self._open = False
 
@@ -580,12 +637,14 @@ class OffloadedStaticCache(Cache):
 
     @property
     def is_compileable(self) -> bool:
-        # generate compiles a CUDA forward with CUDA graphs (mode "reduce-overhead"), which would
-        # be recorded again for every key length: this cache returns exactly the valid rows, one
-        # more each step. Compile such a forward yourself without CUDA graphs (see README). A
-        # model with a cache class of its own (MiniMax) builds its masks only for caches that
-        # generate does not compile for.
-        return self.device.type == "cpu" and not isinstance(self, self._own_cache_classes())
+        # generate compiles a CUDA forward with CUDA graphs (mode "reduce-overhead"), which need
+        # shapes that do not change: static shapes give them. Without, this cache returns exactly
+        # the valid rows, one more each step, and the graphs would be recorded again every step;
+        # on the CPU the lengths become symbolic instead. A model with a cache class of its own
+        # (MiniMax) builds its masks only for caches that generate does not compile for.
+        if isinstance(self, self._own_cache_classes()):
+            return False
+        return self.static_shapes or self.device.type == "cpu"
 
     @classmethod
     def _own_cache_classes(cls) -> tuple:
@@ -685,7 +744,7 @@ class OffloadedStaticCache(Cache):
                     resident_layers=resident_layers, ring_depth=ring_depth, kv_dtype=kv_dtype)
         cache._check_saveable()
         cache.saved_tokens = cache._native.load(path, cache._fingerprint)
-        cache._length = cache._native.get_seq_length()
+        cache._set_length(cache._native.get_seq_length())
         cache._open = False
         return cache
 
