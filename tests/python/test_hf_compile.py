@@ -17,6 +17,7 @@ import torch
 from transformers import CompileConfig, StaticCache
 
 from greedy import MAX_CACHE_LEN, NEW_TOKENS, greedy, offloaded, reference_cache
+from kvoffload.hf_local import WindowLayer
 from tiny_models import make_model, prompts
 
 
@@ -181,6 +182,38 @@ class StaticShapes(unittest.TestCase):
                 if resident < layers:
                     self.assertGreater(cache.stats()["h2d_bytes_total"], 0, where)
 
+    def test_windows_compile_once(self):
+        # A window of 8 rows under a 12-token prompt and 19 decode steps: full from the start.
+        # transformers' StaticCache recompiles here at every step (its sliding layers count in a
+        # Python int) and stops at the limit, so the reference is its eager run.
+        for name in ("gpt_oss", "gemma3"):
+            torch._dynamo.reset()
+            model = make_model(name)
+            ids, mask = prompts(2, 12, seed=7, pad_rows=(0, 3))
+            expected = greedy(model, reference_cache(model), ids, mask, new_tokens=self.TOKENS)
+            for resident in (0, 1):
+                torch._dynamo.reset()
+                cache = offloaded(model, 2, resident_layers=resident, ring_depth=1,
+                                  static_shapes=True)
+                got, recorder = self.compiled_greedy(model, cache, ids, mask)
+                where = f"{name}, resident_layers={resident}"
+                self.assertEqual(got.tolist(), expected.tolist(), where)
+                self.assertEqual(len(recorder.graphs), 1, f"{where}: the decode step recompiled")
+                self.assertEqual(cache.get_seq_length(), 12 + self.TOKENS - 1, where)
+                windows = [layer for layer in cache.layers if isinstance(layer, WindowLayer)]
+                self.assertTrue(windows, name)
+                self.assertEqual({layer.seen for layer in windows}, {12 + self.TOKENS - 1})
+        # While a window is not yet full it returns all its rows and says so in its mask sizes;
+        # a crop back into it restores what it held.
+        model = make_model("gemma3")
+        cache = offloaded(model, 1, static_shapes=True)
+        window = next(layer for layer in cache.layers if isinstance(layer, WindowLayer))
+        k = torch.randn(1, cache.num_key_value_heads, 3, cache.head_dim)
+        keys, _ = window.update(k, k)
+        self.assertEqual(keys.shape[2], window.window)
+        self.assertEqual(window.get_mask_sizes(1), (window.window, 0))
+        self.assertEqual(window.get_mask_sizes(window.window), (3 + window.window, 0))
+
     def test_quantized_rows_compile_once(self):
         model = make_model("llama3")
         ids, mask = prompts(2, 10, seed=5, pad_rows=(0, 2))
@@ -213,6 +246,14 @@ class StaticShapes(unittest.TestCase):
         self.assertEqual(cache.get_seq_length(), 1)
         with self.assertRaises(TypeError):
             offloaded(model, 1, static_shapes="yes")
+        # Eagerly, a window filling up step by step (4-token prompt, window 8): whole windows
+        # returned while not full, the mask sizes to match.
+        model = make_model("gpt_oss")
+        ids, mask = prompts(2, 4, seed=8, pad_rows=(1, 0))
+        expected = greedy(model, reference_cache(model), ids, mask, new_tokens=12)
+        cache = offloaded(model, 2, resident_layers=1, static_shapes=True)
+        self.assertEqual(greedy(model, cache, ids, mask, new_tokens=12).tolist(),
+                         expected.tolist())
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ are for that layer's attention only. Window layers answer as transformers' stati
 do (kvoffload/hf_local.py). Under ``torch.compile`` the offloaded update is the custom op
 ``torch.ops.kvoffload.update`` (kvoffload/hf_ops.py) and the lengths are Python ints, which
 dynamo turns into symbolic ints: the graph has no break at the cache and is reused for every
-length after the first decode steps.
+length after the first decode steps. With ``static_shapes=True`` every offloaded layer returns
+``max_cache_len`` rows and every window its whole window, and a compiled forward reads no
+Python length at all, so one graph serves every decode step under ``dynamic=False`` too.
 
 Streams: on a CUDA device the native cache orders its work on torch's *current* CUDA stream of
 that device (acquire waits on an event, release records one; copies run on the cache's own copy
@@ -321,6 +323,8 @@ class OffloadedStaticCache(Cache):
             elif spec.attention == WINDOW:
                 layer_class = WindowStateLayer if spec.states else WindowLayer
                 layer = layer_class(spec, max_batch_size, self.device, self.dtype)
+                if static_shapes:
+                    layer.make_static()
             elif spec.states:
                 layer = StateLayer(spec, max_batch_size, self.device, self.dtype)
             else:
@@ -441,6 +445,9 @@ class OffloadedStaticCache(Cache):
             self._length = self._native.get_seq_length() if self._native is not None else int(
                 self._length_tensor)
             self._length_stale = False
+            for layer in self.layers:
+                if isinstance(layer, WindowLayer):
+                    layer.set_seen(self._length)
 
     def _set_length(self, length: int) -> None:
         self._length = length
@@ -497,13 +504,13 @@ class OffloadedStaticCache(Cache):
     def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
         _check_int("query_length", query_length, 0, _INT32_MAX)
         layer = self.layers[self._layer_index(layer_idx)]
+        self._sync_length()
         if isinstance(layer, WindowLayer):
             return layer.get_mask_sizes(query_length)
         if self._slot[layer_idx] < 0:  # no keys and values: as transformers, the first such layer
             return self.get_mask_sizes(query_length, self._first_kv_layer)
         if self.static_shapes:  # every row of the buffer, as transformers' StaticLayer
             return self.max_cache_len, 0
-        self._sync_length()
         # One mask column per key update returns: the tokens before this forward, plus its own.
         # Right also when asked in the middle of a forward, before a layer's update.
         before = self._length - self._forward_tokens if self._open else self._length

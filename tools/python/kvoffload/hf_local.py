@@ -34,6 +34,13 @@ class WindowLayer(CacheLayerMixin):
     returns only the ``seen + n`` rows written so far (no zero rows to mask out). Once full, the
     buffer holds tokens [seen - window + 1, seen + 1) after a one-token step, and a longer step
     returns the window's last window - 1 rows followed by the new ones.
+
+    With static shapes (``make_static``, the cache's ``static_shapes=True``) it returns the whole
+    window while not full, as transformers' StaticSlidingWindowLayer does, and a one-token update
+    inside a compiled forward reads no Python int: the count is a 0-d tensor (``seen_tensor``),
+    the buffer is rolled once full (a ``where`` on that tensor, no branch) and the new row goes
+    at ``min(seen, window - 1)``, so every decode step has one shape and one graph. ``seen`` is
+    then set again by the cache from its own length, which it always equals.
     """
 
     is_sliding = True
@@ -55,21 +62,38 @@ class WindowLayer(CacheLayerMixin):
         self.is_initialized = True
         self.seen = 0  # tokens this layer has been given since the last reset
         self.rows = 0  # batch rows in use
+        self.static_shapes = False
+        self.seen_tensor = None
+
+    def make_static(self) -> None:
+        """Static shapes from now on (see the class docstring)."""
+        self.static_shapes = True
+        self.seen_tensor = torch.zeros((), dtype=torch.long, device=self.device)
+        torch._dynamo.mark_static_address(self.seen_tensor)
+
+    def set_seen(self, seen: int) -> None:
+        self.seen = seen
+        if self.seen_tensor is not None:
+            self.seen_tensor.fill_(seen)
 
     def lazy_initialization(self, key_states, value_states) -> None:
         """Nothing to do: the constructor allocated the buffers."""
 
     def update(self, key_states, value_states, *args, **kwargs):
         rows, n = key_states.shape[0], key_states.shape[2]
+        if self.static_shapes and n == 1 and torch.compiler.is_compiling():
+            return self._static_decode(key_states, value_states)
         if self.seen == 0:
             _check_rows(self.layer_idx, "key_states", rows, self.batch_size)
             self.rows = rows
         keys, values = self.keys[: self.rows], self.values[: self.rows]
         seen, window = self.seen, self.window
-        self.seen = seen + n
+        self.set_seen(seen + n)
         if seen + n <= window:  # still fits: write in place, return the rows written so far
             keys[:, :, seen : seen + n].copy_(key_states)
             values[:, :, seen : seen + n].copy_(value_states)
+            if self.static_shapes:  # the whole window: the rows past seen + n are masked
+                return keys, values
             return keys[:, :, : seen + n], values[:, :, : seen + n]
         if seen >= window and n == 1:  # full: drop the oldest row, keep the window
             keys.copy_(torch.cat((keys[:, :, 1:], key_states), dim=2))
@@ -89,10 +113,23 @@ class WindowLayer(CacheLayerMixin):
         values.copy_(full_values[:, :, -window:])
         return full_keys, full_values
 
+    def _static_decode(self, key_states, value_states):
+        """One token, inside a compiled forward with static shapes: no Python int read."""
+        keys, values = self.keys[: self.rows], self.values[: self.rows]
+        full = self.seen_tensor >= self.window
+        at = self.seen_tensor.clamp(max=self.window - 1).view(1)
+        for buffer, states in ((keys, key_states), (values, value_states)):
+            shifted = torch.where(full, buffer.roll(-1, dims=2), buffer)
+            buffer.copy_(shifted.index_copy(2, at, states))
+        self.seen_tensor.add_(1)
+        return keys, values
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """(kv_length, kv_offset) of the keys the next update returns."""
         if self.seen >= self.window:
             return self.window - 1 + query_length, self.seen - self.window + 1
+        if self.static_shapes and self.seen + query_length <= self.window:
+            return self.window, 0
         return self.seen + query_length, 0
 
     def get_seq_length(self) -> int:
@@ -102,7 +139,7 @@ class WindowLayer(CacheLayerMixin):
         return self.window
 
     def reset(self) -> None:
-        self.seen = 0
+        self.set_seen(0)
         self.rows = 0
 
     @property
@@ -115,7 +152,7 @@ class WindowLayer(CacheLayerMixin):
                 f"layer {self.layer_idx} keeps only the last {self.window} tokens and has seen "
                 f"{self.seen}: the tokens to restore were already dropped"
             )
-        self.seen -= tokens_to_remove
+        self.set_seen(self.seen - tokens_to_remove)
 
     def buffers(self) -> list[torch.Tensor]:
         return [self.keys, self.values]
