@@ -186,7 +186,10 @@ class KVO_API OffloadedStaticCache {
   void reset_slot(int slot);                 // length 0
   void truncate_slot(int slot, int length);  // REQUIRES: 0 <= length <= length(slot)
   // Slot s takes the rows and length slot source[s] held (beam search's reorder): every layer's
-  // valid rows are staged, then written, so any mapping is safe (cycles, one source for many).
+  // valid rows move in place where they live (a resident layer's device to device, a streamed
+  // layer's within the host store), ordered so that no slot is written before its last reader,
+  // a cycle through one slot's worth of scratch (a staging buffer, or host memory when nothing is
+  // streamed): any mapping is safe (cycles, one source for many). Blocks until done.
   // source has one entry per slot, each a slot. Between steps only; stats().reorder_bytes
   // counts the rows written. Throws kvo::Error: kProtocol inside a step, kInvalidArgument for a
   // bad source (nothing changed).

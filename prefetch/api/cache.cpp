@@ -192,6 +192,58 @@ class CacheSlotRows : public offload::SlotRows {
   int slot_;
 };
 
+// One step of reorder_slots in place: slot `to` takes slot `from`'s rows (`from` -1: the
+// scratch), or, with `to` -1, slot `from`'s rows are saved to the scratch.
+struct SlotMove {
+  int to;
+  int from;
+};
+
+// The order in which every slot s with source[s] != s takes source[s]'s rows in place, no slot
+// written while a later move still reads it. Where only cycles remain, one slot of a cycle is
+// saved to the scratch and its readers read that instead; the cycle then unwinds as a chain
+// before another is broken, so one scratch serves all. Slots are few: quadratic is fine.
+std::vector<SlotMove> slot_moves(const std::vector<int>& source) {
+  const int slots = static_cast<int>(source.size());
+  std::vector<int> from(source);
+  std::vector<bool> pending(static_cast<std::size_t>(slots));
+  std::vector<int> readers(static_cast<std::size_t>(slots), 0);  // pending moves reading a slot
+  int left = 0;
+  for (int s = 0; s < slots; ++s) {
+    if (source[static_cast<std::size_t>(s)] == s) continue;
+    pending[static_cast<std::size_t>(s)] = true;
+    ++readers[static_cast<std::size_t>(source[static_cast<std::size_t>(s)])];
+    ++left;
+  }
+  std::vector<SlotMove> moves;
+  while (left > 0) {
+    int next = -1;
+    for (int s = 0; s < slots && next < 0; ++s) {
+      if (pending[static_cast<std::size_t>(s)] && readers[static_cast<std::size_t>(s)] == 0) {
+        next = s;
+      }
+    }
+    if (next < 0) {  // only cycles left: save the first pending slot, its readers read that
+      int saved = 0;
+      while (!pending[static_cast<std::size_t>(saved)]) ++saved;
+      moves.push_back({-1, saved});
+      for (int t = 0; t < slots; ++t) {
+        if (pending[static_cast<std::size_t>(t)] && from[static_cast<std::size_t>(t)] == saved) {
+          from[static_cast<std::size_t>(t)] = -1;
+        }
+      }
+      readers[static_cast<std::size_t>(saved)] = 0;
+      continue;
+    }
+    const int reads = from[static_cast<std::size_t>(next)];
+    moves.push_back({next, reads});
+    if (reads >= 0) --readers[static_cast<std::size_t>(reads)];
+    pending[static_cast<std::size_t>(next)] = false;
+    --left;
+  }
+  return moves;
+}
+
 }  // namespace
 
 void OffloadedStaticCache::Impl::save(const std::vector<int>& slots, offload::ByteSink& sink,
@@ -515,44 +567,52 @@ void OffloadedStaticCache::reorder_slots(const std::vector<int>& source) {
   for (int s = 0; s < slots; ++s) {
     lengths[static_cast<std::size_t>(s)] = m.lengths[static_cast<std::size_t>(source[s])];
   }
-  std::vector<std::byte> staged;
+  // Rows move in place, where they live: a streamed layer's in the host store, a resident
+  // layer's on the device (device to device, nothing over the bus). A cycle's first slot is
+  // saved to a scratch first: on the device a staging buffer (idle now: the ring is quiesced and
+  // its prefetches are issued again after), or the host when nothing is streamed.
+  const std::vector<SlotMove> moves = slot_moves(source);
+  std::vector<std::byte> host_scratch;
+  std::byte* device_scratch = m.plan.ring_depth > 0 ? m.arena->staging_buffer(0) : nullptr;
   for (int layer = 0; layer < m.config.layers; ++layer) {
+    const bool resident = layer < m.plan.resident_layers;
     for (int kv = 0; kv < 2; ++kv) {
       const std::uint64_t row = kv == 0 ? l.k_row_bytes : l.v_row_bytes;
-      // Stage every moved slot's source rows, then write them: a target may be another's source.
-      std::vector<std::size_t> at(static_cast<std::size_t>(slots));
-      std::size_t total = 0;
-      for (int s = 0; s < slots; ++s) {
-        at[static_cast<std::size_t>(s)] = total;
-        if (source[static_cast<std::size_t>(s)] != s) {
-          total += static_cast<std::size_t>(lengths[static_cast<std::size_t>(s)]) * row;
+      const auto rows_of = [&](int slot) -> std::byte* {
+        if (!resident) {
+          const int streamed = layer - m.plan.resident_layers;
+          return kv == 0 ? m.store->k(streamed, slot) : m.store->v(streamed, slot);
         }
-      }
-      staged.resize(total);
-      for (int pass = 0; pass < 2; ++pass) {
-        for (int s = 0; s < slots; ++s) {
-          const int from = source[static_cast<std::size_t>(s)];
+        return m.arena->resident_layer(layer) +
+               (kv == 0 ? l.k_offset(slot, 0) : l.v_begin() + l.v_offset(slot, 0));
+      };
+      const auto copy = [&](void* to, const void* from, std::size_t bytes, bool host_side) {
+        if (bytes == 0) return;
+        if (host_side) {
+          std::memcpy(to, from, bytes);
+        } else {
+          m.backend->copy_sync(to, from, bytes);
+        }
+      };
+      std::byte* scratch = nullptr;
+      for (const SlotMove& move : moves) {
+        if (move.to < 0) {  // save slot `from`'s rows before a cycle overwrites it
           const std::size_t bytes =
-              static_cast<std::size_t>(lengths[static_cast<std::size_t>(s)]) * row;
-          if (from == s || bytes == 0) continue;
-          std::byte* stage = staged.data() + at[static_cast<std::size_t>(s)];
-          CacheSlotRows rows(*m.backend, *m.store, *m.arena, m.plan, pass == 0 ? from : s);
-          std::byte* host = rows.host_rows(layer, kv);
-          if (pass == 0) {
-            if (host != nullptr) {
-              std::memcpy(stage, host, bytes);
-            } else {
-              rows.copy_from_device(layer, kv, 0, bytes, stage);
-            }
+              static_cast<std::size_t>(m.lengths[static_cast<std::size_t>(move.from)]) * row;
+          if (resident && device_scratch != nullptr) {
+            scratch = device_scratch;
           } else {
-            if (host != nullptr) {
-              std::memcpy(host, stage, bytes);
-            } else {
-              rows.copy_to_device(layer, kv, 0, bytes, stage);
-            }
-            m.reorder_bytes += bytes;
+            host_scratch.resize(bytes);
+            scratch = host_scratch.data();
           }
+          copy(scratch, rows_of(move.from), bytes, !resident);
+          continue;
         }
+        const std::size_t bytes =
+            static_cast<std::size_t>(lengths[static_cast<std::size_t>(move.to)]) * row;
+        const std::byte* from = move.from >= 0 ? rows_of(move.from) : scratch;
+        copy(rows_of(move.to), from, bytes, !resident);
+        m.reorder_bytes += bytes;
       }
     }
   }

@@ -152,6 +152,8 @@ struct DriverOptions {
   double reset_probability = 0.08;
   double truncate_probability = 0.08;
   double reorder_probability = 0;  // between steps: reorder_slots with a random source
+  // The first reorders' sources, in order (each one entry per slot), before random ones.
+  std::vector<std::vector<int>> reorders;
 };
 
 // Runs one random sequence on every cache of `caches` (same shape) and returns the number of
@@ -166,6 +168,7 @@ inline int drive(std::vector<std::unique_ptr<CacheUnderTest>>& caches, std::uint
   std::mt19937_64 rng(seed);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   auto chance = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; };
+  std::size_t forced = 0;  // options.reorders applied so far
 
   for (int step = 0; step < options.steps; ++step) {
     // Host-side changes between steps.
@@ -182,6 +185,7 @@ inline int drive(std::vector<std::unique_ptr<CacheUnderTest>>& caches, std::uint
     if (options.reorder_probability > 0 && chance(options.reorder_probability)) {
       std::vector<int> source(static_cast<std::size_t>(config.slots));
       for (int& from : source) from = uniform(0, config.slots - 1);
+      if (forced < options.reorders.size()) source = options.reorders[forced++];
       std::vector<int> moved(length.size());
       for (std::size_t s = 0; s < length.size(); ++s) {
         moved[s] = length[static_cast<std::size_t>(source[s])];

@@ -608,8 +608,9 @@ class OffloadedStaticCache(Cache):
     def reorder_cache(self, beam_idx) -> None:
         """Beam search: row i takes the rows of row ``beam_idx[i]`` (a 1-D integer tensor or
         list, as transformers passes it), in every layer: the offloaded ones in the native cache
-        (resident and streamed rows staged, then written; ``stats()['reorder_bytes']`` counts
-        them), windows and states here. Rows past ``len(beam_idx)`` keep theirs."""
+        (moved in place: resident rows on the device, streamed ones in host memory;
+        ``stats()['reorder_bytes']`` counts them), windows and states here. Rows past
+        ``len(beam_idx)`` keep theirs."""
         source = [int(i) for i in (beam_idx.tolist() if hasattr(beam_idx, "tolist") else beam_idx)]
         rows = len(source)
         if not 0 < rows <= self.max_batch_size or not all(0 <= i < rows for i in source):
