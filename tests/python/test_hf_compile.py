@@ -246,6 +246,7 @@ class StaticShapes(unittest.TestCase):
         self.assertEqual(cache.get_seq_length(), 1)
         with self.assertRaises(TypeError):
             offloaded(model, 1, static_shapes="yes")
+        self.assertFalse(offloaded(model, 1).static_shapes)  # the CPU's default
         # Eagerly, a window filling up step by step (4-token prompt, window 8): whole windows
         # returned while not full, the mask sizes to match.
         model = make_model("gpt_oss")

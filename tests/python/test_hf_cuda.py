@@ -39,10 +39,12 @@ class OnCuda(unittest.TestCase):
             cache=cache,
         )
 
-    def make_cache(self, resident_layers, **kwargs):
+    def make_cache(self, resident_layers, static_shapes=False):
+        # Eager, valid rows only, unless asked: static shapes (the default on CUDA) make generate
+        # compile, which test_cuda_graphs_with_static_shapes checks.
         return OffloadedStaticCache(
             self.model.config, BATCH, MAX_CACHE_LEN, device=self.device, dtype=torch.float32,
-            resident_layers=resident_layers, **kwargs
+            resident_layers=resident_layers, static_shapes=static_shapes,
         )
 
     def test_same_tokens_streamed_and_resident(self):
@@ -71,7 +73,8 @@ class OnCuda(unittest.TestCase):
             expected = model.generate(ids, cache=StaticCache(config=model.config,
                                                              max_cache_len=MAX_CACHE_LEN), **kwargs)
             cache = OffloadedStaticCache(model.config, 2, MAX_CACHE_LEN, device=self.device,
-                                         dtype=torch.float32, resident_layers=1)
+                                         dtype=torch.float32, resident_layers=1,
+                                         static_shapes=False)
             addresses = [b.data_ptr() for b in cache.device_buffers()]
             self.assertTrue(all(b.is_cuda for b in cache.device_buffers()), name)
             self.assertEqual(model.generate(ids, cache=cache, **kwargs).tolist(),
@@ -103,7 +106,9 @@ class OnCuda(unittest.TestCase):
         timings = {}
         for label, make in (("StaticCache", lambda: StaticCache(config=self.model.config,
                                                                  max_cache_len=MAX_CACHE_LEN)),
-                            ("streamed", lambda: self.make_cache(0, static_shapes=True)),
+                            ("streamed", lambda: OffloadedStaticCache(  # static by default here
+                                self.model.config, BATCH, MAX_CACHE_LEN, device=self.device,
+                                dtype=torch.float32, resident_layers=0)),
                             ("resident", lambda: self.make_cache(4, static_shapes=True))):
             torch._dynamo.reset()
             if hasattr(self.model, "_compiled_call"):
@@ -111,7 +116,7 @@ class OnCuda(unittest.TestCase):
             torch._dynamo.utils.counters.clear()
             cache = make()
             if label != "StaticCache":
-                self.assertTrue(cache.is_compileable)
+                self.assertTrue(cache.static_shapes and cache.is_compileable, label)
             got = self.model.generate(self.ids, attention_mask=self.mask, do_sample=False,
                                       max_new_tokens=NEW_TOKENS, cache=cache,
                                       compile_config=config)

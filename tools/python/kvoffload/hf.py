@@ -186,14 +186,17 @@ class OffloadedStaticCache(Cache):
             and values in ``dtype``: new tensors then, not views (2 x rows x heads x head size x
             its element size per layer's update, in torch's allocator, freed after that layer's
             attention). Windows and states stay in ``dtype``.
-        static_shapes: False (the default): ``update`` returns the valid rows of an offloaded
-            layer, one more every step. True: it returns all ``max_cache_len`` rows per batch row
-            and ``get_mask_sizes`` answers ``(max_cache_len, 0)``, as transformers' StaticCache
-            does, so a compiled decode step keeps its shapes: ``torch.compile(...,
-            dynamic=False)`` compiles once, and generate may compile on CUDA (CUDA graphs,
+        static_shapes: False: ``update`` returns the valid rows of an offloaded layer, one more
+            every step. True: it returns all ``max_cache_len`` rows per batch row and
+            ``get_mask_sizes`` answers ``(max_cache_len, 0)``, as transformers' StaticCache does,
+            so a compiled decode step keeps its shapes: ``torch.compile(..., dynamic=False)``
+            compiles once, and generate compiles on CUDA by itself (CUDA graphs,
             ``is_compileable`` True there). Only the valid rows are copied either way; what the
             mode adds is attention over masked rows, whose values are finite (zeros, or rows of
-            an earlier layer or step).
+            an earlier layer or step). None (the default): True on a CUDA device, where generate
+            compiles a static cache's decode step by default; False on the CPU, where it compiles
+            only when asked (pass True for ``CompileConfig(dynamic=False)``, as transformers' own
+            compile tests run; with ``dynamic=None`` the lengths become symbolic instead).
 
     Raises:
         UnsupportedModelError: the model has layers the cache cannot serve (named, with why).
@@ -225,12 +228,11 @@ class OffloadedStaticCache(Cache):
         resident_layers: int | None = None,
         ring_depth: int = 2,
         kv_dtype=None,
-        static_shapes: bool = False,
+        static_shapes: bool | None = None,
     ):
         _check_config(config)
-        if not isinstance(static_shapes, bool):
-            raise TypeError(f"static_shapes must be True or False, got {static_shapes!r}")
-        self.static_shapes = static_shapes
+        if static_shapes is not None and not isinstance(static_shapes, bool):
+            raise TypeError(f"static_shapes must be True, False or None, got {static_shapes!r}")
         text_config = config.get_text_config(decoder=True)
         self._text_config = text_config
         for name, value in (("max_batch_size", max_batch_size), ("max_cache_len", max_cache_len)):
@@ -241,6 +243,9 @@ class OffloadedStaticCache(Cache):
         specs = describe_layers(text_config, max_cache_len)
         self._specs = specs
         self.device = _resolve_device(device)
+        if static_shapes is None:
+            static_shapes = self.device.type == "cuda"
+        self.static_shapes = static_shapes
         self.dtype = _resolve_dtype(dtype, text_config)
         self.kv_dtype = _resolve_kv_dtype(kv_dtype, self.dtype)
         self._quantized = self.kv_dtype in ("fp8", "int8")
@@ -733,7 +738,8 @@ class OffloadedStaticCache(Cache):
 
     @classmethod
     def load(cls, path, config, device=None, dtype=None, vram_budget=None,
-             resident_layers: int | None = None, ring_depth: int = 2) -> "OffloadedStaticCache":
+             resident_layers: int | None = None, ring_depth: int = 2,
+             static_shapes: bool | None = None) -> "OffloadedStaticCache":
         """A new cache holding the rows saved in ``path`` (no prefill): max_batch_size and
         max_cache_len come from the file, which must have been saved for the same model config
         and dtype (refused otherwise, naming the difference; a truncated or corrupted file is
@@ -749,7 +755,8 @@ class OffloadedStaticCache(Cache):
             dtype = {v: k for k, v in _DTYPES.items()}[info["dtype"]]
         cache = cls(config, max_batch_size=len(info["lengths"]), max_cache_len=info["max_seq"],
                     device=device, dtype=dtype, vram_budget=vram_budget,
-                    resident_layers=resident_layers, ring_depth=ring_depth, kv_dtype=kv_dtype)
+                    resident_layers=resident_layers, ring_depth=ring_depth, kv_dtype=kv_dtype,
+                    static_shapes=static_shapes)
         cache._check_saveable()
         cache.saved_tokens = cache._native.load(path, cache._fingerprint)
         cache._set_length(cache._native.get_seq_length())
