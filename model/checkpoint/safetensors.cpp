@@ -1,7 +1,6 @@
 #include "model/checkpoint/safetensors.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -195,30 +194,9 @@ ShardIndex parse_safetensors_index(const std::string& text, const std::string& p
   return index;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const offload::InputFile file(path, kMaxSafetensorsFileBytes);
-  size_ = static_cast<std::size_t>(file.size());
-  if (size_ < 8) {
-    throw invalid(path + ": truncated safetensors file (" + std::to_string(size_) +
-                  " bytes, not even the 8-byte header length)");
-  }
-  mapping_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, file.fd(), 0);
-  const int map_errno = errno;
-  if (mapping_ == MAP_FAILED) {
-    mapping_ = nullptr;
-    throw invalid("cannot map " + path + ": " + std::strerror(map_errno));
-  }
-  try {
-    tensors_ = parse_safetensors(static_cast<const std::byte*>(mapping_), size_, path);
-  } catch (...) {
-    ::munmap(mapping_, size_);
-    mapping_ = nullptr;
-    throw;
-  }
-}
-
-SafetensorsFile::~SafetensorsFile() {
-  if (mapping_ != nullptr) ::munmap(mapping_, size_);
+SafetensorsFile::SafetensorsFile(const std::string& path)
+    : path_(path), file_(path, kMaxSafetensorsFileBytes, 8, "safetensors") {
+  tensors_ = parse_safetensors(file_.data(), file_.size(), path);
 }
 
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {

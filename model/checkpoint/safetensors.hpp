@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kvoffload/types.hpp"
+#include "model/checkpoint/mapped_file.hpp"
 
 namespace kvo::model {
 
@@ -61,7 +62,6 @@ ShardIndex parse_safetensors_index(const std::string& text, const std::string& p
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
-  ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
@@ -70,8 +70,7 @@ class SafetensorsFile {
 
  private:
   std::string path_;
-  void* mapping_ = nullptr;
-  std::size_t size_ = 0;
+  MappedFile file_;
   std::map<std::string, TensorInfo> tensors_;
 };
 

@@ -57,12 +57,50 @@ def tiny_models():
                       "long_factor": [1.0, 3.0]}))
 
 
+def gguf_seeds(out):
+    """Small GGUF files as the gguf package writes them: metadata of every value type and a
+    tokenizer's arrays, tensors of the block types the decoder serves, two alignments."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (alignment, types) in enumerate(((None, ["F32", "F16", "Q8_0", "Q4_1"]),
+                                                 (64, ["BF16", "Q4_0", "Q4_K", "Q5_K", "Q6_K"]))):
+            path = os.path.join(tmp, f"seed{i}.gguf")
+            w = gguf.GGUFWriter(path, "llama")
+            if alignment:
+                w.add_custom_alignment(alignment)
+            w.add_block_count(2)
+            w.add_context_length(4096)
+            w.add_rope_freq_base(10000.0)
+            w.add_bool("seed.flag", True)
+            w.add_int64("seed.i64", -5)
+            w.add_float64("seed.f64", 0.5)
+            w.add_tokenizer_model("gpt2")
+            w.add_token_list([f"t{j}" for j in range(12)])
+            w.add_token_scores([float(j) for j in range(12)])
+            w.add_token_types([1] * 12)
+            w.add_token_merges(["t 1", "t 2"])
+            for name in types:
+                kind = gguf.GGMLQuantizationType[name]
+                block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
+                raw = rng.integers(0, 256, (2, 256 // block * block_bytes), dtype=np.uint8)
+                w.add_tensor(f"blk.0.{name.lower()}.weight", raw, raw_dtype=kind)
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+            w.close()
+            put_file(out, "fuzz_gguf", path)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--smollm2", required=True)
     p.add_argument("--make-model", required=True)
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    gguf_seeds(args.out)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         for name, model in tiny_models():

@@ -1,0 +1,154 @@
+"""kvo-gguf reads what the gguf package (the format's Python implementation) writes and reads:
+random files written by gguf.GGUFWriter (every metadata value type, arrays of strings, integers
+and floats, tensors of every block type the decoder will serve, the default and a custom
+alignment) and, when KVO_SMOLLM2_DIR holds it, the real SmolLM2-135M GGUF. Every key, type and
+value, and every tensor's name, type, dimensions, offset and bytes, must equal gguf.GGUFReader's.
+
+    python gguf_against_gguf_py.py KVO_GGUF WORK_DIR
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+
+BLOCK_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def ours(tool, path):
+    out = subprocess.run([tool, "--model", path, "--json", "--arrays"], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def same_number(a, b):
+    if isinstance(a, str):  # non-finite floats, as kvo-gguf writes them
+        return math.isnan(b) if a == "nan" else b == float(a)
+    return a == b or (math.isfinite(b) and abs(a - b) <= 1e-12 * max(1.0, abs(b)))
+
+
+def check(tool, path):
+    reader = gguf.GGUFReader(path)
+    got = ours(tool, path)
+    problems = []
+    # GGUF.version, GGUF.tensor_count and GGUF.kv_count are the reader's header fields.
+    fields = {k: f for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    if sorted(fields) != sorted(got["metadata"]):
+        problems.append(f"keys differ: {sorted(set(fields) ^ set(got['metadata']))}")
+    for key, field in fields.items():
+        mine = got["metadata"].get(key)
+        if mine is None:
+            continue
+        kind = field.types[0]
+        if mine["type"] != kind.name.lower():
+            problems.append(f"{key}: type {mine['type']} vs {kind.name}")
+            continue
+        value = field.contents()
+        if kind == gguf.GGUFValueType.ARRAY:
+            element = field.types[1]
+            if mine["element"] != element.name.lower() or mine["count"] != len(value):
+                problems.append(f"{key}: {mine['element']}[{mine['count']}] vs "
+                                f"{element.name}[{len(value)}]")
+            elif element in (gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.FLOAT64):
+                if not all(same_number(a, float(b)) for a, b in zip(mine["value"], value)):
+                    problems.append(f"{key}: float elements differ")
+            elif element == gguf.GGUFValueType.BOOL:
+                if [bool(v) for v in mine["value"]] != [bool(v) for v in value]:
+                    problems.append(f"{key}: bool elements differ")
+            elif element == gguf.GGUFValueType.STRING:
+                if mine["value"] != value:
+                    problems.append(f"{key}: string elements differ")
+            elif mine["value"] != [int(v) for v in value]:
+                problems.append(f"{key}: integer elements differ")
+        elif kind in (gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.FLOAT64):
+            if not same_number(mine["value"], float(value)):
+                problems.append(f"{key}: {mine['value']} vs {value}")
+        elif kind == gguf.GGUFValueType.BOOL:
+            if mine["value"] != bool(value):
+                problems.append(f"{key}: {mine['value']} vs {value}")
+        elif kind == gguf.GGUFValueType.STRING:
+            if mine["value"] != value:
+                problems.append(f"{key}: {mine['value']!r} vs {value!r}")
+        elif mine["value"] != int(value):
+            problems.append(f"{key}: {mine['value']} vs {value}")
+    if len(got["tensors"]) != len(reader.tensors):
+        problems.append(f"{len(got['tensors'])} tensors vs {len(reader.tensors)}")
+    for mine, theirs in zip(got["tensors"], reader.tensors):
+        expected = {"name": theirs.name, "type": theirs.tensor_type.name,
+                    "dims": [int(d) for d in theirs.shape], "bytes": int(theirs.n_bytes),
+                    "at": int(theirs.data_offset)}
+        actual = {"name": mine["name"], "type": mine["type"], "dims": mine["dims"],
+                  "bytes": mine["bytes"], "at": got["data_offset"] + mine["offset"]}
+        if actual != expected:
+            problems.append(f"tensor {theirs.name}: {actual} vs {expected}")
+    return problems, got
+
+
+def random_file(path, seed, alignment):
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(path, "llama")
+    if alignment is not None:
+        writer.add_custom_alignment(alignment)
+    writer.add_uint8("t.u8", int(rng.integers(0, 256)))
+    writer.add_int8("t.i8", int(rng.integers(-128, 128)))
+    writer.add_uint16("t.u16", int(rng.integers(0, 2**16)))
+    writer.add_int16("t.i16", int(rng.integers(-2**15, 2**15)))
+    writer.add_uint32("t.u32", int(rng.integers(0, 2**32)))
+    writer.add_int32("t.i32", int(rng.integers(-2**31, 2**31)))
+    writer.add_uint64("t.u64", int(rng.integers(0, 2**63)) * 2 + 1)
+    writer.add_int64("t.i64", int(rng.integers(-2**63, 2**63)))
+    writer.add_float32("t.f32", float(np.float32(rng.standard_normal() * 1e3)))
+    writer.add_float64("t.f64", float(rng.standard_normal() * 1e-300))
+    writer.add_bool("t.bool", bool(rng.integers(0, 2)))
+    writer.add_string("t.text", "caf\u00e9 \u4e2d\u6587 " + str(rng.integers(0, 10**9)))
+    writer.add_array("t.words", [f"w{i}\u00e9" for i in range(int(rng.integers(0, 50)))])
+    writer.add_array("t.ints", [int(v) for v in rng.integers(-2**31, 2**31, 30)])
+    writer.add_array("t.floats", [float(np.float32(v)) for v in rng.standard_normal(20)])
+    writer.add_array("t.empty", [])
+    for i, name in enumerate(BLOCK_TYPES):
+        kind = gguf.GGMLQuantizationType[name]
+        block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
+        rows = int(rng.integers(1, 4))
+        columns = block * int(rng.integers(1, 3)) * (256 // block if block < 256 else 1)
+        raw = rng.integers(0, 256, (rows, columns // block * block_bytes), dtype=np.uint8)
+        writer.add_tensor(f"blk.{i}.{name.lower()}.weight", raw, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def main():
+    tool, work = sys.argv[1], sys.argv[2]
+    os.makedirs(work, exist_ok=True)
+    failures = 0
+    checked = 0
+    for seed, alignment in ((1, None), (2, 64), (3, 256), (4, None)):
+        path = os.path.join(work, f"random{seed}.gguf")
+        random_file(path, seed, alignment)
+        problems, got = check(tool, path)
+        checked += 1
+        if alignment is not None and got["alignment"] != alignment:
+            problems.append(f"alignment {got['alignment']} vs {alignment}")
+        for p in problems:
+            print(f"{path}: {p}")
+        failures += len(problems)
+    real = os.path.join(os.environ.get("KVO_SMOLLM2_DIR", ""), "model.gguf")
+    if os.environ.get("KVO_SMOLLM2_DIR") and os.path.isfile(real):
+        problems, got = check(tool, real)
+        checked += 1
+        types = sorted({t["type"] for t in got["tensors"]})
+        print(f"{real}: {len(got['metadata'])} keys, {len(got['tensors'])} tensors ({types})")
+        for p in problems:
+            print(f"{real}: {p}")
+        failures += len(problems)
+    print(f"{checked} GGUF files read as the gguf package reads them, {failures} difference(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

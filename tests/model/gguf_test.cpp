@@ -1,0 +1,279 @@
+// GGUF read strictly: a small file built here byte by byte is read back exactly (every value
+// type, arrays, tensors of block types at aligned offsets), and every way the bytes can lie is
+// refused when the file is opened, naming the file and the field: every truncation, counts and
+// lengths of 2^40 (refused before anything is allocated for them), offsets past the end or off
+// the alignment, overlapping tensors, unknown types, nested arrays, repeats, other versions.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "expect_error.hpp"
+#include "kvoffload/error.hpp"
+#include "model/checkpoint/gguf.hpp"
+
+namespace kvo::model {
+namespace {
+
+using kvo::testing::expect_error;
+
+// Little-endian bytes of a GGUF file, written field by field.
+class Writer {
+ public:
+  template <typename T>
+  Writer& put(T value) {
+    char bytes[sizeof(T)];
+    std::memcpy(bytes, &value, sizeof(T));
+    out_.append(bytes, sizeof(T));
+    return *this;
+  }
+  Writer& str(const std::string& s) {
+    put<std::uint64_t>(s.size());
+    out_ += s;
+    return *this;
+  }
+  Writer& key(const std::string& k, GgufValueType type) {
+    str(k);
+    return put<std::uint32_t>(static_cast<std::uint32_t>(type));
+  }
+  Writer& pad_to(std::size_t alignment) {
+    while (out_.size() % alignment != 0) out_ += '\0';
+    return *this;
+  }
+  Writer& zeros(std::size_t n) {
+    out_.append(n, '\0');
+    return *this;
+  }
+  std::string& bytes() { return out_; }
+
+ private:
+  std::string out_;
+};
+
+struct Tensor {
+  std::string name;
+  std::vector<std::uint64_t> dims;
+  std::uint32_t type;
+  std::uint64_t offset;
+};
+
+// A valid file: the header, `pairs` metadata pairs written by `metadata`, the tensors, padding
+// to `alignment` and `data` bytes of tensor data.
+std::string gguf(std::uint64_t pairs, const std::function<void(Writer&)>& metadata,
+                 const std::vector<Tensor>& tensors, std::size_t data, std::size_t alignment = 32,
+                 std::uint32_t version = 3) {
+  Writer w;
+  w.bytes() = "GGUF";
+  w.put<std::uint32_t>(version).put<std::uint64_t>(tensors.size()).put<std::uint64_t>(pairs);
+  metadata(w);
+  for (const Tensor& t : tensors) {
+    w.str(t.name).put<std::uint32_t>(static_cast<std::uint32_t>(t.dims.size()));
+    for (std::uint64_t d : t.dims) w.put<std::uint64_t>(d);
+    w.put<std::uint32_t>(t.type).put<std::uint64_t>(t.offset);
+  }
+  w.pad_to(alignment).zeros(data);
+  return w.bytes();
+}
+
+GgufContents parse(const std::string& bytes) {
+  return parse_gguf(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size(), "m.gguf");
+}
+
+void refused(const std::string& bytes, const std::string& message) {
+  expect_error([&] { parse(bytes); }, ErrorCode::kInvalidArgument, message);
+}
+
+// Every value type once, and the tensors of a Q4_K matrix and an F32 vector.
+void all_types(Writer& w) {
+  w.key("general.architecture", GgufValueType::kString).str("llama");
+  w.key("u8", GgufValueType::kUint8).put<std::uint8_t>(200);
+  w.key("i8", GgufValueType::kInt8).put<std::int8_t>(-100);
+  w.key("u16", GgufValueType::kUint16).put<std::uint16_t>(60000);
+  w.key("i16", GgufValueType::kInt16).put<std::int16_t>(-30000);
+  w.key("u32", GgufValueType::kUint32).put<std::uint32_t>(4000000000u);
+  w.key("i32", GgufValueType::kInt32).put<std::int32_t>(-2000000000);
+  w.key("f32", GgufValueType::kFloat32).put<float>(0.25f);
+  w.key("bool", GgufValueType::kBool).put<std::uint8_t>(1);
+  w.key("u64", GgufValueType::kUint64).put<std::uint64_t>(std::uint64_t{1} << 63);
+  w.key("i64", GgufValueType::kInt64).put<std::int64_t>(-(std::int64_t{1} << 40));
+  w.key("f64", GgufValueType::kFloat64).put<double>(1e300);
+  w.key("tokens", GgufValueType::kArray).put<std::uint32_t>(8).put<std::uint64_t>(3);
+  w.str("<s>").str("").str("h\xc3\xa9");
+  w.key("scores", GgufValueType::kArray).put<std::uint32_t>(6).put<std::uint64_t>(2);
+  w.put<float>(-1.5f).put<float>(2.0f);
+  w.key("types", GgufValueType::kArray).put<std::uint32_t>(5).put<std::uint64_t>(2);
+  w.put<std::int32_t>(1).put<std::int32_t>(-3);
+}
+constexpr std::uint64_t kAllTypesPairs = 15;
+const std::vector<Tensor> kTwoTensors = {{"blk.0.attn_q.weight", {256, 2}, 12, 0},
+                                         {"output_norm.weight", {16}, 0, 288}};
+constexpr std::size_t kTwoTensorsData = 288 + 64;
+
+TEST(Gguf, ReadsEveryValueTypeAndTheTensorTable) {
+  const std::string bytes = gguf(kAllTypesPairs, all_types, kTwoTensors, kTwoTensorsData);
+  const GgufContents c = parse(bytes);
+  EXPECT_EQ(c.version, 3u);
+  EXPECT_EQ(c.alignment, 32u);
+  EXPECT_EQ(c.metadata.size(), kAllTypesPairs);
+  EXPECT_EQ(c.metadata.at("general.architecture").text, "llama");
+  EXPECT_EQ(c.metadata.at("u8").integer, 200);
+  EXPECT_EQ(c.metadata.at("i8").integer, -100);
+  EXPECT_EQ(c.metadata.at("u16").integer, 60000);
+  EXPECT_EQ(c.metadata.at("i16").integer, -30000);
+  EXPECT_EQ(c.metadata.at("u32").unsigned_integer, 4000000000u);
+  EXPECT_EQ(c.metadata.at("i32").integer, -2000000000);
+  EXPECT_EQ(c.metadata.at("f32").floating, 0.25);
+  EXPECT_EQ(c.metadata.at("bool").integer, 1);
+  EXPECT_EQ(c.metadata.at("u64").unsigned_integer, std::uint64_t{1} << 63);
+  EXPECT_EQ(c.metadata.at("i64").integer, -(std::int64_t{1} << 40));
+  EXPECT_EQ(c.metadata.at("f64").floating, 1e300);
+  EXPECT_EQ(c.metadata.at("tokens").strings, (std::vector<std::string>{"<s>", "", "h\xc3\xa9"}));
+  EXPECT_EQ(c.metadata.at("scores").floats, (std::vector<double>{-1.5, 2.0}));
+  EXPECT_EQ(c.metadata.at("types").integers, (std::vector<std::int64_t>{1, -3}));
+  ASSERT_EQ(c.tensors.size(), 2u);
+  const GgufTensor& q = c.tensors[0];
+  EXPECT_EQ(q.name, "blk.0.attn_q.weight");
+  EXPECT_STREQ(q.type->name, "Q4_K");
+  EXPECT_EQ(q.dims, (std::vector<std::int64_t>{256, 2}));
+  EXPECT_EQ(q.bytes, 2u * 144u);  // one Q4_K block a row
+  EXPECT_EQ(c.data_offset % 32, 0u);
+  EXPECT_EQ(q.data, reinterpret_cast<const std::byte*>(bytes.data()) + c.data_offset);
+  EXPECT_EQ(c.tensors[1].bytes, 64u);
+  EXPECT_EQ(c.tensors[1].data, q.data + 288);
+  EXPECT_EQ(c.tensor_index.at("output_norm.weight"), 1u);
+}
+
+TEST(Gguf, EveryTruncationIsRefused) {
+  const std::string bytes = gguf(kAllTypesPairs, all_types, kTwoTensors, kTwoTensorsData);
+  for (std::size_t size = 0; size < bytes.size(); ++size) {
+    bool threw = false;
+    try {
+      parse_gguf(reinterpret_cast<const std::byte*>(bytes.data()), size, "m.gguf");
+    } catch (const Error& e) {
+      threw = e.code() == ErrorCode::kInvalidArgument &&
+              std::string(e.what()).rfind("m.gguf: ", 0) == 0;
+    }
+    EXPECT_TRUE(threw) << "a file cut to " << size << " of " << bytes.size() << " bytes";
+  }
+}
+
+TEST(Gguf, CountsAndLengthsPastTheFileAreRefusedBeforeAllocating) {
+  const auto none = [](Writer&) {};
+  // 2^40 tensors or pairs in a file of a few bytes.
+  Writer w;
+  w.bytes() = "GGUF";
+  w.put<std::uint32_t>(3).put<std::uint64_t>(std::uint64_t{1} << 40).put<std::uint64_t>(0);
+  refused(w.bytes() + std::string(64, '\0'),
+          "m.gguf: the tensor count: 1099511627776 tensors, more than the 64 bytes left");
+  refused(gguf(std::uint64_t{1} << 40, none, {}, 0),
+          "m.gguf: the metadata count: 1099511627776 key-value pairs");
+  // A string value of 2^40 bytes.
+  refused(gguf(
+              1,
+              [](Writer& m) {
+                m.key("general.name", GgufValueType::kString)
+                    .put<std::uint64_t>(std::uint64_t{1} << 40);
+              },
+              {}, 64),
+          "m.gguf: general.name: a string of 1099511627776 bytes, past the end of the file (72 "
+          "bytes left)");
+  // An array of 2^40 strings, and of 2^40 uint32s.
+  refused(gguf(
+              1,
+              [](Writer& m) {
+                m.key("tokenizer.ggml.tokens", GgufValueType::kArray).put<std::uint32_t>(8);
+                m.put<std::uint64_t>(std::uint64_t{1} << 40);
+              },
+              {}, 64),
+          "m.gguf: tokenizer.ggml.tokens: an array of 1099511627776 string elements, more than");
+  refused(gguf(
+              1,
+              [](Writer& m) {
+                m.key("x", GgufValueType::kArray).put<std::uint32_t>(4);
+                m.put<std::uint64_t>(std::uint64_t{1} << 40);
+              },
+              {}, 64),
+          "m.gguf: x: an array of 1099511627776 uint32 elements");
+  // A key longer than the format allows.
+  refused(gguf(
+              1, [](Writer& m) { m.str(std::string(70000, 'k')); }, {}, 64),
+          "metadata pair 0 (its key): a string of 70000 bytes, more than the 65535 allowed");
+}
+
+TEST(Gguf, TensorsOutsideTheDataOrOverlappingAreRefused) {
+  const auto none = [](Writer&) {};
+  refused(gguf(0, none, {{"w", {32, 4}, 0, 0}}, 100),
+          "m.gguf: tensor \"w\": F32 [32, 4] takes 512 bytes at offset 0, past the data "
+          "section's 100 bytes");
+  refused(gguf(0, none, {{"w", {16}, 0, 1u << 30}}, 64), "at offset 1073741824, past the data");
+  refused(gguf(0, none, {{"a", {16}, 0, 0}, {"b", {16}, 0, 32}}, 128),
+          "m.gguf: tensor \"b\": its bytes [32, 96) overlap tensor \"a\"'s, which end at 64");
+  refused(gguf(0, none, {{"a", {16}, 0, 8}}, 128),
+          "m.gguf: tensor \"a\": offset 8 is not a multiple of the alignment 32");
+  refused(gguf(0, none, {{"a", {16}, 0, 0}, {"a", {16}, 0, 64}}, 128),
+          "m.gguf: tensor \"a\": appears twice in the tensor table");
+  refused(gguf(0, none, {{"w", {100, 2}, 2, 0}}, 1024),
+          "tensor \"w\": rows of 100 elements, not a multiple of Q4_0's block of 32");
+  refused(gguf(0, none, {{"w", {16}, 77, 0}}, 64), "tensor \"w\": unknown ggml type 77");
+  refused(gguf(0, none, {{"w", {16, 0}, 0, 0}}, 64), "tensor \"w\": dimension 1 is 0");
+  refused(gguf(0, none, {{"w", {1, 1, 1, 1, 1}, 0, 0}}, 64),
+          "tensor \"w\": 5 dimensions, not 1 to 4");
+  refused(gguf(0, none, {{"w", {std::uint64_t{1} << 32, std::uint64_t{1} << 32}, 0, 0}}, 64),
+          "tensor \"w\": dimension 1 is 4294967296, and the element count overflows");
+}
+
+TEST(Gguf, AlignmentVersionsAndValuesAreChecked) {
+  const auto alignment = [](std::uint32_t a) {
+    return [a](Writer& m) { m.key("general.alignment", GgufValueType::kUint32).put(a); };
+  };
+  // A 64-byte alignment moves the data section and must hold for offsets.
+  const GgufContents c = parse(gguf(1, alignment(64), {{"w", {16}, 0, 64}}, 128, 64));
+  EXPECT_EQ(c.alignment, 64u);
+  EXPECT_EQ(c.data_offset % 64, 0u);
+  refused(gguf(1, alignment(48), {}, 0), "m.gguf: general.alignment: 48 is not a power of two");
+  refused(gguf(1, alignment(0), {}, 0), "general.alignment: 0 is not a power of two");
+  refused(gguf(
+              1,
+              [](Writer& m) {
+                m.key("general.alignment", GgufValueType::kUint64).put<std::uint64_t>(32);
+              },
+              {}, 0),
+          "general.alignment: a uint64, not a uint32");
+  const auto none = [](Writer&) {};
+  refused(gguf(0, none, {}, 0, 32, 2), "m.gguf: the version: version 2 (an older format");
+  refused(gguf(0, none, {}, 0, 32, 0x03000000u), "a big-endian GGUF file");
+  refused(gguf(0, none, {}, 0, 32, 4), "version 4 (unknown), only version 3 is read");
+  refused("GGML" + std::string(60, '\0'), "m.gguf: the magic: the file does not start with");
+  refused(gguf(
+              1, [](Writer& m) { m.key("x", static_cast<GgufValueType>(13)).put<std::uint8_t>(0); },
+              {}, 0),
+          "m.gguf: x: unknown value type 13");
+  refused(gguf(
+              1,
+              [](Writer& m) {
+                m.key("x", GgufValueType::kArray).put<std::uint32_t>(9).put<std::uint64_t>(1);
+              },
+              {}, 64),
+          "m.gguf: x: an array of arrays");
+  refused(gguf(
+              1, [](Writer& m) { m.key("x", GgufValueType::kBool).put<std::uint8_t>(2); }, {}, 0),
+          "m.gguf: x: a bool of 2, not 0 or 1");
+  refused(gguf(
+              2,
+              [](Writer& m) {
+                m.key("x", GgufValueType::kUint8).put<std::uint8_t>(1);
+                m.key("x", GgufValueType::kUint8).put<std::uint8_t>(2);
+              },
+              {}, 0),
+          "m.gguf: x: appears twice in the metadata");
+  refused(
+      gguf(
+          1, [](Writer& m) { m.key("a\nb", GgufValueType::kUint8).put<std::uint8_t>(1); }, {}, 0),
+      "m.gguf: metadata pair 0: key \"a\\x0ab\" is not printable ASCII");
+}
+
+}  // namespace
+}  // namespace kvo::model
