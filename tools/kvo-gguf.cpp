@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "kvoffload/error.hpp"
+#include "model/checkpoint/ggml_blocks.hpp"
 #include "model/checkpoint/gguf.hpp"
 #include "offload/util/printable.hpp"
 #include "tools/cli/cli.hpp"
@@ -18,6 +20,8 @@ struct GgufArgs {
   std::string file;
   bool json = false;
   bool arrays = false;
+  std::string dequantize;
+  std::string out;
 };
 
 void declare(CLI::App& app, GgufArgs& a) {
@@ -31,6 +35,31 @@ void declare(CLI::App& app, GgufArgs& a) {
                      "bytes that are not UTF-8 as U+FFFD)");
   kvo::cli::add_flag(app, "--arrays", a.arrays,
                      "with --json: every array's elements (default: its type and length)");
+  kvo::cli::add_text(app, "--dequantize", a.dequantize, "TENSOR",
+                     "write this tensor's elements as little-endian f32 to --out (types F32, F16, "
+                     "BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)");
+  kvo::cli::add_text(app, "--out", a.out, "FILE", "with --dequantize: where the f32 go");
+}
+
+// The tensor's elements as f32, block by block (model/checkpoint/ggml_blocks.hpp).
+std::string dequantized(const kvo::model::GgufTensor& t) {
+  namespace blocks = kvo::model::blocks;
+  const int per_block = blocks::block_elements(t.type->id);
+  if (per_block == 0) {
+    throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                     "tensor " + kvo::printable(t.name) + " is " + t.type->name +
+                         ", which is not dequantized (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, "
+                         "Q5_K and Q6_K are)");
+  }
+  const auto count = static_cast<std::size_t>(t.elements());
+  std::string out(count * sizeof(float), '\0');
+  auto* values = reinterpret_cast<float*>(out.data());
+  const auto* block = reinterpret_cast<const std::uint8_t*>(t.data);
+  for (std::size_t at = 0; at < count; at += static_cast<std::size_t>(per_block)) {
+    blocks::dequantize_block(t.type->id, block, values + at);
+    block += blocks::block_bytes(t.type->id);
+  }
+  return out;
 }
 
 // A float as JSON: non-finite values as strings, which JSON has no numbers for.
@@ -67,8 +96,15 @@ nlohmann::ordered_json value_json(const kvo::model::GgufValue& v, bool arrays) {
 }
 
 int run(const GgufArgs& a) {
+  if (a.dequantize.empty() != a.out.empty()) {
+    throw kvo::cli::UsageError("--dequantize and --out go together");
+  }
   const kvo::model::GgufFile file(a.file);
   const kvo::model::GgufContents& c = file.contents();
+  if (!a.dequantize.empty()) {
+    kvo::cli::write_output_file(a.out, dequantized(file.tensor(a.dequantize)), "--out");
+    return kvo::cli::kExitSuccess;
+  }
   if (a.json) {
     nlohmann::ordered_json out;
     out["file"] = file.path();

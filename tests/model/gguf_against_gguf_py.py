@@ -2,7 +2,10 @@
 random files written by gguf.GGUFWriter (every metadata value type, arrays of strings, integers
 and floats, tensors of every block type the decoder will serve, the default and a custom
 alignment) and, when KVO_SMOLLM2_DIR holds it, the real SmolLM2-135M GGUF. Every key, type and
-value, and every tensor's name, type, dimensions, offset and bytes, must equal gguf.GGUFReader's.
+value, and every tensor's name, type, dimensions, offset and bytes, must equal gguf.GGUFReader's;
+every tensor's dequantized elements (kvo-gguf --dequantize, model/checkpoint/ggml_blocks.hpp) must
+equal gguf.quants.dequantize's bit for bit (random blocks: scales that are NaN must be NaN in
+both).
 
     python gguf_against_gguf_py.py KVO_GGUF WORK_DIR
 """
@@ -31,7 +34,10 @@ def same_number(a, b):
     return a == b or (math.isfinite(b) and abs(a - b) <= 1e-12 * max(1.0, abs(b)))
 
 
-def check(tool, path):
+dequantized = {}  # tensors compared bit for bit, by type
+
+
+def check(tool, path, limit=None):
     reader = gguf.GGUFReader(path)
     got = ours(tool, path)
     problems = []
@@ -75,6 +81,20 @@ def check(tool, path):
                 problems.append(f"{key}: {mine['value']!r} vs {value!r}")
         elif mine["value"] != int(value):
             problems.append(f"{key}: {mine['value']} vs {value}")
+    for theirs in reader.tensors[:limit]:
+        out = os.path.join(os.path.dirname(os.path.abspath(path)), "tensor.f32")
+        subprocess.run([tool, "--model", path, "--dequantize", theirs.name, "--out", out],
+                       check=True)
+        mine = np.fromfile(out, dtype=np.float32)
+        expected = gguf.quants.dequantize(theirs.data, theirs.tensor_type).astype(np.float32)
+        expected = expected.reshape(-1)
+        same = (mine.view(np.uint32) == expected.view(np.uint32)) | (np.isnan(mine) &
+                                                                     np.isnan(expected))
+        if mine.size != expected.size or not same.all():
+            problems.append(f"tensor {theirs.name} ({theirs.tensor_type.name}): "
+                            f"{np.count_nonzero(~same) if mine.size == expected.size else 'size'}"
+                            " elements differ from gguf.quants.dequantize")
+        dequantized[theirs.tensor_type.name] = dequantized.get(theirs.tensor_type.name, 0) + 1
     if len(got["tensors"]) != len(reader.tensors):
         problems.append(f"{len(got['tensors'])} tensors vs {len(reader.tensors)}")
     for mine, theirs in zip(got["tensors"], reader.tensors):
@@ -139,13 +159,18 @@ def main():
         failures += len(problems)
     real = os.path.join(os.environ.get("KVO_SMOLLM2_DIR", ""), "model.gguf")
     if os.environ.get("KVO_SMOLLM2_DIR") and os.path.isfile(real):
-        problems, got = check(tool, real)
+        problems, got = check(tool, real, limit=40)  # the embedding (Q8_0) and 3 layers
         checked += 1
         types = sorted({t["type"] for t in got["tensors"]})
         print(f"{real}: {len(got['metadata'])} keys, {len(got['tensors'])} tensors ({types})")
         for p in problems:
             print(f"{real}: {p}")
         failures += len(problems)
+    print(f"tensors dequantized bit for bit as gguf.quants.dequantize: {dequantized}")
+    missing = [t for t in BLOCK_TYPES if t not in dequantized]
+    if missing:
+        print(f"no tensor of {missing} was dequantized")
+        failures += 1
     print(f"{checked} GGUF files read as the gguf package reads them, {failures} difference(s)")
     return 1 if failures else 0
 

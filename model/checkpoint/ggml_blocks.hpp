@@ -1,0 +1,246 @@
+// The weight blocks of GGUF files (ggml's types) and their dequantization: the byte layout of each
+// block and the arithmetic that turns it into f32, exactly as the format's reference gives it
+// (tested bit for bit against the gguf package's gguf.quants.dequantize). Header-only and
+// __host__ __device__ under nvcc, so the host path, the CUDA kernels and the tests read the same
+// bits. Every product and sum is rounded on its own as the reference rounds it: on the device
+// through the _rn intrinsics (never contracted into an FMA); on the host in code built for the
+// x86-64 baseline, which has no FMA to contract into (do not include this in a file compiled
+// with FMA enabled and expect the reference's bits).
+//
+// Block layouts (little-endian; f16 is IEEE half):
+//   Q8_0  32 elements, 34 bytes: f16 d, int8 q[32]                 x = q * d
+//   Q4_0  32 elements, 18 bytes: f16 d, u8 qs[16]                  x[j] = (lo(qs[j]) - 8) * d,
+//                                                                  x[j + 16] = (hi(qs[j]) - 8) * d
+//   Q4_1  32 elements, 20 bytes: f16 d, f16 m, u8 qs[16]           x = d * q + m (q as Q4_0's,
+//                                                                  without the - 8)
+//   Q4_K 256 elements, 144 bytes: f16 d, f16 dmin, u8 scales[12], u8 qs[128]: 8 sub-blocks of
+//        32, each with a 6-bit scale sc and min m packed in scales; sub-block 2i holds the low
+//        nibbles of qs[32i, 32i + 32), 2i + 1 the high ones; x = (d * sc) * q - (dmin * m)
+//   Q5_K 256 elements, 176 bytes: f16 d, f16 dmin, u8 scales[12], u8 qh[32], u8 qs[128]: as
+//        Q4_K, each q gaining bit j of qh[l] as its fifth bit in sub-block j
+//   Q6_K 256 elements, 210 bytes: u8 ql[128], u8 qh[64], int8 scales[16], f16 d: two halves of
+//        128, each 4 sub-blocks of 32 (low nibbles of ql[0, 32), of ql[32, 64), high nibbles of
+//        ql[0, 32), of ql[32, 64) of the half's 64 bytes), bits 2k, 2k + 1 of the half's qh[l]
+//        above them, q - 32 in [-32, 31]; x = (d * scales[e / 16]) * q
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "kvoffload/quant.hpp"
+
+#if defined(__CUDACC__)
+#define KVO_BLOCKS_HD __host__ __device__ inline
+#else
+#define KVO_BLOCKS_HD inline
+#endif
+
+namespace kvo::model::blocks {
+
+namespace quant = ::kvo::quant;
+
+// ggml's type numbers for the types dequantized here.
+enum : std::uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kBF16 = 30,
+};
+
+KVO_BLOCKS_HD float mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+KVO_BLOCKS_HD float add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+KVO_BLOCKS_HD float sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+
+KVO_BLOCKS_HD float float_of_bits(std::uint32_t u) {
+  return quant::float_of(u);
+}
+
+// IEEE half to float, exactly (subnormals, infinities and NaN included).
+KVO_BLOCKS_HD float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exponent = (h >> 10) & 0x1fu;
+  std::uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0x1fu) return float_of_bits(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent != 0) return float_of_bits(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+  if (mantissa == 0) return float_of_bits(sign);
+  // A subnormal half: normalize it (its value is mantissa x 2^-24).
+  int shift = 0;
+  while ((mantissa & 0x400u) == 0) {
+    mantissa <<= 1;
+    ++shift;
+  }
+  return float_of_bits(sign | (static_cast<std::uint32_t>(113 - shift) << 23) |
+                       ((mantissa & 0x3ffu) << 13));
+}
+
+KVO_BLOCKS_HD float bf16_to_float(std::uint16_t b) {
+  return float_of_bits(static_cast<std::uint32_t>(b) << 16);
+}
+
+KVO_BLOCKS_HD std::uint16_t u16_at(const std::uint8_t* p) {
+  return static_cast<std::uint16_t>(p[0] | (p[1] << 8));
+}
+
+// Q4_K's and Q5_K's 6-bit scale and min of sub-block j (0..7) from their 12 packed bytes: j < 4
+// in the low 6 bits of bytes j and j + 4; j >= 4 in the nibbles of byte j + 4, with their two high
+// bits in the top bits of bytes j - 4 and j.
+KVO_BLOCKS_HD void scale_min_k4(int j, const std::uint8_t* s, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// Elements a block of `type` holds, and its bytes; 0 for a type not dequantized here.
+KVO_BLOCKS_HD int block_elements(std::uint32_t type) {
+  switch (type) {
+    case kF32:
+    case kF16:
+    case kBF16:
+      return 1;
+    case kQ4_0:
+    case kQ4_1:
+    case kQ8_0:
+      return 32;
+    case kQ4_K:
+    case kQ5_K:
+    case kQ6_K:
+      return 256;
+    default:
+      return 0;
+  }
+}
+KVO_BLOCKS_HD int block_bytes(std::uint32_t type) {
+  switch (type) {
+    case kF32:
+      return 4;
+    case kF16:
+    case kBF16:
+      return 2;
+    case kQ4_0:
+      return 18;
+    case kQ4_1:
+      return 20;
+    case kQ8_0:
+      return 34;
+    case kQ4_K:
+      return 144;
+    case kQ5_K:
+      return 176;
+    case kQ6_K:
+      return 210;
+    default:
+      return 0;
+  }
+}
+
+// out [block_elements(type)] = the block at `b`, dequantized. REQUIRES: block_elements(type) > 0.
+KVO_BLOCKS_HD void dequantize_block(std::uint32_t type, const std::uint8_t* b, float* out) {
+  switch (type) {
+    case kF32:
+      out[0] = float_of_bits(
+          static_cast<std::uint32_t>(b[0]) | (static_cast<std::uint32_t>(b[1]) << 8) |
+          (static_cast<std::uint32_t>(b[2]) << 16) | (static_cast<std::uint32_t>(b[3]) << 24));
+      return;
+    case kF16:
+      out[0] = half_to_float(u16_at(b));
+      return;
+    case kBF16:
+      out[0] = bf16_to_float(u16_at(b));
+      return;
+    case kQ8_0: {
+      const float d = half_to_float(u16_at(b));
+      for (int i = 0; i < 32; ++i)
+        out[i] = mul(static_cast<float>(static_cast<std::int8_t>(b[2 + i])), d);
+      return;
+    }
+    case kQ4_0: {
+      const float d = half_to_float(u16_at(b));
+      for (int j = 0; j < 16; ++j) {
+        out[j] = mul(d, static_cast<float>((b[2 + j] & 0x0f) - 8));
+        out[j + 16] = mul(d, static_cast<float>((b[2 + j] >> 4) - 8));
+      }
+      return;
+    }
+    case kQ4_1: {
+      const float d = half_to_float(u16_at(b));
+      const float m = half_to_float(u16_at(b + 2));
+      for (int j = 0; j < 16; ++j) {
+        out[j] = add(mul(d, static_cast<float>(b[4 + j] & 0x0f)), m);
+        out[j + 16] = add(mul(d, static_cast<float>(b[4 + j] >> 4)), m);
+      }
+      return;
+    }
+    case kQ4_K:
+    case kQ5_K: {
+      const float d = half_to_float(u16_at(b));
+      const float dmin = half_to_float(u16_at(b + 2));
+      const std::uint8_t* scales = b + 4;
+      const bool five = type == kQ5_K;
+      const std::uint8_t* qh = b + 16;                // Q5_K only
+      const std::uint8_t* qs = b + (five ? 48 : 16);  // 128 bytes
+      for (int j = 0; j < 8; ++j) {
+        int sc = 0, m = 0;
+        scale_min_k4(j, scales, &sc, &m);
+        const float ds = mul(d, static_cast<float>(sc));
+        const float dm = mul(dmin, static_cast<float>(m));
+        const std::uint8_t* q = qs + 32 * (j / 2);
+        for (int l = 0; l < 32; ++l) {
+          int v = (j % 2 == 0) ? (q[l] & 0x0f) : (q[l] >> 4);
+          if (five) v |= ((qh[l] >> j) & 1) << 4;
+          out[32 * j + l] = sub(mul(ds, static_cast<float>(v)), dm);
+        }
+      }
+      return;
+    }
+    case kQ6_K: {
+      const std::uint8_t* ql = b;
+      const std::uint8_t* qh = b + 128;
+      const auto* scales = reinterpret_cast<const std::int8_t*>(b + 192);
+      const float d = half_to_float(u16_at(b + 208));
+      for (int half = 0; half < 2; ++half) {
+        for (int k = 0; k < 4; ++k) {
+          for (int l = 0; l < 32; ++l) {
+            const std::uint8_t low = ql[64 * half + 32 * (k % 2) + l];
+            const int nibble = k < 2 ? (low & 0x0f) : (low >> 4);
+            const int high = (qh[32 * half + l] >> (2 * k)) & 3;
+            const int e = 128 * half + 32 * k + l;
+            const float ds = mul(d, static_cast<float>(scales[e / 16]));
+            out[e] = mul(ds, static_cast<float>((nibble | (high << 4)) - 32));
+          }
+        }
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+}  // namespace kvo::model::blocks
