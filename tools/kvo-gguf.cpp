@@ -11,6 +11,7 @@
 #include "kvoffload/error.hpp"
 #include "model/checkpoint/ggml_blocks.hpp"
 #include "model/checkpoint/gguf.hpp"
+#include "model/checkpoint/gguf_config.hpp"
 #include "offload/util/printable.hpp"
 #include "tools/cli/cli.hpp"
 
@@ -20,6 +21,7 @@ struct GgufArgs {
   std::string file;
   bool json = false;
   bool arrays = false;
+  bool config = false;
   std::string dequantize;
   std::string out;
 };
@@ -35,6 +37,9 @@ void declare(CLI::App& app, GgufArgs& a) {
                      "bytes that are not UTF-8 as U+FFFD)");
   kvo::cli::add_flag(app, "--arrays", a.arrays,
                      "with --json: every array's elements (default: its type and length)");
+  kvo::cli::add_flag(app, "--config", a.config,
+                     "the model as config.json would describe it (the metadata mapped as "
+                     "transformers maps it, then checked as kvo-generate checks a config.json)");
   kvo::cli::add_text(app, "--dequantize", a.dequantize, "TENSOR",
                      "write this tensor's elements as little-endian f32 to --out (types F32, F16, "
                      "BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)");
@@ -101,6 +106,11 @@ int run(const GgufArgs& a) {
   }
   const kvo::model::GgufFile file(a.file);
   const kvo::model::GgufContents& c = file.contents();
+  if (a.config) {
+    kvo::model::gguf_model_config(file);  // refused here as kvo-generate would refuse it
+    std::cout << kvo::model::gguf_config_json(file) << "\n";
+    return kvo::cli::kExitSuccess;
+  }
   if (!a.dequantize.empty()) {
     kvo::cli::write_output_file(a.out, dequantized(file.tensor(a.dequantize)), "--out");
     return kvo::cli::kExitSuccess;

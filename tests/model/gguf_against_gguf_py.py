@@ -5,7 +5,9 @@ alignment) and, when KVO_SMOLLM2_DIR holds it, the real SmolLM2-135M GGUF. Every
 value, and every tensor's name, type, dimensions, offset and bytes, must equal gguf.GGUFReader's;
 every tensor's dequantized elements (kvo-gguf --dequantize, model/checkpoint/ggml_blocks.hpp) must
 equal gguf.quants.dequantize's bit for bit (random blocks: scales that are NaN must be NaN in
-both).
+both). The model each file describes (kvo-gguf --config) must be the one transformers' GGUF loader
+reads (AutoConfig.from_pretrained(..., gguf_file=...)): random Llama, Qwen2 and Qwen3 metadata and
+SmolLM2's.
 
     python gguf_against_gguf_py.py KVO_GGUF WORK_DIR
 """
@@ -142,6 +144,76 @@ def random_file(path, seed, alignment):
     writer.close()
 
 
+CONFIG_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings",
+                 "vocab_size", "tie_word_embeddings")
+
+
+def check_config(tool, path):
+    """kvo-gguf --config against transformers' reading of the same metadata."""
+    from transformers import AutoConfig
+
+    mine = json.loads(subprocess.run([tool, "--model", path, "--config"], check=True,
+                                     capture_output=True, text=True).stdout)
+    theirs = AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    problems = []
+    for field in CONFIG_FIELDS:
+        expected = getattr(theirs, field, None)
+        if field == "head_dim" and expected is None:  # Qwen2's class: hidden / heads
+            expected = theirs.hidden_size // theirs.num_attention_heads
+        got = mine.get(field, mine["hidden_size"] // mine["num_attention_heads"]
+                       if field == "head_dim" else None)
+        if got != expected:
+            problems.append(f"--config {field}: {got} vs transformers' {expected}")
+    rope_theta = (theirs.rope_parameters or {}).get("rope_theta")
+    if mine["rope_theta"] != rope_theta:
+        problems.append(f"--config rope_theta: {mine['rope_theta']} vs {rope_theta}")
+    architecture = theirs.architectures[0] if theirs.architectures else {
+        "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+        "qwen3": "Qwen3ForCausalLM"}[theirs.model_type]
+    if mine["architectures"] != [architecture]:
+        problems.append(f"--config architectures: {mine['architectures']} vs {architecture}")
+    return problems
+
+
+def config_file(path, arch, seed):
+    """Metadata of a random model of `arch` as llama.cpp's converter writes it, and a vocabulary;
+    an output matrix or not (tied embeddings)."""
+    rng = np.random.default_rng(seed)
+    heads = int(rng.choice([4, 8, 16]))
+    kv_heads = heads // int(rng.choice([1, 2, 4]))
+    # transformers reads no head size from a Qwen3 file (its mapping drops key_length) and keeps
+    # Qwen3's class default, 128, that of every released Qwen3: the random Qwen3 files use it.
+    # kvo-gguf reads attention.key_length, as llama.cpp does.
+    head_dim = 128 if arch == "qwen3" else int(rng.choice([32, 64, 128]))
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_block_count(int(rng.integers(1, 40)))
+    writer.add_context_length(int(rng.choice([2048, 8192, 32768])))
+    writer.add_embedding_length(heads * head_dim)
+    writer.add_feed_forward_length(int(rng.integers(1, 20)) * 128)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    if arch == "llama":
+        writer.add_rope_dimension_count(head_dim)
+    else:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(float(np.float32(10.0 ** -rng.integers(5, 7))))
+    writer.add_rope_freq_base(float(rng.choice([10000.0, 500000.0, 1000000.0])))
+    writer.add_tokenizer_model("gpt2")
+    vocab = int(rng.integers(50, 300))
+    writer.add_token_list([f"t{i}" for i in range(vocab)])
+    writer.add_token_types([1] * vocab)
+    writer.add_token_merges(["t 1"])
+    writer.add_tensor("token_embd.weight", np.zeros((vocab, 32), dtype=np.float32))
+    if rng.integers(0, 2):
+        writer.add_tensor("output.weight", np.zeros((vocab, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def main():
     tool, work = sys.argv[1], sys.argv[2]
     os.makedirs(work, exist_ok=True)
@@ -157,9 +229,20 @@ def main():
         for p in problems:
             print(f"{path}: {p}")
         failures += len(problems)
+    for seed, arch in enumerate(("llama", "qwen2", "qwen3", "llama", "qwen2", "qwen3")):
+        folder = os.path.join(work, f"config{seed}")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, "model.gguf")
+        config_file(path, arch, seed)
+        problems = check_config(tool, path)
+        checked += 1
+        for p in problems:
+            print(f"{path} ({arch}): {p}")
+        failures += len(problems)
     real = os.path.join(os.environ.get("KVO_SMOLLM2_DIR", ""), "model.gguf")
     if os.environ.get("KVO_SMOLLM2_DIR") and os.path.isfile(real):
         problems, got = check(tool, real, limit=40)  # the embedding (Q8_0) and 3 layers
+        problems += check_config(tool, real)
         checked += 1
         types = sorted({t["type"] for t in got["tensors"]})
         print(f"{real}: {len(got['metadata'])} keys, {len(got['tensors'])} tensors ({types})")

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -14,6 +15,7 @@
 #include "expect_error.hpp"
 #include "kvoffload/error.hpp"
 #include "model/checkpoint/gguf.hpp"
+#include "model/checkpoint/gguf_config.hpp"
 
 namespace kvo::model {
 namespace {
@@ -273,6 +275,62 @@ TEST(Gguf, AlignmentVersionsAndValuesAreChecked) {
       gguf(
           1, [](Writer& m) { m.key("a\nb", GgufValueType::kUint8).put<std::uint8_t>(1); }, {}, 0),
       "m.gguf: metadata pair 0: key \"a\\x0ab\" is not printable ASCII");
+}
+
+// The model a file describes, read as config.json would give it; what cannot be served is refused
+// naming the file and the key.
+TEST(GgufConfig, MetadataBecomesTheConfigOrIsRefusedByName) {
+  const auto model = [](const std::string& arch) {
+    return [=](Writer& m) {
+      m.key("general.architecture", GgufValueType::kString).str(arch);
+      const std::string p = arch + ".";
+      m.key(p + "block_count", GgufValueType::kUint32).put<std::uint32_t>(2);
+      m.key(p + "embedding_length", GgufValueType::kUint32).put<std::uint32_t>(64);
+      m.key(p + "feed_forward_length", GgufValueType::kUint32).put<std::uint32_t>(96);
+      m.key(p + "attention.head_count", GgufValueType::kUint32).put<std::uint32_t>(4);
+      m.key(p + "attention.head_count_kv", GgufValueType::kUint32).put<std::uint32_t>(2);
+      m.key(p + "attention.layer_norm_rms_epsilon", GgufValueType::kFloat32).put<float>(1e-6f);
+      m.key(p + "vocab_size", GgufValueType::kUint32).put<std::uint32_t>(100);
+    };
+  };
+  const std::string path = ::testing::TempDir() + "gguf_config_test.gguf";
+  const auto open_config = [&](const std::string& bytes) {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  };
+  const std::vector<Tensor> embedding = {{"token_embd.weight", {64, 100}, 0, 0}};
+  open_config(gguf(8, model("qwen2"), embedding, 64 * 100 * 4));
+  const ModelConfig c = gguf_model_config(GgufFile(path));
+  EXPECT_EQ(c.architecture, "Qwen2ForCausalLM");
+  EXPECT_EQ(c.layers, 2);
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.intermediate_size, 96);
+  EXPECT_EQ(c.heads, 4);
+  EXPECT_EQ(c.kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.vocab_size, 100);
+  EXPECT_TRUE(c.qkv_bias);             // Qwen2's family says so, as for its config.json
+  EXPECT_TRUE(c.tie_word_embeddings);  // no output.weight
+  EXPECT_EQ(c.rms_norm_eps, 1e-6f);
+
+  open_config(gguf(8, model("gemma3"), embedding, 64 * 100 * 4));
+  expect_error([&] { gguf_model_config(GgufFile(path)); }, ErrorCode::kInvalidArgument,
+               "gguf_config_test.gguf: general.architecture \"gemma3\" is not served (served: "
+               "llama, qwen2, qwen3, phi3)");
+  open_config(gguf(
+      1, [](Writer& m) { m.key("general.architecture", GgufValueType::kString).str("llama"); }, {},
+      0));
+  expect_error([&] { gguf_model_config(GgufFile(path)); }, ErrorCode::kInvalidArgument,
+               "gguf_config_test.gguf: no metadata key llama.embedding_length");
+  open_config(gguf(8, model("llama"),
+                   {{"token_embd.weight", {64, 100}, 0, 0}, {"rope_freqs.weight", {8}, 0, 25600}},
+                   25600 + 32));
+  expect_error([&] { gguf_model_config(GgufFile(path)); }, ErrorCode::kInvalidArgument,
+               "rope_freqs.weight (rope factors stored as a tensor, as Llama 3.1's files do) is "
+               "not read yet");
+  std::remove(path.c_str());
 }
 
 }  // namespace
