@@ -11,6 +11,7 @@
 #include "kvoffload/kvoffload.hpp"
 #include "kvoffload/planner.hpp"
 #include "model/checkpoint/model_config.hpp"
+#include "model/checkpoint/weight_formats.hpp"
 #include "model/cuda/cuda_ops.hpp"
 #include "model/decoder/decoder.hpp"
 #include "model/decoder/memory_plan.hpp"
@@ -95,6 +96,7 @@ struct Args {
   int ring = 2;
   std::string dtype;
   std::string kv_dtype;
+  std::string weights;
   std::string backend = "cuda";
   std::string csv;
   std::string svg;
@@ -129,6 +131,9 @@ void declare_options(CLI::App& app, Args& a) {
   kvo::cli::add_choice(app, "--kv-dtype", a.kv_dtype, kvo::dtype_names(),
                        "K/V storage (default: the weights'); fp8 and int8 keep a scale per "
                        "token and kv head");
+  kvo::cli::add_choice(app, "--weights", a.weights, kvo::model::weight_format_names(),
+                       "plan the weights in a quantized GGUF format, as llama.cpp lays it out "
+                       "(default: --dtype's); planned only, not measured");
   kvo::cli::add_choice(app, "--backend", a.backend, {"cuda", "host"}, "whose workspaces to count");
   kvo::cli::add_text(app, "--csv", a.csv, "FILE", "also write the rows as CSV");
   kvo::cli::add_text(app, "--svg", a.svg, "FILE",
@@ -154,7 +159,12 @@ int run(const Args& a, const CLI::App& app) {
     q.override_kv_dtype = true;
     q.kv_dtype = kvo::parse_dtype(a.kv_dtype);
   }
+  q.weights = a.weights;
   q.backend = kvo::parse_backend(a.backend);
+  if (!a.weights.empty() && a.measure) {
+    throw kvo::cli::UsageError("--measure runs the decoder, which does not run --weights " +
+                               a.weights + " yet");
+  }
   const bool csv_given = app.count("--csv") != 0;
   const bool svg_given = app.count("--svg") != 0;
   if (csv_given) kvo::cli::check_output_path(a.csv, "--csv");
@@ -194,9 +204,10 @@ int run(const Args& a, const CLI::App& app) {
   }
 
   std::printf(
-      "Device memory of %s against context, budget %s, %d slot(s), %s workspaces%s\n\n",
+      "Device memory of %s against context, budget %s, %d slot(s), %s workspaces%s%s\n\n",
       q.model.c_str(), gib(q.budget).c_str(), q.slots, kvo::backend_name(q.backend),
-      q.override_kv_dtype ? (std::string(", K/V ") + kvo::dtype_name(q.kv_dtype)).c_str() : "");
+      q.override_kv_dtype ? (std::string(", K/V ") + kvo::dtype_name(q.kv_dtype)).c_str() : "",
+      q.weights.empty() ? "" : (", weights " + q.weights).c_str());
   std::printf(
       "| context | strategy | weights_bytes | kv_device_bytes | activation_bytes | "
       "workspace_bytes | total_bytes | host_bytes | fits |%s\n",

@@ -25,7 +25,10 @@ struct MemoryQuery {
   DType dtype = DType::kBF16;      // weights (f32, f16, bf16), and K/V unless override_kv_dtype
   bool override_kv_dtype = false;  // else the weights' dtype
   DType kv_dtype = DType::kBF16;   // K/V: f32, f16, bf16, fp8 or int8
-  int max_seq = 4096;              // the context, tokens per slot
+  // The weights in a quantized GGUF format, as llama.cpp lays them out: "q8_0", "q4_k_m" or
+  // "q5_k_m"; "" (default): in `dtype`. Planned only: the decoder does not run them yet.
+  std::string weights;
+  int max_seq = 4096;  // the context, tokens per slot
   int slots = 1;
   int chunk = 512;  // prefill rows per attention/MLP chunk
   // Longest piece of a prompt prefilled at once; 0: planned (the whole context, or with a budget

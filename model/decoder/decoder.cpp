@@ -29,6 +29,11 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
       rope_(config_),
       options_(options),
       layout_(config, options.override_dtype ? options.dtype : config.dtype) {
+  if (!options_.weight_format.empty()) {
+    throw invalid("weights in " + options_.weight_format +
+                  " are planned (kvo-vram --weights), not run yet: the decoder reads f32, f16 "
+                  "and bf16 weights");
+  }
   if (options_.threads < 0) {
     throw invalid("threads must be 0 (the cores) or more, not " + std::to_string(options_.threads));
   }

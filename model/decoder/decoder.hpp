@@ -59,6 +59,9 @@ struct DecoderOptions {
   DType dtype = DType::kBF16;      // weights (and K/V unless override_kv_dtype): f32, f16, bf16
   bool override_kv_dtype = false;  // else the weights' dtype
   DType kv_dtype = DType::kBF16;   // K/V storage: f32, f16, bf16, fp8 or int8 (quantized rows)
+  // Planning only: the weights in a quantized GGUF format (model/checkpoint/weight_formats.hpp),
+  // "" for `dtype`. The decoder refuses it (it does not run quantized weights yet).
+  std::string weight_format;
   HostBackendOptions host;
   int threads = 0;  // host path: threads computing a step; 0: the cores this process may use
   // Host path: bf16 weights multiply in f32 (sgemm) even where the CPU has AVX512_BF16, whose

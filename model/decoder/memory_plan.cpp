@@ -6,6 +6,7 @@
 #include "kvoffload/error.hpp"
 #include "kvoffload/plan.hpp"
 #include "kvoffload/quant.hpp"
+#include "model/checkpoint/weight_formats.hpp"
 #include "model/checkpoint/weights.hpp"
 
 namespace kvo::model {
@@ -162,7 +163,8 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
                                                  dtype_name(m.dtype) +
                                                  " (fp8 and int8 are K/V dtypes: kv_dtype)");
   }
-  m.weights = WeightLayout(config, m.dtype).bytes();
+  m.weights = options.weight_format.empty() ? WeightLayout(config, m.dtype).bytes()
+                                            : quantized_weight_bytes(config, options.weight_format);
   const int requested = options.max_prompt <= 0 || options.max_prompt > options.max_seq
                             ? options.max_seq
                             : options.max_prompt;

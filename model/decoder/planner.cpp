@@ -161,6 +161,7 @@ DecoderOptions decoder_options(const MemoryQuery& q) {
   options.override_dtype = q.override_dtype;
   options.dtype = q.dtype;
   options.override_kv_dtype = q.override_kv_dtype;
+  options.weight_format = q.weights;
   options.kv_dtype = q.kv_dtype;
   options.backend = q.backend;
   return options;

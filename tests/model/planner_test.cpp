@@ -6,9 +6,11 @@
 #include <fstream>
 #include <string>
 
+#include "expect_error.hpp"
 #include "kvoffload/kvoffload.hpp"
 #include "kvoffload/planner.hpp"
 #include "model/checkpoint/model_config.hpp"
+#include "model/checkpoint/weight_formats.hpp"
 #include "model/decoder/decoder.hpp"
 #include "model/decoder/memory_plan.hpp"
 
@@ -197,6 +199,74 @@ TEST(Planner, ModelsByPresetOrConfigAndClearErrors) {
   EXPECT_GT(plan_memory(cuda).workspace_bytes, 32u << 20);
   EXPECT_EQ(plan_memory(cuda).total_bytes - plan_memory(cuda).workspace_bytes, expected);
   EXPECT_GT(host_available_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace kvo
+
+namespace kvo {
+namespace {
+
+using kvo::testing::expect_error;
+
+// Quantized weights are planned as llama.cpp lays a GGUF file out (weight_formats.hpp): for
+// Llama-3-8B the tensors' bytes come within 0.3 % of the published Meta-Llama-3-8B-Instruct files
+// (4.92, 5.73 and 8.54 GB, which also hold the tokenizer's metadata), and at 128K on 24 GiB every
+// layer stays resident with Q4_K_M where bf16 weights leave 11.
+TEST(Planner, QuantizedWeightsAsGgufFilesLayThemOut) {
+  MemoryQuery q;
+  q.model = "llama3-8b";
+  q.max_seq = 4096;
+  for (const auto& [format, published] :
+       {std::pair<const char*, double>{"q4_k_m", 4.92e9}, {"q5_k_m", 5.73e9}, {"q8_0", 8.54e9}}) {
+    q.weights = format;
+    const double bytes = static_cast<double>(plan_memory(q).weights_bytes);
+    EXPECT_NEAR(bytes / published, 1.0, 0.003) << format << ": " << bytes;
+  }
+  q.max_seq = 128 * 1024;
+  q.budget = std::uint64_t{24} << 30;
+  q.weights = "";
+  EXPECT_EQ(plan_memory(q).resident_layers, 11);
+  q.weights = "q4_k_m";
+  const MemoryPlan quantized = plan_memory(q);
+  EXPECT_EQ(quantized.resident_layers, 32);
+  EXPECT_TRUE(quantized.fits);
+
+  // A hand count for a small shape: rows of 256 take K-quants, rows of 96 fall back (Q4_K to Q5_0,
+  // Q6_K to Q8_0), norms stay f32, each tensor rounded up to 256 bytes.
+  model::ModelConfig c = model::preset("tiny");
+  c.vocab_size = 1000;
+  c.hidden_size = 256;
+  c.intermediate_size = 96;
+  c.layers = 1;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 64;
+  c.tie_word_embeddings = false;
+  const auto at = [](std::uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const auto q4k = [](std::uint64_t n) { return n / 256 * 144; };
+  const auto q6k = [](std::uint64_t n) { return n / 256 * 210; };
+  const auto q8 = [](std::uint64_t n) { return n / 32 * 34; };
+  // Layer 0 of 1 gets more bits: v and down in Q6_K (down's rows are 96 long: Q8_0).
+  const std::uint64_t expected =
+      at(q4k(1000 * 256)) +                                       // embedding
+      at(256 * 4) + at(q4k(256 * 256)) + at(q4k(128 * 256)) +     // norm, q, k
+      at(q6k(128 * 256)) + at(q4k(256 * 256)) + at(256 * 4) +     // v, o, norm
+      at(q4k(96 * 256)) + at(q4k(96 * 256)) + at(q8(256 * 96)) +  // gate, up, down
+      at(256 * 4) + at(q6k(1000 * 256));                          // final norm, output
+  EXPECT_EQ(model::quantized_weight_bytes(c, "q4_k_m"), expected);
+
+  expect_error([&] { model::quantized_weight_bytes(c, "q3_k_s"); }, ErrorCode::kInvalidArgument,
+               "weights \"q3_k_s\" is not a quantized format (q8_0, q4_k_m, q5_k_m)");
+  expect_error([&] { model::quantized_weight_bytes(model::preset("phi3-mini-128k"), "q8_0"); },
+               ErrorCode::kInvalidArgument, "Phi-3's fused projections");
+  // The decoder does not run them: refused before anything is read or allocated.
+  model::DecoderOptions options;
+  options.weight_format = "q4_k_m";
+  options.backend = BackendKind::kHost;
+  expect_error([&] { model::Decoder(model::preset("tiny"), model::WeightSource{}, options); },
+               ErrorCode::kInvalidArgument,
+               "weights in q4_k_m are planned (kvo-vram --weights), not run");
 }
 
 }  // namespace
