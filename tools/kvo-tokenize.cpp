@@ -1,6 +1,9 @@
-// kvo-tokenize: the tokenizer of a model directory on its own. Text on stdin -> token ids on
-// stdout (one line, separated by spaces: the format of kvo-generate --prompt-tokens); with
+// kvo-tokenize: the tokenizer of a model directory (or a GGUF file) on its own. Text on stdin ->
+// token ids on stdout (one line, separated by spaces: the format of kvo-generate --prompt-tokens);
+// with
 // --decode, ids on stdin -> text.
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <iostream>
 #include <iterator>
@@ -13,6 +16,7 @@
 #include "model/checkpoint/model_config.hpp"
 #include "model/text/chat_format.hpp"
 #include "model/text/tokenizer.hpp"
+#include "model/text/tokenizer_gguf.hpp"
 #include "model/text/tokenizer_settings.hpp"
 #include "offload/util/printable.hpp"
 #include "tools/cli/cli.hpp"
@@ -36,10 +40,11 @@ void declare(CLI::App& app, TokenizeArgs& a) {
                      "The tokenizer of a model directory on its own: text on stdin (at most 1 "
                      "GiB) -> token ids on stdout (one line, spaces between: kvo-generate "
                      "--prompt-tokens reads it); with --decode, ids on stdin -> text.");
-  kvo::cli::add_text(app, "--model", a.model, "DIR",
+  kvo::cli::add_text(app, "--model", a.model, "DIR|FILE.gguf",
                      "model directory with tokenizer.json (byte-level BPE) or tokenizer.model "
                      "(SentencePiece), and tokenizer_config.json, regular files of at most: " +
-                         kvo::model::model_file_bounds())
+                         kvo::model::model_file_bounds() +
+                         "; or a GGUF file with a byte-level BPE tokenizer inside")
       ->required();
   kvo::cli::add_flag(app, "--decode", a.decode,
                      "read token ids (spaces, commas or newlines between them), write the text");
@@ -81,8 +86,12 @@ int run(const TokenizeArgs& a, const CLI::App& app) {
   if (a.chat) {
     std::optional<std::string> system;
     if (app.count("--system") != 0) system = a.system;
-    const kvo::model::ChatFormat chat =
-        kvo::model::chat_format(kvo::model::read_tokenizer_settings(a.model), system);
+    struct stat st {};
+    const bool gguf = ::stat(a.model.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+    const kvo::model::ChatFormat chat = kvo::model::chat_format(
+        gguf ? kvo::model::gguf_tokenizer_settings(kvo::model::GgufFile(a.model))
+             : kvo::model::read_tokenizer_settings(a.model),
+        system);
     ids = tokenizer->encode(chat.before + input + chat.after, /*add_special=*/false);
   } else {
     ids = tokenizer->encode(input, !a.no_special);

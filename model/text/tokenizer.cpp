@@ -1,9 +1,12 @@
 // What every tokenizer shares: decoding, the UTF-8-safe stream, and the choice of tokenizer for a
-// model directory.
+// model directory (or a GGUF file).
 #include "model/text/tokenizer.hpp"
+
+#include <sys/stat.h>
 
 #include "kvoffload/error.hpp"
 #include "model/text/tokenizer_bpe.hpp"
+#include "model/text/tokenizer_gguf.hpp"
 #include "model/text/tokenizer_settings.hpp"
 #include "model/text/tokenizer_spm.hpp"
 
@@ -124,6 +127,10 @@ void check_tokenizer_fits(const Tokenizer& tokenizer, int model_vocab,
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
+  struct stat st {};
+  if (::stat(model_dir.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    return load_gguf_tokenizer(model_dir);  // a file: a GGUF model, its tokenizer inside
+  }
   const std::string json = model_dir + "/tokenizer.json";
   const std::string spm = model_dir + "/tokenizer.model";
   // One that exists is read (and refused when it is not a regular file), never passed over.

@@ -44,7 +44,8 @@ class Tokenizer {
   std::string decode(const std::vector<std::int32_t>& ids, bool skip_special) const;
 };
 
-// The tokenizer of a model directory: tokenizer.json if there is one, else tokenizer.model.
+// The tokenizer of a model directory: tokenizer.json if there is one, else tokenizer.model; or,
+// when `model_dir` is a regular file, the tokenizer inside that GGUF file (tokenizer_gguf.hpp).
 // Throws kvo::Error(kInvalidArgument) saying why there is none (no file, or a kind, normalizer
 // or pre-tokenizer this code does not implement, named).
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "kvoffload/error.hpp"
 #include "model/checkpoint/gguf.hpp"
 #include "model/checkpoint/gguf_config.hpp"
+#include "model/text/tokenizer.hpp"
 
 namespace kvo::model {
 namespace {
@@ -330,6 +333,53 @@ TEST(GgufConfig, MetadataBecomesTheConfigOrIsRefusedByName) {
   expect_error([&] { gguf_model_config(GgufFile(path)); }, ErrorCode::kInvalidArgument,
                "rope_freqs.weight (rope factors stored as a tensor, as Llama 3.1's files do) is "
                "not read yet");
+  std::remove(path.c_str());
+}
+
+// The tokenizer inside a file: tokens, merges, control tokens kept whole and special; a token
+// written in plain UTF-8 read in GPT-2's byte alphabet; SentencePiece files refused by name.
+TEST(GgufTokenizer, ByteLevelBpeFromTheFileAndRefusals) {
+  const std::string path = ::testing::TempDir() + "gguf_tokenizer_test.gguf";
+  const auto write = [&](const std::string& model, const std::string& merge) {
+    const std::string bytes = gguf(
+        6,
+        [&](Writer& m) {
+          m.key("general.architecture", GgufValueType::kString).str("llama");
+          m.key("tokenizer.ggml.model", GgufValueType::kString).str(model);
+          m.key("tokenizer.ggml.tokens", GgufValueType::kArray).put<std::uint32_t>(8);
+          m.put<std::uint64_t>(7).str("a").str("b").str("ab").str("<s>").str(" x");
+          m.str("\xc4\xa0").str("x");  // U+0120, the byte alphabet's letter for the space
+          m.key("tokenizer.ggml.token_type", GgufValueType::kArray).put<std::uint32_t>(5);
+          m.put<std::uint64_t>(7);
+          for (std::int32_t t : {1, 1, 1, 3, 1, 1, 1}) m.put<std::int32_t>(t);
+          m.key("tokenizer.ggml.merges", GgufValueType::kArray).put<std::uint32_t>(8);
+          m.put<std::uint64_t>(2).str(merge).str("\xc4\xa0 x");
+          m.key("tokenizer.ggml.eos_token_id", GgufValueType::kUint32).put<std::uint32_t>(3);
+        },
+        {}, 0);
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  };
+  write("gpt2", "a b");
+  const std::unique_ptr<Tokenizer> t = load_tokenizer(path);  // a file: its GGUF tokenizer
+  EXPECT_EQ(t->encode("ab", false), (std::vector<std::int32_t>{2}));
+  EXPECT_EQ(t->encode("<s>ab", false), (std::vector<std::int32_t>{3, 2}));
+  EXPECT_TRUE(t->is_special(3));
+  EXPECT_EQ(t->eos_id(), std::optional<std::int32_t>(3));
+  // " x" is written plain in the file (a space is no letter of the byte alphabet): read as the
+  // letters of its bytes, which the merge (in the byte alphabet, as files write merges) makes.
+  EXPECT_EQ(t->encode(" x", false), (std::vector<std::int32_t>{4}));
+  EXPECT_EQ(t->decode({2, 4}, false), "ab x");
+
+  write("llama", "a b");
+  expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
+               "gguf_tokenizer_test.gguf: tokenizer.ggml.model \"llama\" is not read (gpt2, "
+               "byte-level BPE, is)");
+  write("gpt2", "ab");
+  expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
+               "tokenizer.ggml.merges: \"ab\" is not two tokens");
   std::remove(path.c_str());
 }
 

@@ -8,8 +8,15 @@ same decoded text (which is the input again wherever transformers' own round tri
   tokenizer.json: the ids must stay the same as without).
 - A SentencePiece model (tokenizer.model) trained here with the SentencePiece library, the way
   Llama 2's was made (BPE, byte fallback, identity normalization, digits split).
+- SmolLM2's GGUF file (model.gguf beside the model), the tokenizer inside it against transformers'
+  AutoTokenizer.from_pretrained(..., gguf_file=...), and copies of its tokenizer naming Llama 3's
+  and Qwen2's pre-tokenizers (tokenizer.ggml.pre llama-bpe and qwen2) and with its tokens written
+  in plain UTF-8 (respelled into the byte alphabet on reading, as transformers respells them).
 
-    python tokenizer_equality.py --model SMOLLM2_DIR --kvo-tokenize PATH
+    python tokenizer_equality.py --model SMOLLM2_DIR --kvo-tokenize PATH [--gguf]
+
+--gguf compares the GGUF tokenizers alone (a test of its own: transformers builds each from the
+file in Python, slowly); without it, the rest.
 """
 import argparse
 import copy
@@ -66,8 +73,9 @@ def run(tool, model, text, *flags):
     return out.stdout.decode("utf-8")
 
 
-def compare(tool, model, name, sample_texts):
-    reference = AutoTokenizer.from_pretrained(model)
+def compare(tool, model, name, sample_texts, reference=None):
+    if reference is None:
+        reference = AutoTokenizer.from_pretrained(model)
     failed = 0
     for label, text in sample_texts.items():
         expected = reference(text)["input_ids"]
@@ -173,14 +181,81 @@ def sentencepiece_model(work, training_text):
     return d
 
 
+def gguf_variants(gguf_path, work):
+    """SmolLM2's GGUF tokenizer copied into new GGUF files: naming Llama 3's and Qwen2's
+    pre-tokenizers, and with every token in plain UTF-8 instead of the byte alphabet."""
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_path)
+    fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+    byte_of = {}
+    n = 0
+    for b in range(256):  # GPT-2's byte alphabet, to undo it
+        printable = 33 <= b <= 126 or 161 <= b <= 172 or b >= 174
+        byte_of[chr(b) if printable else chr(256 + n)] = b
+        n += 0 if printable else 1
+
+    def plain(token):
+        """The token in plain UTF-8 where that is unambiguous: where the plain text has a
+        character outside the byte alphabet (a space, CJK), so that a reader must respell it;
+        "é" stays "Ã©", since "é" is itself the alphabet's letter for byte 0xE9."""
+        data = bytes(byte_of[c] for c in token) if all(c in byte_of for c in token) else None
+        try:
+            text = data.decode("utf-8") if data is not None else token
+        except UnicodeDecodeError:
+            return token  # not whole UTF-8: stays in the byte alphabet
+        return text if any(c not in byte_of for c in text) else token
+
+    variants = {}
+    for name, pre, respell in (("GGUF, llama-bpe pre", "llama-bpe", False),
+                               ("GGUF, qwen2 pre", "qwen2", False),
+                               ("GGUF, plain-UTF-8 tokens", None, True)):
+        folder = os.path.join(work, name.replace(" ", "-").replace(",", ""))
+        os.makedirs(folder)
+        path = os.path.join(folder, "model.gguf")
+        w = gguf.GGUFWriter(path, "llama")
+        tokens = [plain(t) for t in fields["tokenizer.ggml.tokens"]] if respell else \
+            fields["tokenizer.ggml.tokens"]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre(pre or fields["tokenizer.ggml.pre"])
+        w.add_token_list(tokens)
+        w.add_token_types(fields["tokenizer.ggml.token_type"])
+        w.add_token_merges(fields["tokenizer.ggml.merges"])  # in the byte alphabet, as always
+        w.add_bos_token_id(fields["tokenizer.ggml.bos_token_id"])
+        w.add_eos_token_id(fields["tokenizer.ggml.eos_token_id"])
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        variants[name] = path
+    return variants
+
+
+def compare_gguf(tool, path, name, sample_texts):
+    reference = AutoTokenizer.from_pretrained(os.path.dirname(path),
+                                              gguf_file=os.path.basename(path))
+    return compare(tool, path, name, sample_texts, reference)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
     p.add_argument("--kvo-tokenize", required=True)
+    p.add_argument("--gguf", action="store_true")
     args = p.parse_args()
     failed = 0
     with tempfile.TemporaryDirectory() as work:
         smol_texts = texts(("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
+        if args.gguf:
+            gguf_path = os.path.join(args.model, "model.gguf")
+            if not os.path.isfile(gguf_path):
+                sys.exit(f"no {gguf_path} (tools/smollm2.sh keeps it)")
+            failed += compare_gguf(args.kvo_tokenize, gguf_path, "SmolLM2 GGUF", smol_texts)
+            some = {k: smol_texts[k] for k in ("english", "special tokens", "numbers", "mixed")}
+            for name, path in gguf_variants(gguf_path, work).items():
+                failed += compare_gguf(args.kvo_tokenize, path, name, some)
+            print(f"{'all identical' if failed == 0 else f'{failed} differ'}")
+            sys.exit(1 if failed else 0)
         failed += compare(args.kvo_tokenize, args.model, "SmolLM2 (byte-level BPE)", smol_texts)
         for name, d in bpe_variants(args.model, work).items():
             failed += compare(args.kvo_tokenize, d, name, smol_texts)
