@@ -2,8 +2,6 @@
 // token ids on stdout (one line, separated by spaces: the format of kvo-generate --prompt-tokens);
 // with
 // --decode, ids on stdin -> text.
-#include <sys/stat.h>
-
 #include <cstdint>
 #include <iostream>
 #include <iterator>
@@ -16,8 +14,6 @@
 #include "model/checkpoint/model_config.hpp"
 #include "model/text/chat_format.hpp"
 #include "model/text/tokenizer.hpp"
-#include "model/text/tokenizer_gguf.hpp"
-#include "model/text/tokenizer_settings.hpp"
 #include "offload/util/printable.hpp"
 #include "tools/cli/cli.hpp"
 
@@ -86,12 +82,8 @@ int run(const TokenizeArgs& a, const CLI::App& app) {
   if (a.chat) {
     std::optional<std::string> system;
     if (app.count("--system") != 0) system = a.system;
-    struct stat st {};
-    const bool gguf = ::stat(a.model.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-    const kvo::model::ChatFormat chat = kvo::model::chat_format(
-        gguf ? kvo::model::gguf_tokenizer_settings(kvo::model::GgufFile(a.model))
-             : kvo::model::read_tokenizer_settings(a.model),
-        system);
+    const kvo::model::ChatFormat chat =
+        kvo::model::chat_format(kvo::model::load_tokenizer_settings(a.model), system);
     ids = tokenizer->encode(chat.before + input + chat.after, /*add_special=*/false);
   } else {
     ids = tokenizer->encode(input, !a.no_special);

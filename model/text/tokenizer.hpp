@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "model/text/tokenizer_settings.hpp"
+
 namespace kvo::model {
 
 class Tokenizer {
@@ -49,6 +51,9 @@ class Tokenizer {
 // Throws kvo::Error(kInvalidArgument) saying why there is none (no file, or a kind, normalizer
 // or pre-tokenizer this code does not implement, named).
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir);
+// The settings (special tokens, chat template) beside that tokenizer: the directory's
+// tokenizer_config.json and chat_template.jinja, or the GGUF file's metadata.
+TokenizerSettings load_tokenizer_settings(const std::string& model);
 
 // Refuses (kvo::Error kInvalidArgument) a tokenizer that writes ids the model cannot embed: its
 // vocab_size() above the model's vocab_size (`model_vocab`). A model with more rows than the

@@ -680,6 +680,22 @@ std::unique_ptr<Tokenizer> parse_bpe_tokenizer(std::string_view tokenizer_json,
   return std::make_unique<BpeTokenizer>(tokenizer_json, settings, path);
 }
 
+bool in_byte_alphabet(const std::string& token) {
+  if (invalid_utf8_at(token) != std::string::npos) return false;
+  const ByteMap& map = byte_map();
+  for (const std::uint32_t cp : code_points(token)) {
+    if (map.byte_of.count(cp) == 0) return false;
+  }
+  return true;
+}
+
+std::string byte_alphabet_spelling(std::string_view bytes) {
+  const ByteMap& map = byte_map();
+  std::string out;
+  for (const char c : bytes) out += map.char_of[static_cast<unsigned char>(c)];
+  return out;
+}
+
 std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& model_dir) {
   const std::string path = model_dir + "/tokenizer.json";
   return parse_bpe_tokenizer(read_regular_file(path, kMaxTokenizerJsonBytes),

@@ -26,6 +26,12 @@ inline constexpr std::uint64_t kMaxTokenizerJsonBytes = 512u << 20;
 // tokenizer lacks, a kind of model, normalizer or pre-tokenizer that is not implemented.
 std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& model_dir);
 
+// GPT-2's byte alphabet, in which byte-level BPE spells every token: whether each character of
+// `token` is the letter of a byte (false for text that is not valid UTF-8), and `bytes` spelled
+// as their letters.
+bool in_byte_alphabet(const std::string& token);
+std::string byte_alphabet_spelling(std::string_view bytes);
+
 // The same from the text of a tokenizer.json (`path` names it in errors) and settings already
 // read.
 std::unique_ptr<Tokenizer> parse_bpe_tokenizer(std::string_view tokenizer_json,

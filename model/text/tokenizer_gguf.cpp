@@ -1,7 +1,6 @@
 #include "model/text/tokenizer_gguf.hpp"
 
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "kvoffload/error.hpp"
 #include "model/text/tokenizer_bpe.hpp"
@@ -14,75 +13,10 @@ Error invalid(const std::string& what) {
   return Error(ErrorCode::kInvalidArgument, what);
 }
 
-// GPT-2's byte alphabet: the printable bytes stand for themselves, the other 68 for the code
-// points 256 upwards, in byte order.
-struct ByteAlphabet {
-  std::uint32_t of_byte[256];
-  std::set<std::uint32_t> letters;
-  ByteAlphabet() {
-    std::uint32_t next = 256;
-    for (std::uint32_t b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
-      of_byte[b] = printable ? b : next++;
-      letters.insert(of_byte[b]);
-    }
-  }
-};
-
-void append_utf8(std::string& out, std::uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xc0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    out += static_cast<char>(0xe0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  }
-}
-
-// Whether every character of `token` (UTF-8) is a letter of the byte alphabet; false for text
-// that is not UTF-8.
-bool spelled_in(const std::string& token, const ByteAlphabet& alphabet) {
-  std::size_t i = 0;
-  while (i < token.size()) {
-    const auto c = static_cast<unsigned char>(token[i]);
-    std::uint32_t cp = 0;
-    int more = 0;
-    if (c < 0x80) {
-      cp = c;
-    } else if ((c & 0xe0) == 0xc0) {
-      cp = c & 0x1f;
-      more = 1;
-    } else if ((c & 0xf0) == 0xe0) {
-      cp = c & 0x0f;
-      more = 2;
-    } else if ((c & 0xf8) == 0xf0) {
-      cp = c & 0x07;
-      more = 3;
-    } else {
-      return false;
-    }
-    if (more > 0 && i + static_cast<std::size_t>(more) >= token.size()) return false;
-    for (int k = 1; k <= more; ++k) {
-      const auto d = static_cast<unsigned char>(token[i + static_cast<std::size_t>(k)]);
-      if ((d & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (d & 0x3f);
-    }
-    if (alphabet.letters.count(cp) == 0) return false;
-    i += static_cast<std::size_t>(more) + 1;
-  }
-  return true;
-}
-
 // `token` as byte-level BPE spells it: itself when already in the byte alphabet, else each of its
 // bytes as that byte's letter (as transformers respells a GGUF file's plain-UTF-8 tokens).
-std::string respelled(const std::string& token, const ByteAlphabet& alphabet) {
-  if (spelled_in(token, alphabet)) return token;
-  std::string out;
-  for (const char ch : token) append_utf8(out, alphabet.of_byte[static_cast<unsigned char>(ch)]);
-  return out;
+std::string respelled(const std::string& token) {
+  return in_byte_alphabet(token) ? token : byte_alphabet_spelling(token);
 }
 
 // The pre-tokenizer splits of the tokenizer.ggml.pre names, as transformers maps them.
@@ -123,17 +57,16 @@ std::string gguf_tokenizer_json(const GgufFile& file) {
     }
     types = v.integers;
   }
-  static const ByteAlphabet alphabet;
   nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
   for (std::size_t id = 0; id < tokens.size(); ++id) {
-    vocab[respelled(tokens[id], alphabet)] = id;
+    vocab[respelled(tokens[id])] = id;
   }
   nlohmann::ordered_json added = nlohmann::ordered_json::array();
   for (std::size_t id = 0; id < types.size(); ++id) {
     const std::string& token = tokens[id];
     // A control token written outside the byte alphabet is a mislabel of llama.cpp's, skipped as
     // transformers skips it; a user-defined one is added when the vocabulary has it as written.
-    const bool special = types[id] == kControl && spelled_in(token, alphabet);
+    const bool special = types[id] == kControl && in_byte_alphabet(token);
     const bool user = types[id] == kUserDefined && vocab.contains(token);
     if (!special && !user) continue;
     added.push_back({{"id", id},

@@ -178,13 +178,14 @@ class CacheSlotRows : public offload::SlotRows {
                       const void* host) override {
     backend_.copy_sync(device_rows(layer, kv) + offset, host, bytes);
   }
-
- private:
+  // A resident layer's rows of the slot, in the device arena.
   std::byte* device_rows(int layer, int kv) const {
     const KvLayout& l = plan_.layout;
     return arena_.resident_layer(layer) +
            (kv == 0 ? l.k_offset(slot_, 0) : l.v_begin() + l.v_offset(slot_, 0));
   }
+
+ private:
   prefetch::Backend& backend_;
   offload::HostStore& store_;
   offload::DeviceArena& arena_;
@@ -578,13 +579,9 @@ void OffloadedStaticCache::reorder_slots(const std::vector<int>& source) {
     const bool resident = layer < m.plan.resident_layers;
     for (int kv = 0; kv < 2; ++kv) {
       const std::uint64_t row = kv == 0 ? l.k_row_bytes : l.v_row_bytes;
-      const auto rows_of = [&](int slot) -> std::byte* {
-        if (!resident) {
-          const int streamed = layer - m.plan.resident_layers;
-          return kv == 0 ? m.store->k(streamed, slot) : m.store->v(streamed, slot);
-        }
-        return m.arena->resident_layer(layer) +
-               (kv == 0 ? l.k_offset(slot, 0) : l.v_begin() + l.v_offset(slot, 0));
+      const auto rows_of = [&](int slot) {
+        CacheSlotRows rows(*m.backend, *m.store, *m.arena, m.plan, slot);
+        return resident ? rows.device_rows(layer, kv) : rows.host_rows(layer, kv);
       };
       const auto copy = [&](void* to, const void* from, std::size_t bytes, bool host_side) {
         if (bytes == 0) return;
