@@ -39,12 +39,15 @@ namespace kvo::model::blocks {
 
 namespace quant = ::kvo::quant;
 
-// ggml's type numbers for the types dequantized here.
+// ggml's type numbers for the types dequantized here, and for Q5_0 and Q5_1, which quantized
+// weight plans fall back to (weight_formats.hpp).
 enum : std::uint32_t {
   kF32 = 0,
   kF16 = 1,
   kQ4_0 = 2,
   kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
   kQ8_0 = 8,
   kQ4_K = 12,
   kQ5_K = 13,

@@ -1,36 +1,27 @@
 #include "model/checkpoint/weight_formats.hpp"
 
 #include "kvoffload/error.hpp"
+#include "model/checkpoint/ggml_blocks.hpp"
+#include "model/checkpoint/gguf.hpp"
 #include "model/checkpoint/weights.hpp"
 #include "offload/util/printable.hpp"
 
 namespace kvo::model {
 namespace {
 
-struct Block {
-  int elements;
-  int bytes;
-};
-constexpr Block kQ8_0{32, 34};
-constexpr Block kQ5_0{32, 22};
-constexpr Block kQ5_1{32, 24};
-constexpr Block kQ4_K{256, 144};
-constexpr Block kQ5_K{256, 176};
-constexpr Block kQ6_K{256, 210};
-constexpr Block kF16{1, 2};
-
-bool same(const Block& a, const Block& b) {
-  return a.elements == b.elements && a.bytes == b.bytes;
+// The block sizes are the format's table (gguf.hpp); the ids ggml's (ggml_blocks.hpp).
+const GgmlType& type(std::uint32_t id) {
+  return *ggml_type(id);
 }
 
-// The block a row of `row` elements can take: the K-quants need multiples of 256.
-Block fitting(Block wanted, std::int64_t row) {
-  if (row % wanted.elements == 0) return wanted;
-  Block fallback = kF16;
-  if (same(wanted, kQ4_K)) fallback = kQ5_0;
-  if (same(wanted, kQ5_K)) fallback = kQ5_1;
-  if (same(wanted, kQ6_K)) fallback = kQ8_0;
-  return row % fallback.elements == 0 ? fallback : kF16;
+// The type a row of `row` elements can take: the K-quants need multiples of 256.
+std::uint32_t fitting(std::uint32_t wanted, std::int64_t row) {
+  if (row % type(wanted).block == 0) return wanted;
+  std::uint32_t fallback = blocks::kF16;
+  if (wanted == blocks::kQ4_K) fallback = blocks::kQ5_0;
+  if (wanted == blocks::kQ5_K) fallback = blocks::kQ5_1;
+  if (wanted == blocks::kQ6_K) fallback = blocks::kQ8_0;
+  return row % type(fallback).block == 0 ? fallback : blocks::kF16;
 }
 
 // llama.cpp's "more bits" layers of a K_M recipe: the first and last eighth, every third between.
@@ -49,13 +40,13 @@ std::vector<std::string> weight_format_names() {
 }
 
 std::uint64_t quantized_weight_bytes(const ModelConfig& config, const std::string& format) {
-  Block base{};
+  std::uint32_t base = 0;
   if (format == "q8_0") {
-    base = kQ8_0;
+    base = blocks::kQ8_0;
   } else if (format == "q4_k_m") {
-    base = kQ4_K;
+    base = blocks::kQ4_K;
   } else if (format == "q5_k_m") {
-    base = kQ5_K;
+    base = blocks::kQ5_K;
   } else {
     throw Error(ErrorCode::kInvalidArgument, "weights \"" + printable(format) +
                                                  "\" is not a quantized format (q8_0, q4_k_m, "
@@ -66,7 +57,7 @@ std::uint64_t quantized_weight_bytes(const ModelConfig& config, const std::strin
                 "quantized weights are planned for Llama, Mistral, Qwen2 and Qwen3 layouts; "
                 "Phi-3's fused projections are quantized by other rules");
   }
-  const bool k_m = !same(base, kQ8_0);
+  const bool k_m = base != blocks::kQ8_0;
   const WeightLayout layout(config, DType::kF32);  // the tensors and their shapes
   std::uint64_t total = 0;
   for (const WeightEntry& e : layout.entries()) {
@@ -74,20 +65,19 @@ std::uint64_t quantized_weight_bytes(const ModelConfig& config, const std::strin
     if (e.kind != WeightKind::kMatrix) {
       bytes = static_cast<std::uint64_t>(e.elements) * 4;  // f32
     } else {
-      Block block = base;
+      std::uint32_t id = base;
       const bool embedding = e.name == "model.embed_tokens.weight";
       const bool output = e.name == "lm_head.weight" || (embedding && config.tie_word_embeddings);
       if (k_m && output) {
-        block = kQ6_K;
+        id = blocks::kQ6_K;
       } else if (k_m && !embedding &&
                  (ends_with(e.name, "self_attn.v_proj.weight") ||
                   ends_with(e.name, "mlp.down_proj.weight"))) {
         const int layer = std::stoi(e.name.substr(std::string("model.layers.").size()));
-        if (more_bits(layer, config.layers)) block = kQ6_K;
+        if (more_bits(layer, config.layers)) id = blocks::kQ6_K;
       }
-      block = fitting(block, e.shape[1]);  // a row: the input dimension
-      bytes = static_cast<std::uint64_t>(e.elements) / static_cast<std::uint64_t>(block.elements) *
-              static_cast<std::uint64_t>(block.bytes);
+      const GgmlType& t = type(fitting(id, e.shape[1]));  // a row: the input dimension
+      bytes = static_cast<std::uint64_t>(e.elements) / t.block * t.block_bytes;
     }
     total += (bytes + 255) / 256 * 256;
   }
