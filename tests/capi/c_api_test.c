@@ -359,6 +359,9 @@ static void provoke_errors(engine* e) {
   EXPECT_STATUS(cache, kvo_end_step(cache), KVO_ERROR_PROTOCOL, "still held");
   MUST(cache, kvo_abort_step(cache, e->stream));              /* nothing of this step may stay */
   CHECK(strstr(kvo_last_error(cache), "still held") != NULL); /* success does not clear it */
+  /* `row` lives on this frame and the append above reads it on the stream: it must stay valid
+   * until the stream has run the copy. */
+  MUST(cache, kvo_stream_synchronize(cache, e->stream));
 
   /* Out of memory: a budget that cannot hold even the staging ring names the missing bytes. */
   options = small_options(1);
