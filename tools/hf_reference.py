@@ -13,6 +13,10 @@ as float32) and the logits of every position ("logits" [tokens][vocab]); rope.sa
 rope table transformers computes for a forward of each length in "lengths" ("inv_freq"
 [lengths][head_dim / 2], "scale" [lengths]).
 
+The gguf_* cases (one per GGUF block type, and Qwen2 twice) write a random model as a GGUF file
+(model.gguf) as llama.cpp's converter lays it out, load it with transformers' GGUF loader, and
+save what that loader read (config.json + model.safetensors) with the logits of that model.
+
 usage: hf_reference.py --out DIR [--arch NAME...]
 """
 import argparse
@@ -146,13 +150,150 @@ def randomize(model, generator):
                 p.copy_(torch.randn(p.shape, generator=generator) / p.shape[1] ** 0.5)
 
 
+# GGUF files of random models, one per block type (and Qwen2's biases in two of them): the
+# tensors written as llama.cpp's converter writes them (names, q and k rows of a Llama interleaved
+# per head, 1-D tensors in F32), the matrices in the block type; then loaded by transformers' GGUF
+# loader (which dequantizes to float32 and puts the rows back), saved as safetensors beside the
+# file with the logits of that model. Rows of 256 and 512: whole blocks of every type.
+GGUF_SHAPE = dict(vocab_size=384, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5,
+                  max_position_embeddings=4096, hidden_act="silu")
+GGUF_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]
+GGUF_CASES = [f"gguf_llama_{t.lower()}" for t in GGUF_TYPES] + ["gguf_qwen2_q8_0",
+                                                                 "gguf_qwen2_q4_k"]
+GGUF_NAMES = {"input_layernorm.weight": "attn_norm.weight",
+              "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+              "self_attn.v_proj.weight": "attn_v.weight", "self_attn.q_proj.bias": "attn_q.bias",
+              "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
+              "self_attn.o_proj.weight": "attn_output.weight",
+              "post_attention_layernorm.weight": "ffn_norm.weight",
+              "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+              "mlp.down_proj.weight": "ffn_down.weight"}
+
+
+def gguf_name(name):
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
+           "output_norm.weight", "lm_head.weight": "output.weight"}
+    if name in top:
+        return top[name]
+    _, _, layer, rest = name.split(".", 3)
+    return f"blk.{layer}.{GGUF_NAMES[rest]}"
+
+
+def interleave(w, heads):
+    """llama.cpp's converter's order for q and k of a Llama: row h * d/2 + i of a head of d rows
+    goes to row 2i + h."""
+    rows = w.shape[0]
+    return (w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2)
+            .reshape(w.shape))
+
+
+def random_blocks(kind, rows, columns, std, rng):
+    """Blocks of a k-quant type, whose reference has no quantizer: random quants and sub-block
+    scales, the super-block scales set so that the elements have about `std`."""
+    import gguf
+    import numpy as np
+    block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
+    raw = rng.integers(0, 256, (rows, columns // block, block_bytes), dtype=np.uint8)
+    d_at = 208 if kind == gguf.GGMLQuantizationType.Q6_K else 0
+
+    def set_scales(d, dmin):
+        raw[:, :, d_at:d_at + 2] = np.array([d], dtype=np.float16).view(np.uint8)
+        if kind != gguf.GGMLQuantizationType.Q6_K:  # dmin centres the unsigned quants
+            raw[:, :, 2:4] = np.array([dmin], dtype=np.float16).view(np.uint8)
+
+    levels = 8.0 if kind == gguf.GGMLQuantizationType.Q4_K else 16.0
+    set_scales(1e-3, 1e-3 * levels)
+    flat = raw.reshape(rows, -1)
+    got = float(gguf.quants.dequantize(flat, kind).std())
+    set_scales(1e-3 * std / got, 1e-3 * levels * std / got)
+    return raw.reshape(rows, -1)
+
+
+def write_gguf(model, arch, type_name, path, rng):
+    import gguf
+    import numpy as np
+    config = model.config
+    kind = gguf.GGMLQuantizationType[type_name]
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    if arch == "llama":
+        writer.add_rope_dimension_count(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(config.vocab_size)])
+    writer.add_token_types([1] * config.vocab_size)
+    writer.add_token_merges(["t 1"])
+    for name, p in model.state_dict().items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        w = p.detach().float().numpy()
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = (config.num_attention_heads if "q_proj" in name
+                     else config.num_key_value_heads)
+            w = interleave(w, heads)
+        if w.ndim == 1 or kind == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(gguf_name(name), np.ascontiguousarray(w, dtype=np.float32))
+        elif type_name in ("Q4_K", "Q5_K", "Q6_K"):
+            raw = random_blocks(kind, w.shape[0], w.shape[1], float(w.std()), rng)
+            writer.add_tensor(gguf_name(name), raw, raw_dtype=kind)
+        else:
+            writer.add_tensor(gguf_name(name), gguf.quants.quantize(w, kind), raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def gguf_case(case, index, out_root):
+    import numpy as np
+    from transformers import AutoModelForCausalLM
+    _, arch, type_name = case.split("_", 2)
+    type_name = type_name.upper()
+    if arch == "llama":
+        cls, config = LlamaForCausalLM, LlamaConfig(**GGUF_SHAPE, tie_word_embeddings=False,
+                                                     rope_theta=10000.0)
+    else:
+        cls, config = Qwen2ForCausalLM, Qwen2Config(**GGUF_SHAPE, tie_word_embeddings=True,
+                                                     rope_theta=1000000.0,
+                                                     use_sliding_window=False)
+    generator = torch.Generator().manual_seed(4321 + index)
+    model = cls(config).to(torch.float32).eval()
+    randomize(model, generator)
+    out = os.path.join(out_root, case)
+    os.makedirs(out, exist_ok=True)
+    write_gguf(model, arch, type_name, os.path.join(out, "model.gguf"),
+               np.random.default_rng(index))
+    loaded = AutoModelForCausalLM.from_pretrained(out, gguf_file="model.gguf",
+                                                  dtype=torch.float32).eval()
+    loaded.config.attn_implementation = "eager"
+    loaded.hf_quantizer = None
+    if hasattr(loaded.config, "quantization_config"):
+        del loaded.config.quantization_config
+    loaded.save_pretrained(out, safe_serialization=True)
+    ids = torch.randint(0, GGUF_SHAPE["vocab_size"], (1, PROMPT_LEN), generator=generator)
+    logits = generation_logits(loaded, ids)
+    save_file({"input_ids": ids[0].float().contiguous(), "logits": logits},
+              os.path.join(out, "reference.safetensors"))
+    print(f"{case}: wrote {out} (logits {tuple(logits.shape)})")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--arch", nargs="*", default=ARCHS)
+    parser.add_argument("--arch", nargs="*", default=ARCHS + GGUF_CASES)
     args = parser.parse_args()
     torch.set_num_threads(1)
     for index, arch in enumerate(args.arch):
+        if arch.startswith("gguf_"):
+            gguf_case(arch, index, args.out)
+            continue
         cls, config = build(arch)
         config.attn_implementation = "eager"
         generator = torch.Generator().manual_seed(1234 + index)

@@ -55,7 +55,7 @@ int run(const kvo::cli::GenerateRun& o) {
 
   const auto setup_start = Clock::now();
   kvo::cli::ProgressBar weights_bar(
-      o.source.checkpoint_dir.empty() ? "weights (drawing)" : "weights (loading)", 0, "");
+      o.source.checkpoint.empty() ? "weights (drawing)" : "weights (loading)", 0, "");
   kvo::model::Decoder decoder(
       o.config, o.source, o.decoder,
       [&](std::int64_t done, std::int64_t total) { weights_bar.update(done, total); });

@@ -1,5 +1,7 @@
 #include "model/checkpoint/gguf.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -438,6 +440,11 @@ GgufContents parse_gguf(const std::byte* file, std::size_t size, const std::stri
     previous = &t;
   }
   return out;
+}
+
+bool is_gguf_model(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
 GgufFile::GgufFile(const std::string& path)

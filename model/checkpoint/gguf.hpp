@@ -93,6 +93,11 @@ struct GgufContents {
   std::map<std::string, std::size_t> tensor_index;  // name -> index in tensors
 };
 
+// Whether a model given by `path` is a GGUF file: the tools and the decoder take a model as a
+// directory (config.json, safetensors, tokenizer files) or as one GGUF file, and tell them apart by
+// this (a regular file; whether it is a well-formed GGUF is for GgufFile to say).
+bool is_gguf_model(const std::string& path);
+
 // Throws kvo::Error(kInvalidArgument) "<path>: <field>: <problem>".
 GgufContents parse_gguf(const std::byte* file, std::size_t size, const std::string& path);
 

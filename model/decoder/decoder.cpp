@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "kvoffload/error.hpp"
+#include "model/checkpoint/gguf.hpp"
+#include "model/checkpoint/gguf_weights.hpp"
 #include "model/checkpoint/safetensors.hpp"
 #include "model/cuda/attention_kernels.hpp"
 #include "model/cuda/cuda_ops.hpp"
@@ -40,8 +42,12 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   // The checkpoint's tensor table is read (mapped, no data touched) and checked against the
   // config before a byte is allocated: a config that does not match its weights is refused here.
   std::unique_ptr<Checkpoint> checkpoint;
-  if (!source.checkpoint_dir.empty()) {
-    checkpoint = std::make_unique<Checkpoint>(source.checkpoint_dir);
+  std::unique_ptr<GgufFile> gguf;
+  if (!source.checkpoint.empty() && is_gguf_model(source.checkpoint)) {
+    gguf = std::make_unique<GgufFile>(source.checkpoint);
+    check_gguf_weights(layout_, *gguf);
+  } else if (!source.checkpoint.empty()) {
+    checkpoint = std::make_unique<Checkpoint>(source.checkpoint);
     check_checkpoint(layout_, *checkpoint);
   }
   const BackendKind backend = resolve_backend(options_.backend);
@@ -91,13 +97,13 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   } else {
     ops_ = std::make_unique<HostOps>(shape);
   }
-  if (checkpoint) {
-    load_checkpoint(
-        layout_, *checkpoint,
-        [&](std::size_t offset, const void* host, std::size_t bytes) {
-          cache_->copy_to_device(weights + offset, host, bytes);
-        },
-        weights_progress);
+  const UploadFn upload = [&](std::size_t offset, const void* host, std::size_t bytes) {
+    cache_->copy_to_device(weights + offset, host, bytes);
+  };
+  if (gguf) {
+    load_gguf_weights(layout_, *gguf, upload, weights_progress);
+  } else if (checkpoint) {
+    load_checkpoint(layout_, *checkpoint, upload, weights_progress);
   } else {
     const auto total = static_cast<std::int64_t>(layout_.entries().size());
     std::int64_t done = 0;

@@ -31,10 +31,11 @@ namespace kvo::model {
 class Ops;
 struct ActivationLayout;
 
-// Where the weights come from: a checkpoint directory (config.json + safetensors), or, when
-// `checkpoint_dir` is empty, values drawn from `seed` on the device itself.
+// Where the weights come from: a checkpoint directory (config.json + safetensors) or a GGUF file
+// (model/checkpoint/gguf_weights.hpp, its blocks dequantized at load), or, when `checkpoint` is
+// empty, values drawn from `seed` on the device itself.
 struct WeightSource {
-  std::string checkpoint_dir;
+  std::string checkpoint;
   std::uint64_t seed = 0;
 };
 

@@ -2,9 +2,8 @@
 // model directory (or a GGUF file).
 #include "model/text/tokenizer.hpp"
 
-#include <sys/stat.h>
-
 #include "kvoffload/error.hpp"
+#include "model/checkpoint/gguf.hpp"
 #include "model/text/tokenizer_bpe.hpp"
 #include "model/text/tokenizer_gguf.hpp"
 #include "model/text/tokenizer_settings.hpp"
@@ -126,23 +125,13 @@ void check_tokenizer_fits(const Tokenizer& tokenizer, int model_vocab,
   }
 }
 
-namespace {
-
-// A model given as a file is a GGUF file, its tokenizer inside; otherwise it is a directory.
-bool is_model_file(const std::string& model) {
-  struct stat st {};
-  return ::stat(model.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-}  // namespace
-
 TokenizerSettings load_tokenizer_settings(const std::string& model) {
-  return is_model_file(model) ? gguf_tokenizer_settings(GgufFile(model))
+  return is_gguf_model(model) ? gguf_tokenizer_settings(GgufFile(model))
                               : read_tokenizer_settings(model);
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
-  if (is_model_file(model_dir)) return load_gguf_tokenizer(model_dir);
+  if (is_gguf_model(model_dir)) return load_gguf_tokenizer(model_dir);
   const std::string json = model_dir + "/tokenizer.json";
   const std::string spm = model_dir + "/tokenizer.model";
   // One that exists is read (and refused when it is not a regular file), never passed over.

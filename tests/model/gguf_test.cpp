@@ -5,6 +5,7 @@
 // the alignment, overlapping tensors, unknown types, nested arrays, repeats, other versions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "kvoffload/error.hpp"
 #include "model/checkpoint/gguf.hpp"
 #include "model/checkpoint/gguf_config.hpp"
+#include "model/checkpoint/gguf_weights.hpp"
 #include "model/text/tokenizer.hpp"
 
 namespace kvo::model {
@@ -333,6 +335,102 @@ TEST(GgufConfig, MetadataBecomesTheConfigOrIsRefusedByName) {
   expect_error([&] { gguf_model_config(GgufFile(path)); }, ErrorCode::kInvalidArgument,
                "rope_freqs.weight (rope factors stored as a tensor, as Llama 3.1's files do) is "
                "not read yet");
+  std::remove(path.c_str());
+}
+
+// The decoder's weights from a file: every tensor under its GGUF name, shapes as GGUF's dimensions
+// reversed, types read here; what lacks or differs is refused by name before anything is read.
+TEST(GgufWeights, TensorsAreFoundCheckedAndRefusedByName) {
+  EXPECT_EQ(gguf_tensor_name("model.embed_tokens.weight"), "token_embd.weight");
+  EXPECT_EQ(gguf_tensor_name("lm_head.weight"), "output.weight");
+  EXPECT_EQ(gguf_tensor_name("model.layers.12.self_attn.q_proj.bias"), "blk.12.attn_q.bias");
+  EXPECT_EQ(gguf_tensor_name("model.layers.0.mlp.gate_up_proj.weight"), "blk.0.ffn_up.weight");
+  EXPECT_EQ(gguf_tensor_name("model.layers.3.self_attn.k_norm.weight"), "blk.3.attn_k_norm.weight");
+  expect_error([] { gguf_tensor_name("model.layers.0.mlp.experts.weight"); },
+               ErrorCode::kInvalidArgument, "has no GGUF name");
+
+  // A one-layer Llama: hidden 32, 2 heads of 16, 1 kv head, ff 64, vocab 8, tied.
+  const auto metadata = [](Writer& m) {
+    m.key("general.architecture", GgufValueType::kString).str("llama");
+    m.key("llama.block_count", GgufValueType::kUint32).put<std::uint32_t>(1);
+    m.key("llama.embedding_length", GgufValueType::kUint32).put<std::uint32_t>(32);
+    m.key("llama.feed_forward_length", GgufValueType::kUint32).put<std::uint32_t>(64);
+    m.key("llama.attention.head_count", GgufValueType::kUint32).put<std::uint32_t>(2);
+    m.key("llama.attention.head_count_kv", GgufValueType::kUint32).put<std::uint32_t>(1);
+    m.key("llama.attention.layer_norm_rms_epsilon", GgufValueType::kFloat32).put<float>(1e-5f);
+    m.key("llama.vocab_size", GgufValueType::kUint32).put<std::uint32_t>(8);
+  };
+  struct Spec {
+    std::string name;
+    std::vector<std::uint64_t> dims;
+    std::uint32_t type;
+  };
+  const std::vector<Spec> model = {
+      {"token_embd.weight", {32, 8}, 8},    {"blk.0.attn_norm.weight", {32}, 0},
+      {"blk.0.attn_q.weight", {32, 32}, 8}, {"blk.0.attn_k.weight", {32, 16}, 2},
+      {"blk.0.attn_v.weight", {32, 16}, 3}, {"blk.0.attn_output.weight", {32, 32}, 1},
+      {"blk.0.ffn_norm.weight", {32}, 0},   {"blk.0.ffn_gate.weight", {32, 64}, 30},
+      {"blk.0.ffn_up.weight", {32, 64}, 0}, {"blk.0.ffn_down.weight", {64, 32}, 8},
+      {"output_norm.weight", {32}, 0}};
+  const std::string path = ::testing::TempDir() + "gguf_weights_test.gguf";
+  const auto write = [&](std::vector<Spec> specs) {
+    std::vector<Tensor> tensors;
+    std::uint64_t at = 0;
+    for (const Spec& spec : specs) {
+      const GgmlType* type = ggml_type(spec.type);
+      std::uint64_t elements = 1;
+      for (std::uint64_t d : spec.dims) elements *= d;
+      tensors.push_back({spec.name, spec.dims, spec.type, at});
+      at += (elements / type->block * type->block_bytes + 31) / 32 * 32;
+    }
+    const std::string bytes = gguf(8, metadata, tensors, static_cast<std::size_t>(at));
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  };
+  const auto check = [&] {
+    const GgufFile file(path);
+    const ModelConfig c = gguf_model_config(file);
+    check_gguf_weights(WeightLayout(c, DType::kF32), file);
+  };
+  write(model);
+  EXPECT_NO_THROW(check());
+  {  // every element of a zero file reads as 0 (F32, F16, BF16, Q8_0, Q4_0 and Q4_1 blocks)
+    const GgufFile file(path);
+    const WeightLayout layout(gguf_model_config(file), DType::kF32);
+    std::vector<float> region(layout.bytes() / sizeof(float), -1.0f);
+    load_gguf_weights(layout, file, [&](std::size_t offset, const void* host, std::size_t bytes) {
+      ASSERT_LE(offset + bytes, layout.bytes());
+      std::memcpy(reinterpret_cast<char*>(region.data()) + offset, host, bytes);
+    });
+    for (const WeightEntry& e : layout.entries()) {
+      const float* v = region.data() + e.offset / sizeof(float);
+      EXPECT_EQ(std::count(v, v + e.elements, 0.0f), e.elements) << e.name;
+    }
+  }
+  auto missing = model;
+  missing.erase(missing.begin() + 4);
+  write(missing);
+  expect_error(check, ErrorCode::kInvalidArgument,
+               "gguf_weights_test.gguf: tensor blk.0.attn_v.weight "
+               "(model.layers.0.self_attn.v_proj.weight) is missing");
+  auto shape = model;
+  shape[3].dims = {32, 32};
+  write(shape);
+  expect_error(check, ErrorCode::kInvalidArgument,
+               "tensor blk.0.attn_k.weight has shape [32, 32] (GGUF's dimensions reversed), the "
+               "model's metadata needs [16, 32]");
+  auto type = model;
+  type[2].type = 6;  // Q5_0: a type the reader knows, not one the decoder reads
+  write(type);
+  expect_error(check, ErrorCode::kInvalidArgument,
+               "tensor blk.0.attn_q.weight is Q5_0, which is not read");
+  auto extra = model;
+  extra.push_back({"blk.1.attn_norm.weight", {32}, 0});
+  write(extra);
+  expect_error(check, ErrorCode::kInvalidArgument,
+               "tensor blk.1.attn_norm.weight is past the 1 layers of the model's metadata");
   std::remove(path.c_str());
 }
 

@@ -4,12 +4,76 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "model/checkpoint/gguf.hpp"
+#include "model/checkpoint/gguf_config.hpp"
 #include "model/checkpoint/safetensors.hpp"
 #include "model/model_test_util.hpp"
 #include "model/reference_forward.hpp"
 
 namespace kvo::model {
 namespace {
+
+// A reference run (tools/hf_reference.py): the prompt and transformers' logits of every position.
+struct Reference {
+  explicit Reference(const std::string& dir) : file(dir + "/reference.safetensors") {
+    const TensorInfo& ids_info = file.tensors().at("input_ids");
+    const auto* ids_f = reinterpret_cast<const float*>(ids_info.data);
+    ids.assign(ids_f, ids_f + ids_info.shape[0]);
+    logits = reinterpret_cast<const float*>(file.tensors().at("logits").data);
+    vocab = file.tensors().at("logits").shape[1];
+  }
+  SafetensorsFile file;
+  std::vector<std::int32_t> ids;
+  const float* logits = nullptr;
+  std::int64_t vocab = 0;
+};
+
+// The streamed f32 decoder of the tests: the first 8 tokens prefilled in chunks of 3, the rest
+// decoded one at a time, so every position from 7 on goes through both attention paths.
+constexpr int kFirst = 8;
+DecoderOptions streamed_f32(int tokens) {
+  DecoderOptions o = testing::host_options(tokens);
+  o.chunk = 3;
+  o.resident_layers = 0;
+  o.override_dtype = true;
+  o.dtype = DType::kF32;
+  return o;
+}
+
+// Runs the reference's prompt through a decoder of `c` reading `source` and checks every
+// position from kFirst - 1 on, the decoder's logits and transformers', against the float32
+// bounds of `model` (the double-precision reference of the same weights, tests/model/
+// reference_forward.hpp, modelling RMSNorm's mean as a float32 sum too, as transformers takes
+// it): both evaluations must lie within them.
+void check_positions(const char* name, const ModelConfig& c, const WeightSource& source,
+                     testing::ReferenceModel& model, const Reference& ref) {
+  ASSERT_EQ(ref.vocab, c.vocab_size);
+  const int n = static_cast<int>(ref.ids.size());
+  Decoder d(c, source, streamed_f32(n));
+  model.round_mean_square(true);
+  model.prefill_forward(
+      kFirst);  // the forwards below, which dynamic's and longrope's tables follow
+  const testing::Bounded exact = model.logits(ref.ids);
+  std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
+  d.prefill(0, std::vector<std::int32_t>(ref.ids.begin(), ref.ids.begin() + kFirst), logits.data());
+  double worst = 0, worst_hf = 0;
+  const auto check = [&](const float* ours, int pos, const char* who) {
+    const testing::BoundCheck b =
+        testing::check_within(ours, exact.vr(pos), exact.er(pos), exact.sr(pos), c.vocab_size);
+    EXPECT_TRUE(b.within()) << name << " " << who << " position " << pos << ": logit "
+                            << b.worst_index << " off by " << b.worst_error << ", " << b.worst_share
+                            << " of its bound; mean (error/sigma)^2 " << b.mean_square();
+    return b.worst_share;
+  };
+  for (int pos = kFirst - 1; pos < n; ++pos) {
+    if (pos >= kFirst) d.decode({ref.ids[static_cast<std::size_t>(pos)]}, logits.data());
+    worst = std::max(worst, check(logits.data(), pos, "kvoffload"));
+    worst_hf = std::max(worst_hf, check(ref.logits + static_cast<std::int64_t>(pos) * c.vocab_size,
+                                        pos, "transformers"));
+  }
+  std::printf("%s: worst error %.3g of the float32 bound (transformers: %.3g) over %d positions\n",
+              name, worst, worst_hf, n - kFirst + 1);
+}
 
 class HfReference : public ::testing::TestWithParam<const char*> {};
 
@@ -18,66 +82,24 @@ TEST_P(HfReference, LogitsMatchTransformers) {
   if (root == nullptr) GTEST_SKIP() << "KVO_HF_REFERENCE_DIR is not set";
   const std::string dir = std::string(root) + "/" + GetParam();
   const ModelConfig c = load_model_config(dir + "/config.json");
-  const SafetensorsFile reference(dir + "/reference.safetensors");
-  const TensorInfo& ids_info = reference.tensors().at("input_ids");
-  const TensorInfo& logits_info = reference.tensors().at("logits");
-  const auto* ids_f = reinterpret_cast<const float*>(ids_info.data);
-  const auto* expected = reinterpret_cast<const float*>(logits_info.data);
-  const int n = static_cast<int>(ids_info.shape[0]);
-  ASSERT_EQ(logits_info.shape[1], c.vocab_size);
-  std::vector<std::int32_t> ids(ids_f, ids_f + n);
-
-  // Prefill the first 8 tokens in chunks of 3, decode the rest one at a time: every position
-  // from 7 on is compared, through both attention paths. Streamed layers, f32.
-  DecoderOptions o = testing::host_options(n);
-  o.chunk = 3;
-  o.resident_layers = 0;
-  o.override_dtype = true;
-  o.dtype = DType::kF32;
-  Decoder d(c, WeightSource{dir, 0}, o);
-  // The double-precision reference of the same weights and its float32 bounds
-  // (tests/model/reference_forward.hpp), modelling RMSNorm's mean as a float32 sum too, as
-  // transformers takes it: both evaluations must lie within them.
+  const Reference ref(dir);
+  const std::vector<std::int32_t>& ids = ref.ids;
+  const int n = static_cast<int>(ids.size());
   testing::ReferenceModel model(c, dir, DType::kF32);
-  model.round_mean_square(true);
-  model.prefill_forward(8);  // the forwards below, which dynamic's and longrope's tables follow
-  const testing::Bounded exact = model.logits(ids);
-  std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
-  const int first = 8;
-  d.prefill(0, std::vector<std::int32_t>(ids.begin(), ids.begin() + first), logits.data());
-  double worst = 0, worst_hf = 0;
-  const auto check = [&](const float* ours, int pos, const char* who) {
-    const testing::BoundCheck b =
-        testing::check_within(ours, exact.vr(pos), exact.er(pos), exact.sr(pos), c.vocab_size);
-    EXPECT_TRUE(b.within()) << GetParam() << " " << who << " position " << pos << ": logit "
-                            << b.worst_index << " off by " << b.worst_error << ", " << b.worst_share
-                            << " of its bound; mean (error/sigma)^2 " << b.mean_square();
-    return b.worst_share;
-  };
-  for (int pos = first - 1; pos < n; ++pos) {
-    if (pos >= first) d.decode({ids[static_cast<std::size_t>(pos)]}, logits.data());
-    worst = std::max(worst, check(logits.data(), pos, "kvoffload"));
-    worst_hf = std::max(worst_hf, check(expected + static_cast<std::int64_t>(pos) * c.vocab_size,
-                                        pos, "transformers"));
-  }
+  check_positions(GetParam(), c, WeightSource{dir, 0}, model, ref);
+
   // The whole prompt in one prefill gives the last position too (in one forward, whose rope
   // table dynamic and longrope choose by its whole length).
-  Decoder whole(c, WeightSource{dir, 0}, o);
+  std::vector<float> logits(static_cast<std::size_t>(c.vocab_size));
+  Decoder whole(c, WeightSource{dir, 0}, streamed_f32(n));
   whole.prefill(0, ids, logits.data());
-  testing::Bounded one_forward;
-  if (rope_depends_on_length(c.rope_scaling)) {
-    model.prefill_forward(0);
-    one_forward = model.logits(ids);
-  }
-  const testing::Bounded& whole_exact =
-      rope_depends_on_length(c.rope_scaling) ? one_forward : exact;
+  if (rope_depends_on_length(c.rope_scaling)) model.prefill_forward(0);
+  const testing::Bounded whole_exact = model.logits(ids);
   const testing::BoundCheck b =
       testing::check_within(logits.data(), whole_exact.vr(n - 1), whole_exact.er(n - 1),
                             whole_exact.sr(n - 1), c.vocab_size);
   EXPECT_TRUE(b.within()) << GetParam() << " one prefill: logit " << b.worst_index << " off by "
                           << b.worst_error << ", " << b.worst_share << " of its bound";
-  std::printf("%s: worst error %.3g of the float32 bound (transformers: %.3g) over %d positions\n",
-              GetParam(), worst, worst_hf, n - first + 1);
 }
 
 // The rope table of each scaling type against the one transformers' rope_init_fn gives for a
@@ -114,6 +136,36 @@ TEST_P(HfReference, RopeTablesMatchTransformers) {
     }
   }
 }
+
+// A GGUF file of each block type (tools/hf_reference.py's gguf_* cases): the decoder reads the
+// file itself (its metadata as the config, its blocks dequantized, a Llama's q and k rows put back
+// in order) and its logits must lie within the float32 bounds of the double-precision reference
+// of the weights transformers' GGUF loader read from the same file (saved beside it), as
+// transformers' own logits from those weights must.
+class GgufReference : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GgufReference, LogitsMatchTransformersReadingTheSameFile) {
+  const char* root = std::getenv("KVO_HF_REFERENCE_DIR");
+  if (root == nullptr) GTEST_SKIP() << "KVO_HF_REFERENCE_DIR is not set";
+  const std::string dir = std::string(root) + "/" + GetParam();
+  const ModelConfig saved = load_model_config(dir + "/config.json");
+  const ModelConfig c = gguf_model_config(GgufFile(dir + "/model.gguf"));
+  EXPECT_EQ(c.architecture, saved.architecture);
+  EXPECT_EQ(c.layers, saved.layers);
+  EXPECT_EQ(c.vocab_size, saved.vocab_size);
+  EXPECT_EQ(c.head_dim, saved.head_dim);
+  EXPECT_EQ(c.kv_heads, saved.kv_heads);
+  EXPECT_EQ(c.tie_word_embeddings, saved.tie_word_embeddings);
+  EXPECT_EQ(c.qkv_bias, saved.qkv_bias);
+  testing::ReferenceModel model(saved, dir, DType::kF32);
+  check_positions(GetParam(), c, WeightSource{dir + "/model.gguf", 0}, model, Reference(dir));
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockTypes, GgufReference,
+                         ::testing::Values("gguf_llama_f32", "gguf_llama_f16", "gguf_llama_bf16",
+                                           "gguf_llama_q8_0", "gguf_llama_q4_0", "gguf_llama_q4_1",
+                                           "gguf_llama_q4_k", "gguf_llama_q5_k", "gguf_llama_q6_k",
+                                           "gguf_qwen2_q8_0", "gguf_qwen2_q4_k"));
 
 INSTANTIATE_TEST_SUITE_P(Architectures, HfReference,
                          ::testing::Values("llama31", "mistral", "qwen2", "llama_linear",

@@ -5,6 +5,8 @@
 #include <algorithm>
 
 #include "kvoffload/kvoffload.hpp"
+#include "model/checkpoint/gguf.hpp"
+#include "model/checkpoint/gguf_config.hpp"
 #include "model/checkpoint/model_config.hpp"
 #include "model/decoder/numerics.hpp"
 #include "offload/util/printable.hpp"
@@ -25,10 +27,13 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
   using model::ModelLimits;
 
   app.option_defaults()->group("Model (default: --preset tiny)");
-  auto* model = add_text(app, "--model", a.model, "DIR",
+  auto* model = add_text(app, "--model", a.model, "DIR|FILE.gguf",
                          "Hugging Face checkpoint: config.json + model.safetensors (or shards), "
                          "regular files of at most: " +
-                             model::model_file_bounds());
+                             model::model_file_bounds() +
+                             "; or a GGUF file (Llama, Mistral, Qwen2, Qwen3, Phi-3; F32, F16, "
+                             "BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K tensors), its tokenizer "
+                             "inside");
   auto* preset = add_choice(app, "--preset", a.preset, model::preset_names(),
                             "built-in shape, weights drawn from --weight-seed on the device");
   model->excludes(preset);
@@ -119,11 +124,12 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
   GenerateRun r;
   if (app.count("--model") != 0) {
     struct stat st {};
-    if (::stat(a.model.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      throw UsageError("--model: " + a.model + " is not a directory");
+    if (::stat(a.model.c_str(), &st) != 0 || !(S_ISDIR(st.st_mode) || S_ISREG(st.st_mode))) {
+      throw UsageError("--model: " + a.model + " is neither a directory nor a GGUF file");
     }
-    r.source.checkpoint_dir = a.model;
-    r.config = model::load_model_config(a.model + "/config.json");
+    r.source.checkpoint = a.model;
+    r.config = model::is_gguf_model(a.model) ? model::gguf_model_config(model::GgufFile(a.model))
+                                             : model::load_model_config(a.model + "/config.json");
     r.model_name = a.model;
   } else {
     r.model_name = a.preset;
@@ -144,8 +150,8 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
 
   tools::TextOptions text = a.text;
   text.read_given(app);
-  r.text = std::make_shared<tools::TextSession>(text, r.source.checkpoint_dir, d.slots,
-                                                r.config.vocab_size);
+  r.text =
+      std::make_shared<tools::TextSession>(text, r.source.checkpoint, d.slots, r.config.vocab_size);
   std::int64_t longest = 0;
   std::int64_t prefilled = 0;  // the longest prompt prefilled at once
   if (r.text->active()) {

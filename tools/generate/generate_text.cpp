@@ -7,8 +7,10 @@
 
 #include "kvoffload/error.hpp"
 #include "model/checkpoint/fingerprint.hpp"
+#include "model/checkpoint/gguf.hpp"
 #include "model/checkpoint/weights.hpp"
 #include "model/text/chat_format.hpp"
+#include "model/text/tokenizer.hpp"
 #include "model/text/tokenizer_settings.hpp"
 #include "offload/util/byte_io.hpp"
 #include "offload/util/input_file.hpp"
@@ -101,7 +103,7 @@ TextSession::TextSession(const TextOptions& options, const std::string& model_di
   if (options.chat) {
     std::optional<std::string> system;
     if (options.has_system) system = options.system;
-    chat = model::chat_format(model::read_tokenizer_settings(model_dir), system);
+    chat = model::chat_format(model::load_tokenizer_settings(model_dir), system);
   }
   const std::string before = chat ? chat->before : "";
   const std::string after = chat ? chat->after : "";
@@ -158,7 +160,8 @@ TextSession::TextSession(const TextOptions& options, const std::string& model_di
   if (prompt_.empty() && !loads()) throw cli::UsageError("the prompt has no tokens");
 
   if (!options.ignore_eos) {
-    stop_ids_ = model::read_generation_eos(model_dir);
+    // A GGUF file has no generation_config.json: its tokenizer's eos stops.
+    if (!model::is_gguf_model(model_dir)) stop_ids_ = model::read_generation_eos(model_dir);
     if (stop_ids_.empty()) {
       if (const auto eos = tokenizer_->eos_id()) stop_ids_.push_back(*eos);
     }
@@ -271,11 +274,15 @@ std::string TextSession::fingerprint(const model::Decoder& decoder,
       << "\nqkv_bias=" << c.qkv_bias << "\no_bias=" << c.o_bias
       << "\ntie_word_embeddings=" << c.tie_word_embeddings << "\ndtype=" << dtype_name(dtype)
       << "\nweights="
-      << (source.checkpoint_dir.empty() ? "seed " + std::to_string(source.seed) : "checkpoint");
-  if (!source.checkpoint_dir.empty()) {
+      << (source.checkpoint.empty() ? "seed " + std::to_string(source.seed) : "checkpoint");
+  if (!source.checkpoint.empty()) {
     // The weights' and the tokenizer's bytes: another model of the same shape is refused.
-    out << "\nweights_xxh3=" << model::weights_digest(source.checkpoint_dir)
-        << "\ntokenizer_xxh3=" << model::tokenizer_digest(source.checkpoint_dir);
+    if (model::is_gguf_model(source.checkpoint)) {  // the tokenizer is inside the file
+      out << "\ngguf_xxh3=" << model::file_digest(source.checkpoint);
+    } else {
+      out << "\nweights_xxh3=" << model::weights_digest(source.checkpoint)
+          << "\ntokenizer_xxh3=" << model::tokenizer_digest(source.checkpoint);
+    }
   }
   const model::WeightLayout layout(c, dtype);
   for (const model::WeightEntry& e : layout.entries()) {

