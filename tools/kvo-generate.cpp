@@ -68,8 +68,8 @@ int run(const kvo::cli::GenerateRun& o) {
       "kvo-generate  %s (%s, %d layers, hidden %d, %d/%d heads, vocab %d, weights %s, K/V %s), "
       "backend %s\n",
       o.model_name.c_str(), c.architecture.c_str(), c.layers, c.hidden_size, c.heads, c.kv_heads,
-      c.vocab_size, kvo::dtype_name(decoder.weight_dtype()),
-      kvo::dtype_name(decoder.cache().config().dtype), kvo::backend_name(decoder.backend()));
+      c.vocab_size, decoder.weights_text().c_str(), kvo::dtype_name(decoder.cache().config().dtype),
+      kvo::backend_name(decoder.backend()));
   std::printf(
       "  plan            %d resident + %d streamed layers, ring %d; device %s "
       "(weights %s, activations %s), host %s\n",

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "kvoffload/error.hpp"
@@ -126,6 +127,17 @@ void check_gguf_weights(const WeightLayout& layout, const GgufFile& file) {
   }
 }
 
+std::map<std::string, std::uint32_t> gguf_block_matrices(const WeightLayout& layout,
+                                                         const GgufFile& file) {
+  std::map<std::string, std::uint32_t> kept;
+  for (const WeightEntry& e : layout.entries()) {
+    if (e.kind != WeightKind::kMatrix) continue;
+    const std::uint32_t type = file.tensor(gguf_tensor_name(e.name)).type->id;
+    if (blocks::block_elements(type) > 1) kept[e.name] = type;
+  }
+  return kept;
+}
+
 void load_gguf_weights(const WeightLayout& layout, const GgufFile& file, const UploadFn& upload,
                        const ProgressFn& progress) {
   check_gguf_weights(layout, file);
@@ -145,13 +157,30 @@ void load_gguf_weights(const WeightLayout& layout, const GgufFile& file, const U
     const bool interleaved = permuted(file, e.name);
     const std::int64_t piece_rows =
         std::max<std::int64_t>(1, static_cast<std::int64_t>(kPieceFloats) / row_length);
+    const auto source_row = [&](std::int64_t r) {
+      return interleaved ? file_row(r, layout.config().head_dim) : r;
+    };
+    if (e.blocks != kModelDtype) {  // kept in blocks: the rows as they are, in the decoder's order
+      const auto row_size = static_cast<std::size_t>(row_bytes);
+      for (std::int64_t r0 = 0; r0 < rows; r0 += piece_rows) {
+        const std::int64_t n = std::min(piece_rows, rows - r0);
+        converted.resize(static_cast<std::size_t>(n) * row_size);
+        for (std::int64_t r = 0; r < n; ++r) {
+          std::memcpy(converted.data() + static_cast<std::size_t>(r) * row_size,
+                      t.data + source_row(r0 + r) * row_bytes, row_size);
+        }
+        upload(e.offset + static_cast<std::size_t>(r0) * row_size, converted.data(),
+               converted.size());
+      }
+      if (progress) progress(++done, total);
+      continue;
+    }
     for (std::int64_t r0 = 0; r0 < rows; r0 += piece_rows) {
       const std::int64_t n = std::min(piece_rows, rows - r0);
       values.resize(static_cast<std::size_t>(n * row_length));
       for (std::int64_t r = 0; r < n; ++r) {
-        const std::int64_t source =
-            interleaved ? file_row(r0 + r, layout.config().head_dim) : r0 + r;
-        const auto* block = reinterpret_cast<const std::uint8_t*>(t.data) + source * row_bytes;
+        const auto* block =
+            reinterpret_cast<const std::uint8_t*>(t.data) + source_row(r0 + r) * row_bytes;
         float* out = values.data() + r * row_length;
         for (std::int64_t at = 0; at < row_length; at += per_block) {
           blocks::dequantize_block(t.type->id, block, out + at);

@@ -15,6 +15,8 @@
 // transformers' GGUF loader does. Rows move whole; a row's blocks are untouched.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
 
 #include "model/checkpoint/gguf.hpp"
@@ -32,8 +34,15 @@ std::string gguf_tensor_name(const std::string& hf_name);
 // Throws kvo::Error(kInvalidArgument) naming the file, the tensor and what differs.
 void check_gguf_weights(const WeightLayout& layout, const GgufFile& file);
 
-// Checks as check_gguf_weights does, then dequantizes every tensor the layout needs into the
-// layout's dtype and uploads it, in pieces of at most a few MiB; `progress` (if set) hears
+// The matrices of `layout` (a layout in the model dtype) that the file holds in quantized blocks
+// (every type read here but F32, F16 and BF16), by name, with their ggml types: what
+// WeightLayout keeps in blocks. REQUIRES: check_gguf_weights(layout, file) passed.
+std::map<std::string, std::uint32_t> gguf_block_matrices(const WeightLayout& layout,
+                                                         const GgufFile& file);
+
+// Checks as check_gguf_weights does, then uploads every tensor the layout needs: the matrices it
+// keeps in blocks as they are (rows moved, blocks untouched), the others dequantized into the
+// layout's dtype, in pieces of at most a few MiB; `progress` (if set) hears
 // (tensors done, tensors) after each one.
 void load_gguf_weights(const WeightLayout& layout, const GgufFile& file, const UploadFn& upload,
                        const ProgressFn& progress = {});

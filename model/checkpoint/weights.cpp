@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kvoffload/error.hpp"
+#include "model/checkpoint/ggml_blocks.hpp"
 #include "model/checkpoint/safetensors.hpp"
 #include "model/decoder/numerics.hpp"
 #include "model/families/family.hpp"
@@ -20,18 +21,25 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 
 }  // namespace
 
-WeightLayout::WeightLayout(const ModelConfig& config, DType dtype)
+std::size_t matrix_bytes(std::uint32_t blocks, DType dtype, std::int64_t rows, std::int64_t in) {
+  if (blocks == kModelDtype) return static_cast<std::size_t>(rows * in) * dtype_size(dtype);
+  const auto per_block = static_cast<std::int64_t>(blocks::block_elements(blocks));
+  return static_cast<std::size_t>(rows * (in / per_block) * blocks::block_bytes(blocks));
+}
+
+WeightLayout::WeightLayout(const ModelConfig& config, DType dtype,
+                           const std::map<std::string, std::uint32_t>& blocks)
     : config_(config), dtype_(dtype) {
   const std::int64_t h = config.hidden_size;
   const std::vector<LayerTensor> layer = layer_tensors(config);
-  add("model.embed_tokens.weight", {config.vocab_size, h}, WeightKind::kMatrix);
+  add("model.embed_tokens.weight", {config.vocab_size, h}, WeightKind::kMatrix, blocks);
   for (int l = 0; l < config.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    for (const LayerTensor& t : layer) add(p + t.name, t.shape, t.kind);
+    for (const LayerTensor& t : layer) add(p + t.name, t.shape, t.kind, blocks);
   }
-  add("model.norm.weight", {h}, WeightKind::kNorm);
+  add("model.norm.weight", {h}, WeightKind::kNorm, blocks);
   if (!config.tie_word_embeddings) {
-    add("lm_head.weight", {config.vocab_size, h}, WeightKind::kMatrix);
+    add("lm_head.weight", {config.vocab_size, h}, WeightKind::kMatrix, blocks);
   }
 }
 
@@ -39,7 +47,8 @@ std::vector<LayerTensor> WeightLayout::layer_tensors(const ModelConfig& config) 
   return family_of_architecture(config.architecture, "the model").layer_tensors(config);
 }
 
-void WeightLayout::add(const std::string& name, std::vector<std::int64_t> shape, WeightKind kind) {
+void WeightLayout::add(const std::string& name, std::vector<std::int64_t> shape, WeightKind kind,
+                       const std::map<std::string, std::uint32_t>& blocks) {
   WeightEntry e;
   e.name = name;
   e.elements = 1;
@@ -50,6 +59,10 @@ void WeightLayout::add(const std::string& name, std::vector<std::int64_t> shape,
   e.scale = kind == WeightKind::kMatrix
                 ? static_cast<float>(std::sqrt(3.0 / static_cast<double>(e.shape[1])))
                 : 0.1f;
+  if (const auto it = blocks.find(name); it != blocks.end() && kind == WeightKind::kMatrix) {
+    e.blocks = it->second;
+    has_blocks_ = true;
+  }
   e.offset = bytes_;
   bytes_ += (entry_bytes(e) + 255) / 256 * 256;
   entries_.push_back(std::move(e));
@@ -64,12 +77,22 @@ ModelWeights WeightLayout::bind(const void* region) const {
   // Entries come as the constructor added them: the embedding, each layer's tensors in the
   // family's order, the final norm, and the head unless it is tied.
   std::size_t e = 0;
-  w.embed = base + entries_[e++].offset;
+  const auto matrix = [&](const WeightEntry& entry) {
+    return WeightRef{base + entry.offset, entry.blocks};
+  };
+  w.embed = matrix(entries_[e++]);
   for (LayerWeights& weights : w.layers) {
-    for (const LayerTensor& t : layer) weights.*(t.role) = base + entries_[e++].offset;
+    for (const LayerTensor& t : layer) {
+      const WeightEntry& entry = entries_[e++];
+      if (t.matrix != nullptr) {
+        weights.*(t.matrix) = matrix(entry);
+      } else {
+        weights.*(t.vector) = base + entry.offset;
+      }
+    }
   }
   w.final_norm = base + entries_[e++].offset;
-  w.lm_head = e < entries_.size() ? base + entries_[e].offset : w.embed;
+  w.lm_head = e < entries_.size() ? matrix(entries_[e]) : w.embed;
   return w;
 }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,19 @@ namespace kvo::model {
 
 class Checkpoint;
 struct LayerTensor;  // model/families/family.hpp
+
+// A matrix stored in the model dtype (every matrix of a safetensors checkpoint or a synthetic
+// model) or in the blocks of a GGUF type (ggml's type id, model/checkpoint/ggml_blocks.hpp: each
+// row of `in` elements is in / block elements blocks, rows one after another).
+inline constexpr std::uint32_t kModelDtype = 0xFFFFFFFFu;
+struct WeightRef {
+  const void* data = nullptr;
+  std::uint32_t blocks = kModelDtype;
+  bool in_blocks() const { return blocks != kModelDtype; }
+};
+
+// Bytes of `rows` rows of `in` elements of a matrix stored as `blocks` (or in `dtype`).
+std::size_t matrix_bytes(std::uint32_t blocks, DType dtype, std::int64_t rows, std::int64_t in);
 
 // How a synthetic tensor is drawn: matrices ~ U(-a, a) with std 1/sqrt(in) (so every layer
 // changes the residual stream and the tokens depend on the prompt), norm weights
@@ -31,15 +45,16 @@ struct WeightEntry {
   float scale = 1;           // synthetic values are scale * U(-1, 1) (+ 1 for norms)
   std::size_t offset = 0;    // bytes from the region start, 256-aligned
   std::int64_t elements = 0;
+  std::uint32_t blocks = kModelDtype;  // a matrix kept in GGUF blocks: their type
 };
 
 // Pointers into the region, by role.
 struct LayerWeights {
   const void* attn_norm = nullptr;  // [hidden]
-  const void* wq = nullptr;         // [heads * head_dim][hidden]
-  const void* wk = nullptr;         // [kv_heads * head_dim][hidden]
-  const void* wv = nullptr;         // [kv_heads * head_dim][hidden]
-  const void* wo = nullptr;         // [hidden][heads * head_dim]
+  WeightRef wq;                     // [heads * head_dim][hidden]
+  WeightRef wk;                     // [kv_heads * head_dim][hidden]
+  WeightRef wv;                     // [kv_heads * head_dim][hidden]
+  WeightRef wo;                     // [hidden][heads * head_dim]
   const void* bq = nullptr;         // [heads * head_dim] or null
   const void* bk = nullptr;
   const void* bv = nullptr;
@@ -47,40 +62,48 @@ struct LayerWeights {
   const void* q_norm = nullptr;    // [head_dim] or null: RMSNorm of each query head (Qwen3)
   const void* k_norm = nullptr;    // [head_dim] or null: and of each key head
   const void* mlp_norm = nullptr;  // [hidden]
-  const void* w_gate = nullptr;    // [intermediate][hidden]
-  const void* w_up = nullptr;      // [intermediate][hidden]
-  const void* w_down = nullptr;    // [hidden][intermediate]
+  WeightRef w_gate;                // [intermediate][hidden]
+  WeightRef w_up;                  // [intermediate][hidden]
+  WeightRef w_down;                // [hidden][intermediate]
 };
 
 struct ModelWeights {
   DType dtype = DType::kF32;
-  const void* embed = nullptr;       // [vocab][hidden]
+  WeightRef embed;                   // [vocab][hidden]
   const void* final_norm = nullptr;  // [hidden]
-  const void* lm_head = nullptr;     // [vocab][hidden]; == embed when tied
+  WeightRef lm_head;                 // [vocab][hidden]; == embed when tied
   std::vector<LayerWeights> layers;
 };
 
 class WeightLayout {
  public:
-  WeightLayout(const ModelConfig& config, DType dtype);
+  // `blocks`: the matrices kept in GGUF blocks (their names, as entries name them, and types);
+  // every other tensor is in `dtype`.
+  WeightLayout(const ModelConfig& config, DType dtype,
+               const std::map<std::string, std::uint32_t>& blocks = {});
 
   const std::vector<WeightEntry>& entries() const { return entries_; }
   std::size_t bytes() const { return bytes_; }
   DType dtype() const { return dtype_; }
   const ModelConfig& config() const { return config_; }
   std::size_t entry_bytes(const WeightEntry& e) const {
-    return static_cast<std::size_t>(e.elements) * dtype_size(dtype_);
+    return e.blocks == kModelDtype ? static_cast<std::size_t>(e.elements) * dtype_size(dtype_)
+                                   : matrix_bytes(e.blocks, dtype_, e.shape[0], e.shape[1]);
   }
+  // Whether any matrix is kept in blocks.
+  bool has_blocks() const { return has_blocks_; }
   ModelWeights bind(const void* region) const;
 
  private:
   // The family's tensors of one layer (model/families/family.hpp).
   static std::vector<LayerTensor> layer_tensors(const ModelConfig& config);
-  void add(const std::string& name, std::vector<std::int64_t> shape, WeightKind kind);
+  void add(const std::string& name, std::vector<std::int64_t> shape, WeightKind kind,
+           const std::map<std::string, std::uint32_t>& blocks);
   ModelConfig config_;
   DType dtype_;
   std::vector<WeightEntry> entries_;
   std::size_t bytes_ = 0;
+  bool has_blocks_ = false;
 };
 
 // Writes the synthetic values of `entry` in the layout's dtype to `out` (host memory).

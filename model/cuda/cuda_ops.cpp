@@ -54,16 +54,24 @@ class CudaOps final : public Ops {
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
 
-  void embed(const std::int32_t* tokens, int n, const void* table, float* out) override {
-    cuda::embed(tokens, n, table, elem_, shape_.config.hidden_size, out, stream_);
+  // GGUF blocks are multiplied on the host path only: the decoder expands them to the model
+  // dtype at load for this path (model/decoder/decoder.cpp).
+  static const void* in_model_dtype(WeightRef w) {
+    if (w.in_blocks()) {
+      throw Error(ErrorCode::kInternal, "the CUDA path was given a matrix in GGUF blocks");
+    }
+    return w.data;
+  }
+  void embed(const std::int32_t* tokens, int n, WeightRef table, float* out) override {
+    cuda::embed(tokens, n, in_model_dtype(table), elem_, shape_.config.hidden_size, out, stream_);
   }
   void rms_norm(const float* x, int n, int width, const void* weight, float* out) override {
     cuda::rms_norm(x, n, width, weight, elem_, shape_.config.rms_norm_eps, out, stream_);
   }
-  void linear(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
+  void linear(const float* x, int n, int in, WeightRef w, const void* bias, int out, float* y,
               bool accumulate) override {
     if (n == 0) return;
-    gemm(gemm_input(x, n, in), n, in, w, bias, out, y, accumulate);
+    gemm(gemm_input(x, n, in), n, in, in_model_dtype(w), bias, out, y, accumulate);
   }
   void linear_many(const float* x, int n, int in, const Projection* projections,
                    int count) override {
@@ -71,7 +79,7 @@ class CudaOps final : public Ops {
     const void* input = gemm_input(x, n, in);  // converted once for every projection
     for (int i = 0; i < count; ++i) {
       const Projection& p = projections[i];
-      gemm(input, n, in, p.w, p.bias, p.out, p.y, p.accumulate);
+      gemm(input, n, in, in_model_dtype(p.w), p.bias, p.out, p.y, p.accumulate);
     }
   }
   // x as the GEMMs read it: itself in f32, else converted to the weights' type.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <utility>
 
 #include "kvoffload/error.hpp"
@@ -43,15 +44,19 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   // config before a byte is allocated: a config that does not match its weights is refused here.
   std::unique_ptr<Checkpoint> checkpoint;
   std::unique_ptr<GgufFile> gguf;
+  const BackendKind backend = resolve_backend(options_.backend);
   if (!source.checkpoint.empty() && is_gguf_model(source.checkpoint)) {
     gguf = std::make_unique<GgufFile>(source.checkpoint);
     check_gguf_weights(layout_, *gguf);
+    if (options_.keep_blocks && backend == BackendKind::kHost) {
+      layout_ = WeightLayout(config_, layout_.dtype(), gguf_block_matrices(layout_, *gguf));
+    }
   } else if (!source.checkpoint.empty()) {
     checkpoint = std::make_unique<Checkpoint>(source.checkpoint);
     check_checkpoint(layout_, *checkpoint);
   }
-  const BackendKind backend = resolve_backend(options_.backend);
   DecoderOptions planned = options_;
+  planned.weights_bytes = layout_.bytes();
   if (planned.fit_prompt && planned.device_budget == 0 && backend == BackendKind::kCuda) {
     // The piece fits the budget the cache will take: the device's free memory less headroom.
     planned.device_budget = cuda_default_budget();
@@ -74,6 +79,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   shape.max_seq = options_.max_seq;
   shape.kernels = memory.kernels;
   shape.f32_gemm = options_.f32_gemm;
+  shape.weight_blocks = layout_.has_blocks();
   shape.threads = options_.threads > 0 ? options_.threads : available_cores();
 
   require_weights_fit(memory, options_.device_budget);
@@ -133,6 +139,25 @@ Decoder::~Decoder() {
 std::string Decoder::attention_kernels() const {
   if (cache_->backend() != BackendKind::kCuda) return "host";
   return shape_.kernels.describe(config_, shape_.kv_dtype);
+}
+
+std::string Decoder::weights_text() const {
+  std::string text = dtype_name(layout_.dtype());
+  std::map<std::string, int> types;
+  int kept = 0;
+  for (const WeightEntry& e : layout_.entries()) {
+    if (e.blocks == kModelDtype) continue;
+    ++types[ggml_type(e.blocks)->name];
+    ++kept;
+  }
+  if (kept == 0) return text;
+  text += "; " + std::to_string(kept) + " matrices in GGUF blocks (";
+  bool first = true;
+  for (const auto& [name, count] : types) {
+    text += (first ? "" : ", ") + std::to_string(count) + " " + name;
+    first = false;
+  }
+  return text + ")";
 }
 
 std::string Decoder::gemm_kernels() const {

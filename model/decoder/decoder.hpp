@@ -63,6 +63,13 @@ struct DecoderOptions {
   // Planning only: the weights in a quantized GGUF format (model/checkpoint/weight_formats.hpp),
   // "" for `dtype`. The decoder refuses it (it does not run quantized weights yet).
   std::string weight_format;
+  // A GGUF checkpoint's quantized matrices stay in their blocks on the host path (multiplied by
+  // dequantizing a row or a tile at a time); false, and always on the CUDA path, expands them to
+  // `dtype` at load.
+  bool keep_blocks = true;
+  // The weights' bytes when the checkpoint fixes them (a GGUF file's blocks): the decoder sets it
+  // for the plan; 0: the config's tensors in the model dtype.
+  std::size_t weights_bytes = 0;
   HostBackendOptions host;
   int threads = 0;  // host path: threads computing a step; 0: the cores this process may use
   // Host path: bf16 weights multiply in f32 (sgemm) even where the CPU has AVX512_BF16, whose
@@ -159,6 +166,9 @@ class Decoder {
   // threads ("OpenBLAS 0.3.21, SkylakeX kernels (chosen for AVX-512), 2 threads",
   // model/host/blas.hpp); on CUDA, "cuBLAS".
   std::string gemm_kernels() const;
+  // How the weights are stored: the model dtype, and the matrices kept in GGUF blocks by type,
+  // e.g. "f32; 211 matrices in GGUF blocks (210 Q4_1, 1 Q8_0)".
+  std::string weights_text() const;
 
  private:
   void check_tokens(const std::vector<std::int32_t>& tokens) const;

@@ -163,8 +163,10 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
                                                  dtype_name(m.dtype) +
                                                  " (fp8 and int8 are K/V dtypes: kv_dtype)");
   }
-  m.weights = options.weight_format.empty() ? WeightLayout(config, m.dtype).bytes()
-                                            : quantized_weight_bytes(config, options.weight_format);
+  m.weights = !options.weight_format.empty()
+                  ? quantized_weight_bytes(config, options.weight_format)
+                  : (options.weights_bytes != 0 ? options.weights_bytes
+                                                : WeightLayout(config, m.dtype).bytes());
   const int requested = options.max_prompt <= 0 || options.max_prompt > options.max_seq
                             ? options.max_seq
                             : options.max_prompt;

@@ -47,17 +47,18 @@ class Ops {
                       const SamplingParams& params, std::uint64_t seed, std::int32_t* tokens) = 0;
 
   // out [n][hidden] = embed[tokens[i]] (tokens [n] int32, device).
-  virtual void embed(const std::int32_t* tokens, int n, const void* table, float* out) = 0;
+  virtual void embed(const std::int32_t* tokens, int n, WeightRef table, float* out) = 0;
   // out [n][width] = x / sqrt(mean(x^2) + eps) * weight, row by row: x [n][width], weight
   // [width] (hidden for the model's norms, head_dim for Qwen3's per-head ones). out may be x.
   virtual void rms_norm(const float* x, int n, int width, const void* weight, float* out) = 0;
-  // y [n][out] = x [n][in] W^T + bias (W [out][in] in the model dtype; bias [out] or null);
-  // with `accumulate`, y += instead (the residual add).
-  virtual void linear(const float* x, int n, int in, const void* w, const void* bias, int out,
+  // y [n][out] = x [n][in] W^T + bias (W [out][in] in the model dtype or in GGUF blocks, which
+  // only the host path multiplies; bias [out] or null); with `accumulate`, y += instead (the
+  // residual add).
+  virtual void linear(const float* x, int n, int in, WeightRef w, const void* bias, int out,
                       float* y, bool accumulate) = 0;
   // One of several projections of the same input: y [n][out] = x W^T + bias (or y += ...).
   struct Projection {
-    const void* w = nullptr;
+    WeightRef w;
     const void* bias = nullptr;
     int out = 0;
     float* y = nullptr;
@@ -105,7 +106,8 @@ struct OpsShape {
   // CUDA: the attention kernels, chosen once with the plan (plan_decoder_memory) and sized in
   // its workspace; the ops run what it says.
   AttentionKernels kernels;
-  bool f32_gemm = false;  // host: bf16 weights multiplied in f32 (DecoderOptions)
+  bool f32_gemm = false;       // host: bf16 weights multiplied in f32 (DecoderOptions)
+  bool weight_blocks = false;  // host: some matrices are kept in GGUF blocks
 };
 
 // Keys a query at `position` attends: [first_key(position), position].

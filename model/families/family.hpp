@@ -28,10 +28,17 @@ struct ActivationLayout;
 // One tensor of every layer: its name after "model.layers.N.", its shape, how synthetic values
 // are drawn for it, and the member of LayerWeights it binds to.
 struct LayerTensor {
+  LayerTensor(std::string name_, std::vector<std::int64_t> shape_, WeightKind kind_,
+              const void* LayerWeights::*vector_)
+      : name(std::move(name_)), shape(std::move(shape_)), kind(kind_), vector(vector_) {}
+  LayerTensor(std::string name_, std::vector<std::int64_t> shape_, WeightKind kind_,
+              WeightRef LayerWeights::*matrix_)
+      : name(std::move(name_)), shape(std::move(shape_)), kind(kind_), matrix(matrix_) {}
   std::string name;
   std::vector<std::int64_t> shape;
   WeightKind kind = WeightKind::kMatrix;
-  const void* LayerWeights::*role = nullptr;
+  const void* LayerWeights::*vector = nullptr;  // a norm or a bias
+  WeightRef LayerWeights::*matrix = nullptr;    // a matrix
 };
 
 // What one layer computes with: the ops, the config, the layer's weights and the activations'

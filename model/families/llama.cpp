@@ -29,7 +29,7 @@ std::vector<LayerTensor> layer_tensors(const ModelConfig& c) {
   return t;
 }
 
-void project_qkv(const LayerContext& l, const float* x, int n, const void* wk, const void* wv) {
+void project_qkv(const LayerContext& l, const float* x, int n, WeightRef wk, WeightRef wv) {
   const ModelConfig& c = l.config;
   ActivationLayout& a = l.a;
   const int qd = static_cast<int>(c.q_dim());
@@ -60,7 +60,7 @@ void mlp(const LayerContext& l, float* x, int n) {
   mlp(l, x, n, l.w.w_up);
 }
 
-void mlp(const LayerContext& l, float* x, int n, const void* w_up) {
+void mlp(const LayerContext& l, float* x, int n, WeightRef w_up) {
   const ModelConfig& c = l.config;
   ActivationLayout& a = l.a;
   const int h = c.hidden_size;

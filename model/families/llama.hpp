@@ -15,11 +15,11 @@ std::vector<LayerTensor> layer_tensors(const ModelConfig& c);
 // a.q, a.k and a.v of x, before the rotation: the input norm and the projections; with wk and wv
 // given, those in place of the layer's (parts of a fused tensor).
 void project_qkv(const LayerContext& l, const float* x, int n);
-void project_qkv(const LayerContext& l, const float* x, int n, const void* wk, const void* wv);
+void project_qkv(const LayerContext& l, const float* x, int n, WeightRef wk, WeightRef wv);
 void attention_inputs(const LayerContext& l, const float* x, int n, const std::int32_t* positions,
                       int first_position);
 void attention_output(const LayerContext& l, float* x, int n);
 void mlp(const LayerContext& l, float* x, int n);
-void mlp(const LayerContext& l, float* x, int n, const void* w_up);  // w_up in place of the layer's
+void mlp(const LayerContext& l, float* x, int n, WeightRef w_up);  // w_up in place of the layer's
 
 }  // namespace kvo::model::llama

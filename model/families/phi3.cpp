@@ -25,11 +25,12 @@ std::vector<LayerTensor> layer_tensors(const ModelConfig& c) {
           {"mlp.down_proj.weight", {h, ff}, K::kMatrix, &W::w_down}};
 }
 
-// Rows [first, ...) of a fused matrix with `in` columns.
-const void* rows_of(const LayerContext& l, const void* fused, std::int64_t first, int in) {
-  return static_cast<const std::byte*>(fused) + static_cast<std::size_t>(first) *
-                                                    static_cast<std::size_t>(in) *
-                                                    dtype_size(l.weight_dtype);
+// Rows [first, ...) of a fused matrix with `in` columns (whole rows of blocks when it is kept in
+// GGUF blocks).
+WeightRef rows_of(const LayerContext& l, WeightRef fused, std::int64_t first, int in) {
+  return {static_cast<const std::byte*>(fused.data) +
+              matrix_bytes(fused.blocks, l.weight_dtype, first, in),
+          fused.blocks};
 }
 
 void attention_inputs(const LayerContext& l, const float* x, int n, const std::int32_t* positions,

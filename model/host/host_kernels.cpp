@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/checkpoint/ggml_blocks.hpp"
+
 // Runtime dispatch by CPU level (GCC's function multiversioning, resolved once at load time).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define KVO_VECTOR_CLONES \
@@ -200,6 +202,35 @@ void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void*
     const float b = bias != nullptr ? load_elem(bias, o, type) : 0.0f;
     for (int t = 0; t < rows; ++t) {
       const float value = dot(x + t * ldx, wf, in) + b;
+      float& dst = y[t * ldy + o];
+      dst = accumulate ? dst + value : value;
+    }
+  }
+}
+
+KVO_VECTOR_CLONES
+void dequantize_rows(std::uint32_t type, const void* src, int rows, int in, float* dst) {
+  const int per_block = blocks::block_elements(type);
+  const int block_bytes = blocks::block_bytes(type);
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  const std::int64_t count = static_cast<std::int64_t>(rows) * in;
+  for (std::int64_t at = 0; at < count; at += per_block, b += block_bytes) {
+    blocks::dequantize_block(type, b, dst + at);
+  }
+}
+
+KVO_VECTOR_CLONES
+void linear_rows_blocks(const float* x, int rows, std::int64_t ldx, int in, const void* w,
+                        std::uint32_t type, DType bias_type, const void* bias, int o0, int o1,
+                        float* y, std::int64_t ldy, bool accumulate, float* row) {
+  const std::size_t row_bytes = static_cast<std::size_t>(in / blocks::block_elements(type)) *
+                                static_cast<std::size_t>(blocks::block_bytes(type));
+  for (int o = o0; o < o1; ++o) {
+    dequantize_rows(type, static_cast<const char*>(w) + static_cast<std::size_t>(o) * row_bytes, 1,
+                    in, row);
+    const float b = bias != nullptr ? load_elem(bias, o, bias_type) : 0.0f;
+    for (int t = 0; t < rows; ++t) {
+      const float value = dot(x + t * ldx, row, in) + b;
       float& dst = y[t * ldy + o];
       dst = accumulate ? dst + value : value;
     }

@@ -32,6 +32,18 @@ void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void*
                  const void* bias, int o0, int o1, float* y, std::int64_t ldy, bool accumulate,
                  float* row);
 
+// dst [rows][in] = rows of a matrix in GGUF blocks of ggml type `blocks`
+// (model/checkpoint/ggml_blocks.hpp), the first at `src`, each in / block elements blocks. The
+// reference's arithmetic: every product in it is exact in f32 (at most 11 + 6 + 5 significant
+// bits) or a lone rounding, so a fused multiply-add gives the same bits and every level does.
+void dequantize_rows(std::uint32_t blocks, const void* src, int rows, int in, float* dst);
+
+// linear_rows for w [out][in] in GGUF blocks of type `blocks`: each row dequantized into `row`
+// [in] first; bias [out] (or null) in `bias_type`.
+void linear_rows_blocks(const float* x, int rows, std::int64_t ldx, int in, const void* w,
+                        std::uint32_t blocks, DType bias_type, const void* bias, int o0, int o1,
+                        float* y, std::int64_t ldy, bool accumulate, float* row);
+
 // Rows of K or V of one slot: token j, kv head g at `base` + j * token_stride + g * head_stride
 // elements of `type`.
 struct KeyRows {

@@ -27,21 +27,23 @@ bool uses_bf16_gemm(DType weights, bool f32_gemm) {
   return weights == DType::kBF16 && !f32_gemm && bf16_gemm::available();
 }
 
-HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm)
+HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm, bool blocks)
     : pool_(pool), type_(type), bf16_gemm_(uses_bf16_gemm(type, f32_gemm)) {
   static_assert(kGemmColBlock == bf16_gemm::kCols, "a tile is one panel of the bf16 kernel");
   blas::description();  // loads OpenBLAS now (single-threaded), not in the first GEMM
   // A GEMM tile's converted panel, or the bf16 kernel's scratch and the one row linear_rows
   // converts at a time.
-  std::size_t floats = static_cast<std::size_t>(type_ == DType::kF32 ? 1 : kGemmColBlock) * max_in;
+  std::size_t floats =
+      static_cast<std::size_t>(type_ == DType::kF32 && !blocks ? 1 : kGemmColBlock) * max_in;
   if (bf16_gemm_) {
     floats = std::max<std::size_t>(bf16_gemm::scratch_bytes(max_in) / sizeof(float),
                                    static_cast<std::size_t>(max_in));
+    if (blocks) floats = std::max<std::size_t>(floats, std::size_t{kGemmColBlock} * max_in);
   }
   panels_.assign(static_cast<std::size_t>(pool_.threads()), std::vector<float>(floats));
 }
 
-void HostLinear::operator()(const float* x, int n, int in, const void* w, const void* bias, int out,
+void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const void* bias, int out,
                             float* y, bool accumulate) {
   if (n >= kGemmMinRows) {
     gemm(x, n, in, w, bias, out, y, accumulate);
@@ -50,24 +52,33 @@ void HostLinear::operator()(const float* x, int n, int in, const void* w, const 
   const int blocks = (out + kDotColBlock - 1) / kDotColBlock;
   pool_.run(blocks, [&](int b, int thread) {
     const int o0 = b * kDotColBlock;
-    kernels::linear_rows(x, n, in, in, w, type_, bias, o0, std::min(out, o0 + kDotColBlock), y, out,
-                         accumulate, panels_[static_cast<std::size_t>(thread)].data());
+    float* row = panels_[static_cast<std::size_t>(thread)].data();
+    if (w.in_blocks()) {
+      kernels::linear_rows_blocks(x, n, in, in, w.data, w.blocks, type_, bias, o0,
+                                  std::min(out, o0 + kDotColBlock), y, out, accumulate, row);
+      return;
+    }
+    kernels::linear_rows(x, n, in, in, w.data, type_, bias, o0, std::min(out, o0 + kDotColBlock), y,
+                         out, accumulate, row);
   });
 }
 
-void HostLinear::gemm(const float* x, int n, int in, const void* w, const void* bias, int out,
+void HostLinear::gemm(const float* x, int n, int in, WeightRef w, const void* bias, int out,
                       float* y, bool accumulate) {
   const int row_blocks = (n + kGemmRowBlock - 1) / kGemmRowBlock;
   const int col_blocks = (out + kGemmColBlock - 1) / kGemmColBlock;
-  const std::size_t elem = type_ == DType::kF32 ? 4 : 2;
   pool_.run(row_blocks * col_blocks, [&](int task, int thread) {
     const int r0 = (task / col_blocks) * kGemmRowBlock;
     const int rows = std::min(kGemmRowBlock, n - r0);
     const int c0 = (task % col_blocks) * kGemmColBlock;
     const int cols = std::min(kGemmColBlock, out - c0);
-    const void* w_block = static_cast<const char*>(w) + static_cast<std::size_t>(c0) * in * elem;
+    const void* w_block = static_cast<const char*>(w.data) + matrix_bytes(w.blocks, type_, c0, in);
     const float* panel = static_cast<const float*>(w_block);
-    if (type_ != DType::kF32 && !bf16_gemm_) {
+    if (w.in_blocks()) {
+      float* p = panels_[static_cast<std::size_t>(thread)].data();
+      kernels::dequantize_rows(w.blocks, w_block, cols, in, p);
+      panel = p;
+    } else if (type_ != DType::kF32 && !bf16_gemm_) {
       float* p = panels_[static_cast<std::size_t>(thread)].data();
       kernels::to_f32(w_block, type_, static_cast<std::int64_t>(cols) * in, p);
       panel = p;
@@ -86,7 +97,7 @@ void HostLinear::gemm(const float* x, int n, int in, const void* w, const void* 
       beta = 1.0f;
     }
     const float* x_block = x + static_cast<std::int64_t>(r0) * in;
-    if (bf16_gemm_) {
+    if (bf16_gemm_ && !w.in_blocks()) {
       bf16_gemm::multiply(x_block, rows, in, in, static_cast<const std::uint16_t*>(w_block), cols,
                           beta != 0.0f, y_block, out,
                           panels_[static_cast<std::size_t>(thread)].data());

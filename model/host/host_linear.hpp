@@ -8,6 +8,10 @@
 // AVX512_BF16 multiply as they are instead (model/host/host_gemm_bf16.hpp: the activations rounded
 // to bf16, twice the rate), unless f32 is asked for.
 //
+// W may also be kept in GGUF blocks (model/checkpoint/ggml_blocks.hpp): a GEMM tile then
+// dequantizes its kGemmColBlock rows into the thread's f32 panel, as f16 weights are converted,
+// and a decode-sized call dequantizes one row at a time (kernels::linear_rows_blocks).
+//
 // Decode-sized calls (a few rows) read W in place, one output row at a time
 // (kernels::linear_rows), spread over blocks of outputs: they are bound by reading W, and every
 // row of y comes out the same whatever the batch, so slots decoded together get exactly the bits
@@ -17,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "model/checkpoint/weights.hpp"
 #include "model/decoder/numerics.hpp"
 #include "model/host/thread_pool.hpp"
 
@@ -39,15 +44,17 @@ class HostLinear {
   static constexpr int kDotColBlock = 32;
 
   // max_in: the widest input of any call. Loads OpenBLAS (single-threaded) if need be.
-  // f32_gemm: bf16 weights multiply in f32 even where the CPU has AVX512_BF16.
-  HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm = false);
+  // f32_gemm: bf16 weights multiply in f32 even where the CPU has AVX512_BF16. blocks: some
+  // matrices come in GGUF blocks (their panels are sized for them).
+  HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm = false, bool blocks = false);
 
-  // y [n][out] = x [n][in] W^T + bias (bias [out] or null); y += instead with `accumulate`.
-  void operator()(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
+  // y [n][out] = x [n][in] W^T + bias (bias [out] or null, in the model dtype); y += instead
+  // with `accumulate`.
+  void operator()(const float* x, int n, int in, WeightRef w, const void* bias, int out, float* y,
                   bool accumulate);
 
  private:
-  void gemm(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
+  void gemm(const float* x, int n, int in, WeightRef w, const void* bias, int out, float* y,
             bool accumulate);
 
   ThreadPool& pool_;

@@ -27,7 +27,7 @@ HostOps::HostOps(const OpsShape& shape)
     : shape_(shape),
       elem_(shape.weight_dtype),
       pool_(std::max(1, shape.threads)),
-      linear_(pool_, elem_, widest_input(shape.config), shape.f32_gemm),
+      linear_(pool_, elem_, widest_input(shape.config), shape.f32_gemm, shape.weight_blocks),
       kv_elem_(shape.kv_dtype),
       attention_(shape.config, kv_elem_, shape.max_decode_rows, pool_) {
   norm_weight_.resize(static_cast<std::size_t>(shape_.config.hidden_size));
@@ -38,13 +38,18 @@ HostOps::HostOps(const OpsShape& shape)
   blas::check_address_space(pool_.threads(), 0);
 }
 
-void HostOps::embed(const std::int32_t* tokens, int n, const void* table, float* out) {
+void HostOps::embed(const std::int32_t* tokens, int n, WeightRef table, float* out) {
   const int h = shape_.config.hidden_size;
-  const std::size_t row_bytes = static_cast<std::size_t>(h) * (elem_ == DType::kF32 ? 4 : 2);
+  const std::size_t row_bytes = matrix_bytes(table.blocks, elem_, 1, h);
   pool_.run(blocks_of(n, kRowBlock), [&](int b, int) {
     for (int i = b * kRowBlock; i < std::min(n, (b + 1) * kRowBlock); ++i) {
-      kernels::to_f32(static_cast<const char*>(table) + tokens[i] * row_bytes, elem_, h,
-                      out + static_cast<std::int64_t>(i) * h);
+      const void* row = static_cast<const char*>(table.data) + tokens[i] * row_bytes;
+      float* dst = out + static_cast<std::int64_t>(i) * h;
+      if (table.in_blocks()) {
+        kernels::dequantize_rows(table.blocks, row, 1, h, dst);
+      } else {
+        kernels::to_f32(row, elem_, h, dst);
+      }
     }
   });
 }
@@ -62,7 +67,7 @@ void HostOps::rms_norm(const float* x, int n, int width, const void* weight, flo
   });
 }
 
-void HostOps::linear(const float* x, int n, int in, const void* w, const void* bias, int out,
+void HostOps::linear(const float* x, int n, int in, WeightRef w, const void* bias, int out,
                      float* y, bool accumulate) {
   linear_(x, n, in, w, bias, out, y, accumulate);
 }

@@ -27,9 +27,9 @@ class HostOps final : public Ops {
   void sample(const float* logits, int n, const SampleRows& rows, const SamplingParams& params,
               std::uint64_t seed, std::int32_t* tokens) override;
 
-  void embed(const std::int32_t* tokens, int n, const void* table, float* out) override;
+  void embed(const std::int32_t* tokens, int n, WeightRef table, float* out) override;
   void rms_norm(const float* x, int n, int width, const void* weight, float* out) override;
-  void linear(const float* x, int n, int in, const void* w, const void* bias, int out, float* y,
+  void linear(const float* x, int n, int in, WeightRef w, const void* bias, int out, float* y,
               bool accumulate) override;
   void rope(float* q, float* k, int n, const std::int32_t* positions, int first_position) override;
   void to_cache_rows(const float* x, int n, void* out) override;

@@ -158,7 +158,35 @@ TEST_P(GgufReference, LogitsMatchTransformersReadingTheSameFile) {
   EXPECT_EQ(c.tie_word_embeddings, saved.tie_word_embeddings);
   EXPECT_EQ(c.qkv_bias, saved.qkv_bias);
   testing::ReferenceModel model(saved, dir, DType::kF32);
-  check_positions(GetParam(), c, WeightSource{dir + "/model.gguf", 0}, model, Reference(dir));
+  const Reference ref(dir);
+  const WeightSource file{dir + "/model.gguf", 0};
+  check_positions(GetParam(), c, file, model, ref);  // the quantized matrices kept in blocks
+
+  // Kept in blocks, the weights take the file's bytes, and every logit is the one the same
+  // weights expanded to f32 at load give: a row or a tile is dequantized into f32 and multiplied
+  // as an f32 row or panel is.
+  const int n = static_cast<int>(ref.ids.size());
+  DecoderOptions keep = streamed_f32(n);
+  keep.chunk = n;  // the prompt in one chunk: past HostLinear::kGemmMinRows, the GEMM tiles
+  DecoderOptions expand = keep;
+  expand.keep_blocks = false;
+  Decoder kept(c, file, keep);
+  Decoder expanded(c, file, expand);
+  const bool quantized = std::string(GetParam()).find("_q") != std::string::npos;
+  EXPECT_EQ(kept.weight_bytes() < expanded.weight_bytes() * 3 / 8, quantized)
+      << kept.weight_bytes() << " bytes kept, " << expanded.weight_bytes() << " expanded";
+  std::vector<float> a(static_cast<std::size_t>(c.vocab_size));
+  std::vector<float> b(a.size());
+  const std::vector<std::int32_t> prompt(ref.ids.begin(), ref.ids.end() - 4);
+  kept.prefill(0, prompt, a.data());
+  expanded.prefill(0, prompt, b.data());
+  EXPECT_EQ(a, b) << GetParam() << " prefill";
+  for (int t = 0; t < 4; ++t) {  // then decodes: the rows
+    const std::int32_t next = ref.ids[prompt.size() + static_cast<std::size_t>(t)];
+    kept.decode({next}, a.data());
+    expanded.decode({next}, b.data());
+    EXPECT_EQ(a, b) << GetParam() << " decode " << t;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockTypes, GgufReference,

@@ -100,8 +100,8 @@ TEST(HostLinear, MatchesFloat64) {
           const std::vector<float> x = random_floats(static_cast<std::size_t>(n) * in, rng);
           const std::vector<float> y0 = random_floats(static_cast<std::size_t>(n) * out, rng);
           std::vector<float> y = y0;
-          ops.linear(x.data(), n, in, w.bytes.data(), with_bias ? bias.bytes.data() : nullptr, out,
-                     y.data(), accumulate);
+          ops.linear(x.data(), n, in, WeightRef{w.bytes.data()},
+                     with_bias ? bias.bytes.data() : nullptr, out, y.data(), accumulate);
           // The AVX512_BF16 GEMM rounds x to bf16 first: 2^-8 of each term more.
           const bool rounds_x = n >= HostLinear::kGemmMinRows && uses_bf16_gemm(type, false);
           const double x_rounding = rounds_x ? 0x1p-8 : 0;
@@ -198,10 +198,11 @@ TEST(HostLinear, DecodeRowsGetTheBitsTheyGetAlone) {
     HostOps ops(shape_of(attention_config(2, 1, 48, 0), type, n, n, 16, 2));
     const std::vector<float> x = random_floats(static_cast<std::size_t>(n) * in, rng);
     std::vector<float> together(static_cast<std::size_t>(n) * out);
-    ops.linear(x.data(), n, in, w.bytes.data(), nullptr, out, together.data(), false);
+    ops.linear(x.data(), n, in, WeightRef{w.bytes.data()}, nullptr, out, together.data(), false);
     for (int t = 0; t < n; ++t) {
       std::vector<float> alone(out);
-      ops.linear(x.data() + t * in, 1, in, w.bytes.data(), nullptr, out, alone.data(), false);
+      ops.linear(x.data() + t * in, 1, in, WeightRef{w.bytes.data()}, nullptr, out, alone.data(),
+                 false);
       ASSERT_EQ(std::memcmp(alone.data(), together.data() + t * out, out * sizeof(float)), 0)
           << "row " << t;
     }
@@ -567,7 +568,7 @@ TEST(HostOps, SameBitsForAnyThreadCount) {
       HostOps ops(shape_of(c, type, n, slots, max_seq, threads));
       std::vector<float> y(static_cast<std::size_t>(n) * out);
       std::vector<float> prefill(q.size()), decode(2 * static_cast<std::size_t>(c.q_dim()));
-      ops.linear(x.data(), n, in, w.bytes.data(), nullptr, out, y.data(), false);
+      ops.linear(x.data(), n, in, WeightRef{w.bytes.data()}, nullptr, out, y.data(), false);
       ops.attention_prefill(q.data(), n, 1, 1000, l.view, prefill.data());
       DecodeRows rows;
       rows.host_slots = row_slots.data();

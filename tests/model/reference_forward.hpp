@@ -170,16 +170,17 @@ class ReferenceModel {
     const int h = c_.hidden_size;
     Rows x(static_cast<std::size_t>(n) * h);
     for (int t = 0; t < n; ++t) {
-      for (int i = 0; i < h; ++i) x[t * h + i] = weight(w_.embed, std::int64_t{tokens[t]} * h + i);
+      for (int i = 0; i < h; ++i)
+        x[t * h + i] = weight(w_.embed.data, std::int64_t{tokens[t]} * h + i);
     }
     const int qd = static_cast<int>(c_.q_dim());
     const int kvd = static_cast<int>(c_.kv_dim());
     for (const LayerWeights& w : w_.layers) {
       const Rows xn = rms_norm(x, n, w.attn_norm, r);
       // Phi-3's fused q, k, v (and gate, up): each part the rows at an offset of the tensor.
-      const void* wk = w.wk != nullptr ? w.wk : rows_of(w.wq, qd, h);
-      const void* wv = w.wv != nullptr ? w.wv : rows_of(w.wq, qd + kvd, h);
-      Rows q = linear(xn, n, h, w.wq, w.bq, qd, nullptr, r);
+      const void* wk = w.wk.data != nullptr ? w.wk.data : rows_of(w.wq.data, qd, h);
+      const void* wv = w.wv.data != nullptr ? w.wv.data : rows_of(w.wq.data, qd + kvd, h);
+      Rows q = linear(xn, n, h, w.wq.data, w.bq, qd, nullptr, r);
       Rows k = linear(xn, n, h, wk, w.bk, kvd, nullptr, r);
       Rows v = linear(xn, n, h, wv, w.bv, kvd, nullptr, r);
       if (w.q_norm != nullptr) {  // Qwen3: each head normed before the rotation
@@ -190,19 +191,20 @@ class ReferenceModel {
       rope(k, n, c_.kv_heads, r);
       store(k, n, kv.dtype, r);
       store(v, n, kv.dtype, r);
-      x = linear(attention(q, k, v, n, r), n, qd, w.wo, w.bo, h, &x, r);
+      x = linear(attention(q, k, v, n, r), n, qd, w.wo.data, w.bo, h, &x, r);
       const Rows xm = rms_norm(x, n, w.mlp_norm, r);
-      Rows gate = linear(xm, n, h, w.w_gate, nullptr, c_.intermediate_size, nullptr, r);
-      const void* w_up = w.w_up != nullptr ? w.w_up : rows_of(w.w_gate, c_.intermediate_size, h);
+      Rows gate = linear(xm, n, h, w.w_gate.data, nullptr, c_.intermediate_size, nullptr, r);
+      const void* w_up =
+          w.w_up.data != nullptr ? w.w_up.data : rows_of(w.w_gate.data, c_.intermediate_size, h);
       const Rows up = linear(xm, n, h, w_up, nullptr, c_.intermediate_size, nullptr, r);
       for (std::size_t i = 0; i < gate.size(); ++i) {
         const double g = gate[i];
         const double denominator = r(1 + r(std::exp(-g), 2));
         gate[i] = r(r(g / denominator) * up[i]);
       }
-      x = linear(gate, n, c_.intermediate_size, w.w_down, nullptr, h, &x, r);
+      x = linear(gate, n, c_.intermediate_size, w.w_down.data, nullptr, h, &x, r);
     }
-    return linear(rms_norm(x, n, w_.final_norm, r), n, h, w_.lm_head, nullptr, c_.vocab_size,
+    return linear(rms_norm(x, n, w_.final_norm, r), n, h, w_.lm_head.data, nullptr, c_.vocab_size,
                   nullptr, r);
   }
 

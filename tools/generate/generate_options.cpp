@@ -82,6 +82,9 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
   add_integer(app, "--threads", a.threads, 0, 4096,
               "host backend: threads computing each step (0, the default: the cores this "
               "process may use)");
+  add_flag(app, "--expand-weights", a.expand_weights,
+           "host backend, a GGUF file: dequantize its quantized matrices into the model dtype at "
+           "load instead of keeping them in their blocks (the CUDA path always does)");
   add_choice(app, "--gemm", a.gemm, {"auto", "f32"},
              "host backend, bf16 weights: auto (AVX512_BF16 GEMMs where the CPU has them, the "
              "activations rounded to bf16) or f32 (sgemm over f32 copies of the weights' tiles, "
@@ -228,6 +231,7 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
   d.builtin_attention = a.attention == "builtin";
   d.threads = a.threads;
   d.f32_gemm = a.gemm == "f32";
+  d.keep_blocks = !a.expand_weights;
   if (a.max_delay_us > 0) {
     d.host.max_delay_us = static_cast<std::uint32_t>(a.max_delay_us);
     d.host.delay_seed = a.seed;

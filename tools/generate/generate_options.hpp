@@ -47,6 +47,7 @@ struct GenerateArgs {
   std::string backend = "auto";
   std::string attention = "auto";
   std::string gemm = "auto";
+  bool expand_weights = false;
   int max_delay_us = 0;
   // Text
   tools::TextOptions text;
