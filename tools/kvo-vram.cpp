@@ -112,10 +112,12 @@ void declare_options(CLI::App& app, Args& a) {
   auto* preset = kvo::cli::add_choice(app, "--preset", a.preset, kvo::model::preset_names(),
                                       "a built-in model");
   auto* model =
-      kvo::cli::add_text(app, "--model", a.model, "DIR",
+      kvo::cli::add_text(app, "--model", a.model, "DIR|FILE.gguf",
                          "a Hugging Face model directory (its config.json, a regular file "
                          "of at most " +
-                             std::to_string(kvo::model::kMaxConfigBytes >> 20) + " MiB) instead");
+                             std::to_string(kvo::model::kMaxConfigBytes >> 20) +
+                             " MiB) instead, or a GGUF file (with --backend host, its quantized "
+                             "matrices counted in their blocks, as the host path keeps them)");
   model->excludes(preset);
   kvo::cli::add_text(app, "--contexts", a.contexts, "LIST",
                      "contexts, e.g. 4k,32k,128k,1m, up to 1g (default: powers of two from 4k "

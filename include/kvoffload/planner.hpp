@@ -18,8 +18,9 @@
 namespace kvo {
 
 struct MemoryQuery {
-  // A preset name (tiny, llama3-8b, mistral-7b, qwen2.5-7b), a directory with a config.json, or
-  // the path of a config.json.
+  // A preset name (tiny, llama3-8b, mistral-7b, qwen2.5-7b), a directory with a config.json,
+  // the path of a config.json, or a GGUF file (with the host backend, its quantized matrices
+  // counted in their blocks, as the host path keeps them).
   std::string model = "llama3-8b";
   bool override_dtype = false;     // else the model's own dtype
   DType dtype = DType::kBF16;      // weights (f32, f16, bf16), and K/V unless override_kv_dtype

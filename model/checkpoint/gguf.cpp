@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <limits>
 
 #include "kvoffload/error.hpp"
@@ -445,6 +446,13 @@ GgufContents parse_gguf(const std::byte* file, std::size_t size, const std::stri
 bool is_gguf_model(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool has_gguf_magic(const std::string& path) {
+  if (!is_gguf_model(path)) return false;
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return static_cast<bool>(in.read(magic, 4)) && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
 GgufFile::GgufFile(const std::string& path)

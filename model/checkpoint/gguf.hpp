@@ -97,6 +97,9 @@ struct GgufContents {
 // directory (config.json, safetensors, tokenizer files) or as one GGUF file, and tell them apart by
 // this (a regular file; whether it is a well-formed GGUF is for GgufFile to say).
 bool is_gguf_model(const std::string& path);
+// Whether `path` is a regular file that starts with GGUF's magic (where a regular file may also be
+// a config.json, as the planner's model may be).
+bool has_gguf_magic(const std::string& path);
 
 // Throws kvo::Error(kInvalidArgument) "<path>: <field>: <problem>".
 GgufContents parse_gguf(const std::byte* file, std::size_t size, const std::string& path);

@@ -6,6 +6,9 @@
 
 #include "kvoffload/error.hpp"
 #include "kvoffload/plan.hpp"
+#include "model/checkpoint/gguf.hpp"
+#include "model/checkpoint/gguf_config.hpp"
+#include "model/checkpoint/gguf_weights.hpp"
 #include "model/checkpoint/model_config.hpp"
 #include "model/decoder/memory_plan.hpp"
 
@@ -16,7 +19,16 @@ model::DecoderMemory decoder_memory(const MemoryQuery& q, const model::ModelConf
   if (q.backend == BackendKind::kAuto) {
     throw Error(ErrorCode::kInvalidArgument, "the planner needs a backend: cuda or host");
   }
-  return model::plan_decoder_memory(config, model::decoder_options(q), q.backend);
+  model::DecoderOptions options = model::decoder_options(q);
+  if (q.weights.empty() && q.backend == BackendKind::kHost && model::has_gguf_magic(q.model)) {
+    // The host path keeps a GGUF file's quantized matrices in their blocks (the CUDA path
+    // expands them at load, as the plan in the model dtype counts).
+    const model::GgufFile file(q.model);
+    const model::WeightLayout plain(config, q.override_dtype ? q.dtype : config.dtype);
+    options.weights_bytes =
+        model::WeightLayout(config, plain.dtype(), model::gguf_block_matrices(plain, file)).bytes();
+  }
+  return model::plan_decoder_memory(config, options, q.backend);
 }
 
 MemoryPlan base_plan(Strategy strategy, const model::DecoderMemory& m, int layers) {
@@ -140,12 +152,14 @@ ModelConfig resolve_model(const std::string& name) {
   if (std::filesystem::is_directory(path, ec)) {
     return load_model_config((path / "config.json").string());
   }
+  if (has_gguf_magic(name)) return gguf_model_config(GgufFile(name));
   if (std::filesystem::is_regular_file(path, ec)) return load_model_config(name);
   std::string known;
   for (const auto& p : presets) known += (known.empty() ? "" : ", ") + p;
   throw Error(ErrorCode::kInvalidArgument, "unknown model '" + name + "': neither a preset (" +
                                                known +
-                                               ") nor a config.json or a directory holding one");
+                                               ") nor a config.json, a directory holding one "
+                                               "or a GGUF file");
 }
 
 DecoderOptions decoder_options(const MemoryQuery& q) {

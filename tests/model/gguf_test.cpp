@@ -17,6 +17,7 @@
 
 #include "expect_error.hpp"
 #include "kvoffload/error.hpp"
+#include "kvoffload/planner.hpp"
 #include "model/checkpoint/gguf.hpp"
 #include "model/checkpoint/gguf_config.hpp"
 #include "model/checkpoint/gguf_weights.hpp"
@@ -396,6 +397,21 @@ TEST(GgufWeights, TensorsAreFoundCheckedAndRefusedByName) {
   };
   write(model);
   EXPECT_NO_THROW(check());
+  {  // the planner counts the blocks the host path keeps, and the CUDA path's expanded f32
+    const GgufFile file(path);
+    const WeightLayout plain(gguf_model_config(file), DType::kF32);
+    const WeightLayout kept(plain.config(), DType::kF32, gguf_block_matrices(plain, file));
+    EXPECT_EQ(kept.entries()[0].blocks, 8u);  // token_embd in Q8_0; attn_output (F16) expanded
+    EXPECT_EQ(kept.entries()[5].blocks, kModelDtype);
+    MemoryQuery q;
+    q.model = path;
+    q.max_seq = 64;
+    q.backend = BackendKind::kHost;
+    EXPECT_EQ(plan_memory(q).weights_bytes, kept.bytes());
+    q.backend = BackendKind::kCuda;
+    EXPECT_EQ(plan_memory(q).weights_bytes, plain.bytes());
+    EXPECT_LT(kept.bytes(), plain.bytes());
+  }
   {  // every element of a zero file reads as 0 (F32, F16, BF16, Q8_0, Q4_0 and Q4_1 blocks)
     const GgufFile file(path);
     const WeightLayout layout(gguf_model_config(file), DType::kF32);
