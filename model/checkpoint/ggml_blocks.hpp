@@ -31,6 +31,10 @@
 
 #if defined(__CUDACC__)
 #define KVO_BLOCKS_HD __host__ __device__ inline
+#elif defined(__GNUC__)
+// Inlined wherever used, so that a kernel compiled for several CPU levels (target_clones) gets the
+// block loops vectorized at each level rather than one baseline copy called from all.
+#define KVO_BLOCKS_HD inline __attribute__((always_inline))
 #else
 #define KVO_BLOCKS_HD inline
 #endif
@@ -163,6 +167,68 @@ KVO_BLOCKS_HD int block_bytes(std::uint32_t type) {
   }
 }
 
+// One function per quantized type: out [block_elements] = the block at `b`, dequantized. Each
+// loop writes consecutive elements from consecutive bytes, which vectorizes (`out` is declared
+// not to overlap the block: bytes may alias anything, and the compiler must know they do not).
+KVO_BLOCKS_HD void dequantize_q8_0(const std::uint8_t* __restrict__ b, float* __restrict__ out) {
+  const float d = half_to_float(u16_at(b));
+  for (int i = 0; i < 32; ++i)
+    out[i] = mul(static_cast<float>(static_cast<std::int8_t>(b[2 + i])), d);
+}
+KVO_BLOCKS_HD void dequantize_q4_0(const std::uint8_t* __restrict__ b, float* __restrict__ out) {
+  const float d = half_to_float(u16_at(b));
+  for (int j = 0; j < 16; ++j) out[j] = mul(d, static_cast<float>((b[2 + j] & 0x0f) - 8));
+  for (int j = 0; j < 16; ++j) out[j + 16] = mul(d, static_cast<float>((b[2 + j] >> 4) - 8));
+}
+KVO_BLOCKS_HD void dequantize_q4_1(const std::uint8_t* __restrict__ b, float* __restrict__ out) {
+  const float d = half_to_float(u16_at(b));
+  const float m = half_to_float(u16_at(b + 2));
+  for (int j = 0; j < 16; ++j) out[j] = add(mul(d, static_cast<float>(b[4 + j] & 0x0f)), m);
+  for (int j = 0; j < 16; ++j) out[j + 16] = add(mul(d, static_cast<float>(b[4 + j] >> 4)), m);
+}
+// Q4_K (kFive false) and Q5_K (kFive true).
+template <bool kFive>
+KVO_BLOCKS_HD void dequantize_q45_k(const std::uint8_t* __restrict__ b, float* __restrict__ out) {
+  const float d = half_to_float(u16_at(b));
+  const float dmin = half_to_float(u16_at(b + 2));
+  const std::uint8_t* scales = b + 4;
+  const std::uint8_t* qh = b + 16;                 // Q5_K only
+  const std::uint8_t* qs = b + (kFive ? 48 : 16);  // 128 bytes
+  for (int j = 0; j < 8; ++j) {
+    int sc = 0, m = 0;
+    scale_min_k4(j, scales, &sc, &m);
+    const float ds = mul(d, static_cast<float>(sc));
+    const float dm = mul(dmin, static_cast<float>(m));
+    const std::uint8_t* q = qs + 32 * (j / 2);
+    const int shift = 4 * (j % 2);
+    for (int l = 0; l < 32; ++l) {
+      int v = (q[l] >> shift) & 0x0f;
+      if (kFive) v |= ((qh[l] >> j) & 1) << 4;
+      out[32 * j + l] = sub(mul(ds, static_cast<float>(v)), dm);
+    }
+  }
+}
+KVO_BLOCKS_HD void dequantize_q6_k(const std::uint8_t* __restrict__ b, float* __restrict__ out) {
+  const std::uint8_t* ql = b;
+  const std::uint8_t* qh = b + 128;
+  const auto* scales = reinterpret_cast<const std::int8_t*>(b + 192);
+  const float d = half_to_float(u16_at(b + 208));
+  for (int half = 0; half < 2; ++half) {
+    for (int k = 0; k < 4; ++k) {
+      const std::uint8_t* low = ql + 64 * half + 32 * (k % 2);
+      const std::uint8_t* high = qh + 32 * half;
+      const int shift = 4 * (k / 2);
+      float* o = out + 128 * half + 32 * k;
+      const float ds0 = mul(d, static_cast<float>(scales[8 * half + 2 * k]));
+      const float ds1 = mul(d, static_cast<float>(scales[8 * half + 2 * k + 1]));
+      for (int l = 0; l < 32; ++l) {
+        const int q = (((low[l] >> shift) & 0x0f) | (((high[l] >> (2 * k)) & 3) << 4)) - 32;
+        o[l] = mul(l < 16 ? ds0 : ds1, static_cast<float>(q));
+      }
+    }
+  }
+}
+
 // out [block_elements(type)] = the block at `b`, dequantized. REQUIRES: block_elements(type) > 0.
 KVO_BLOCKS_HD void dequantize_block(std::uint32_t type, const std::uint8_t* b, float* out) {
   switch (type) {
@@ -177,70 +243,18 @@ KVO_BLOCKS_HD void dequantize_block(std::uint32_t type, const std::uint8_t* b, f
     case kBF16:
       out[0] = bf16_to_float(u16_at(b));
       return;
-    case kQ8_0: {
-      const float d = half_to_float(u16_at(b));
-      for (int i = 0; i < 32; ++i)
-        out[i] = mul(static_cast<float>(static_cast<std::int8_t>(b[2 + i])), d);
-      return;
-    }
-    case kQ4_0: {
-      const float d = half_to_float(u16_at(b));
-      for (int j = 0; j < 16; ++j) {
-        out[j] = mul(d, static_cast<float>((b[2 + j] & 0x0f) - 8));
-        out[j + 16] = mul(d, static_cast<float>((b[2 + j] >> 4) - 8));
-      }
-      return;
-    }
-    case kQ4_1: {
-      const float d = half_to_float(u16_at(b));
-      const float m = half_to_float(u16_at(b + 2));
-      for (int j = 0; j < 16; ++j) {
-        out[j] = add(mul(d, static_cast<float>(b[4 + j] & 0x0f)), m);
-        out[j + 16] = add(mul(d, static_cast<float>(b[4 + j] >> 4)), m);
-      }
-      return;
-    }
+    case kQ8_0:
+      return dequantize_q8_0(b, out);
+    case kQ4_0:
+      return dequantize_q4_0(b, out);
+    case kQ4_1:
+      return dequantize_q4_1(b, out);
     case kQ4_K:
-    case kQ5_K: {
-      const float d = half_to_float(u16_at(b));
-      const float dmin = half_to_float(u16_at(b + 2));
-      const std::uint8_t* scales = b + 4;
-      const bool five = type == kQ5_K;
-      const std::uint8_t* qh = b + 16;                // Q5_K only
-      const std::uint8_t* qs = b + (five ? 48 : 16);  // 128 bytes
-      for (int j = 0; j < 8; ++j) {
-        int sc = 0, m = 0;
-        scale_min_k4(j, scales, &sc, &m);
-        const float ds = mul(d, static_cast<float>(sc));
-        const float dm = mul(dmin, static_cast<float>(m));
-        const std::uint8_t* q = qs + 32 * (j / 2);
-        for (int l = 0; l < 32; ++l) {
-          int v = (j % 2 == 0) ? (q[l] & 0x0f) : (q[l] >> 4);
-          if (five) v |= ((qh[l] >> j) & 1) << 4;
-          out[32 * j + l] = sub(mul(ds, static_cast<float>(v)), dm);
-        }
-      }
-      return;
-    }
-    case kQ6_K: {
-      const std::uint8_t* ql = b;
-      const std::uint8_t* qh = b + 128;
-      const auto* scales = reinterpret_cast<const std::int8_t*>(b + 192);
-      const float d = half_to_float(u16_at(b + 208));
-      for (int half = 0; half < 2; ++half) {
-        for (int k = 0; k < 4; ++k) {
-          for (int l = 0; l < 32; ++l) {
-            const std::uint8_t low = ql[64 * half + 32 * (k % 2) + l];
-            const int nibble = k < 2 ? (low & 0x0f) : (low >> 4);
-            const int high = (qh[32 * half + l] >> (2 * k)) & 3;
-            const int e = 128 * half + 32 * k + l;
-            const float ds = mul(d, static_cast<float>(scales[e / 16]));
-            out[e] = mul(ds, static_cast<float>((nibble | (high << 4)) - 32));
-          }
-        }
-      }
-      return;
-    }
+      return dequantize_q45_k<false>(b, out);
+    case kQ5_K:
+      return dequantize_q45_k<true>(b, out);
+    case kQ6_K:
+      return dequantize_q6_k(b, out);
     default:
       return;
   }

@@ -208,17 +208,45 @@ void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void*
   }
 }
 
-KVO_VECTOR_CLONES
-void dequantize_rows(std::uint32_t type, const void* src, int rows, int in, float* dst) {
-  const int per_block = blocks::block_elements(type);
-  const int block_bytes = blocks::block_bytes(type);
-  const auto* b = static_cast<const std::uint8_t*>(src);
-  const std::int64_t count = static_cast<std::int64_t>(rows) * in;
+// The blocks of one type, the switch of dequantize_block resolved at compile time, so that the
+// loops over a block's elements vectorize inside each level's clone.
+template <std::uint32_t kType>
+__attribute__((always_inline)) inline void dequantize_typed(const std::uint8_t* b,
+                                                            std::int64_t count, float* dst) {
+  const int per_block = blocks::block_elements(kType);
+  const int block_bytes = blocks::block_bytes(kType);
   for (std::int64_t at = 0; at < count; at += per_block, b += block_bytes) {
-    blocks::dequantize_block(type, b, dst + at);
+    blocks::dequantize_block(kType, b, dst + at);
   }
 }
 
+// Each case inlined into the level's clone with its type fixed, so its block loops vectorize.
+KVO_VECTOR_CLONES
+void dequantize_rows(std::uint32_t type, const void* src, int rows, int in, float* dst) {
+  const auto* b = static_cast<const std::uint8_t*>(src);
+  const std::int64_t count = static_cast<std::int64_t>(rows) * in;
+  switch (type) {
+    case blocks::kQ8_0:
+      return dequantize_typed<blocks::kQ8_0>(b, count, dst);
+    case blocks::kQ4_0:
+      return dequantize_typed<blocks::kQ4_0>(b, count, dst);
+    case blocks::kQ4_1:
+      return dequantize_typed<blocks::kQ4_1>(b, count, dst);
+    case blocks::kQ4_K:
+      return dequantize_typed<blocks::kQ4_K>(b, count, dst);
+    case blocks::kQ5_K:
+      return dequantize_typed<blocks::kQ5_K>(b, count, dst);
+    case blocks::kQ6_K:
+      return dequantize_typed<blocks::kQ6_K>(b, count, dst);
+    default:  // F32, F16 and BF16 as blocks of one element
+      for (std::int64_t at = 0; at < count; ++at, b += blocks::block_bytes(type)) {
+        blocks::dequantize_block(type, b, dst + at);
+      }
+  }
+}
+
+// Each row of w dequantized into `row` (L1 or L2: at most a row of the widest input) by the
+// vectorized block loops, then dot() with every x row: the bits of the row expanded to f32.
 KVO_VECTOR_CLONES
 void linear_rows_blocks(const float* x, int rows, std::int64_t ldx, int in, const void* w,
                         std::uint32_t type, DType bias_type, const void* bias, int o0, int o1,

@@ -38,8 +38,9 @@ void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void*
 // bits) or a lone rounding, so a fused multiply-add gives the same bits and every level does.
 void dequantize_rows(std::uint32_t blocks, const void* src, int rows, int in, float* dst);
 
-// linear_rows for w [out][in] in GGUF blocks of type `blocks`: each row dequantized into `row`
-// [in] first; bias [out] (or null) in `bias_type`.
+// linear_rows for w [out][in] in GGUF blocks of type `blocks`, bias [out] (or null) in
+// `bias_type`: each row dequantized into `row` [in] (dequantize_rows), then dot() with every x
+// row, so every element of y has the bits the row expanded to f32 gives.
 void linear_rows_blocks(const float* x, int rows, std::int64_t ldx, int in, const void* w,
                         std::uint32_t blocks, DType bias_type, const void* bias, int o0, int o1,
                         float* y, std::int64_t ldy, bool accumulate, float* row);

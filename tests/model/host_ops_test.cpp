@@ -10,6 +10,8 @@
 #include <tuple>
 #include <vector>
 
+#include "model/checkpoint/ggml_blocks.hpp"
+#include "model/checkpoint/gguf.hpp"
 #include "model/host/host_attention.hpp"
 #include "model/host/host_gemm_bf16.hpp"
 #include "model/host/host_kernels.hpp"
@@ -186,6 +188,54 @@ TEST(Bf16Gemm, MatchesTheExactProductsOfItsRoundedInputs) {
               << rows << "x" << cols << "x" << in << " at " << r << ", " << c;
         }
       }
+    }
+  }
+}
+
+// Random blocks of every quantized GGUF type, their scales finite: the kernels' dequantization
+// (each level's clone, the switch resolved per type) gives the reference header's bits
+// (model/checkpoint/ggml_blocks.hpp, itself equal to the gguf package's), and a decode-sized
+// product over the blocks gives, bit for bit, dot() of the expanded rows (linear_rows over f32).
+TEST(HostLinear, GgufBlocksDequantizeAndMultiplyAsTheirExpandedRows) {
+  std::mt19937 rng(7);
+  const int in = 512, out = 37;
+  for (const std::uint32_t type :
+       {blocks::kQ8_0, blocks::kQ4_0, blocks::kQ4_1, blocks::kQ4_K, blocks::kQ5_K, blocks::kQ6_K}) {
+    const int per_block = blocks::block_elements(type);
+    const int block_bytes = blocks::block_bytes(type);
+    const int row_blocks = in / per_block;
+    std::vector<std::uint8_t> w(static_cast<std::size_t>(out * row_blocks * block_bytes));
+    for (auto& byte : w) byte = static_cast<std::uint8_t>(rng());
+    // Finite scales: every f16 in a block's scale fields drawn in [2^-10, 2^-6) with a sign.
+    const int d_at = type == blocks::kQ6_K ? 208 : 0;
+    const int scales =
+        type == blocks::kQ4_K || type == blocks::kQ5_K || type == blocks::kQ4_1 ? 2 : 1;
+    for (int b = 0; b < out * row_blocks; ++b) {
+      for (int k = 0; k < scales; ++k) {
+        const std::uint16_t h = static_cast<std::uint16_t>(
+            ((rng() & 1) << 15) | ((5 + rng() % 4) << 10) | (rng() & 0x3ff));
+        std::memcpy(&w[static_cast<std::size_t>(b * block_bytes + d_at + 2 * k)], &h, 2);
+      }
+    }
+    std::vector<float> expected(static_cast<std::size_t>(out) * in), got(expected.size());
+    for (int b = 0; b < out * row_blocks; ++b) {
+      blocks::dequantize_block(type, &w[static_cast<std::size_t>(b * block_bytes)],
+                               &expected[static_cast<std::size_t>(b * per_block)]);
+    }
+    kernels::dequantize_rows(type, w.data(), out, in, got.data());
+    ASSERT_EQ(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)), 0)
+        << ggml_type(type)->name;
+    for (const int rows : {1, 3, 15}) {
+      std::vector<float> x(static_cast<std::size_t>(rows) * in);
+      std::normal_distribution<float> normal;
+      for (auto& v : x) v = normal(rng);
+      std::vector<float> y_blocks(static_cast<std::size_t>(rows) * out, 1.0f);
+      std::vector<float> y_rows(y_blocks), scratch(static_cast<std::size_t>(in) + 16 * rows);
+      kernels::linear_rows_blocks(x.data(), rows, in, in, w.data(), type, DType::kF32, nullptr, 0,
+                                  out, y_blocks.data(), out, true, scratch.data());
+      kernels::linear_rows(x.data(), rows, in, in, expected.data(), DType::kF32, nullptr, 0, out,
+                           y_rows.data(), out, true, scratch.data());
+      EXPECT_EQ(y_blocks, y_rows) << ggml_type(type)->name << ", " << rows << " rows";
     }
   }
 }
