@@ -227,6 +227,8 @@ int run(const kvo::cli::GenerateRun& o) {
     j["ring_depth"] = plan.ring_depth;
     j["backend"] = kvo::backend_name(decoder.backend());
     j["weight_dtype"] = kvo::dtype_name(decoder.weight_dtype());
+    j["weights"] = decoder.weights_text();
+    j["weight_bytes"] = decoder.weight_bytes();
     j["kv_dtype"] = kvo::dtype_name(decoder.kv_dtype());
     j["slots"] = slots;
     j["max_seq"] = o.decoder.max_seq;

@@ -170,18 +170,41 @@ void check_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint) 
   }
 }
 
+void quantize_q8_0(const float* x, std::int64_t count, std::uint8_t* out) {
+  for (std::int64_t at = 0; at < count; at += 32, x += 32, out += 34) {
+    float amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    std::uint16_t half = 0;
+    store_elem(&half, 0, DType::kF16, d);
+    out[0] = static_cast<std::uint8_t>(half & 0xff);
+    out[1] = static_cast<std::uint8_t>(half >> 8);
+    for (int i = 0; i < 32; ++i) {
+      out[2 + i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(std::round(x[i] * id)));
+    }
+  }
+}
+
 void load_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint,
                      const UploadFn& upload, const ProgressFn& progress) {
   check_checkpoint(layout, checkpoint);
   std::vector<std::byte> staging;
+  std::vector<float> values;
   const auto total = static_cast<std::int64_t>(layout.entries().size());
   std::int64_t done = 0;
   for (const auto& e : layout.entries()) {
     const TensorInfo& t = checkpoint.tensor(e.name);
     const std::size_t bytes = layout.entry_bytes(e);
     staging.resize(bytes);
-    convert_elements(t.data, t.dtype, staging.data(), layout.dtype(),
-                     static_cast<std::size_t>(e.elements));
+    if (e.blocks == blocks::kQ8_0) {  // quantized at load (DecoderOptions::weight_format q8_0)
+      values.resize(static_cast<std::size_t>(e.elements));
+      convert_elements(t.data, t.dtype, values.data(), DType::kF32, values.size());
+      quantize_q8_0(values.data(), e.elements, reinterpret_cast<std::uint8_t*>(staging.data()));
+    } else {
+      convert_elements(t.data, t.dtype, staging.data(), layout.dtype(),
+                       static_cast<std::size_t>(e.elements));
+    }
     upload(e.offset, staging.data(), bytes);
     if (progress) progress(++done, total);
   }

@@ -129,6 +129,11 @@ void check_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint);
 void load_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint,
                      const UploadFn& upload, const ProgressFn& progress = {});
 
+// out [count / 32 blocks] = x [count] in Q8_0 blocks, as ggml's reference quantizes them: per
+// block d = max |x| / 127 (stored as f16), q = round(x / d) with 1/d taken before d is rounded.
+// REQUIRES: count a multiple of 32.
+void quantize_q8_0(const float* x, std::int64_t count, std::uint8_t* out);
+
 // Converts `count` elements between dtypes on the host.
 void convert_elements(const void* src, DType from, void* dst, DType to, std::size_t count);
 

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "kvoffload/error.hpp"
+#include "model/checkpoint/ggml_blocks.hpp"
 #include "model/checkpoint/gguf.hpp"
 #include "model/checkpoint/gguf_weights.hpp"
 #include "model/checkpoint/safetensors.hpp"
@@ -32,10 +33,31 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
       rope_(config_),
       options_(options),
       layout_(config, options.override_dtype ? options.dtype : config.dtype) {
+  const BackendKind backend = resolve_backend(options_.backend);
   if (!options_.weight_format.empty()) {
-    throw invalid("weights in " + options_.weight_format +
-                  " are planned (kvo-vram --weights), not run yet: the decoder reads f32, f16 "
-                  "and bf16 weights");
+    if (options_.weight_format != "q8_0") {
+      throw invalid("weights in " + options_.weight_format +
+                    " are planned (kvo-vram --weights), not run: give a GGUF file of that type "
+                    "(--model FILE.gguf), or q8_0 to quantize at load");
+    }
+    if (backend != BackendKind::kHost) {
+      throw invalid("weights quantized to q8_0 at load run on the host backend only, for now");
+    }
+    if (!source.checkpoint.empty() && is_gguf_model(source.checkpoint)) {
+      throw invalid(
+          "a GGUF file's weights come in its own blocks: q8_0 quantizes a safetensors "
+          "checkpoint or drawn weights at load");
+    }
+    std::map<std::string, std::uint32_t> q8_0;
+    for (const WeightEntry& e : layout_.entries()) {
+      if (e.kind != WeightKind::kMatrix) continue;
+      if (e.shape[1] % 32 != 0) {
+        throw invalid("q8_0 needs rows of whole 32-element blocks; " + e.name + " has rows of " +
+                      std::to_string(e.shape[1]));
+      }
+      q8_0[e.name] = blocks::kQ8_0;
+    }
+    layout_ = WeightLayout(config_, layout_.dtype(), q8_0);
   }
   if (options_.threads < 0) {
     throw invalid("threads must be 0 (the cores) or more, not " + std::to_string(options_.threads));
@@ -44,7 +66,6 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   // config before a byte is allocated: a config that does not match its weights is refused here.
   std::unique_ptr<Checkpoint> checkpoint;
   std::unique_ptr<GgufFile> gguf;
-  const BackendKind backend = resolve_backend(options_.backend);
   if (!source.checkpoint.empty() && is_gguf_model(source.checkpoint)) {
     gguf = std::make_unique<GgufFile>(source.checkpoint);
     check_gguf_weights(layout_, *gguf);
@@ -57,6 +78,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   }
   DecoderOptions planned = options_;
   planned.weights_bytes = layout_.bytes();
+  planned.weight_format.clear();  // the layout's own bytes, not the recipe's
   if (planned.fit_prompt && planned.device_budget == 0 && backend == BackendKind::kCuda) {
     // The piece fits the budget the cache will take: the device's free memory less headroom.
     planned.device_budget = cuda_default_budget();
@@ -113,8 +135,19 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   } else {
     const auto total = static_cast<std::int64_t>(layout_.entries().size());
     std::int64_t done = 0;
+    std::vector<float> values;
+    std::vector<std::uint8_t> quantized;
+    const WeightLayout f32(config_, DType::kF32);
     for (const auto& e : layout_.entries()) {
-      ops_->fill_synthetic(layout_, e, source.seed, weights + e.offset);
+      if (e.blocks == blocks::kQ8_0) {  // drawn in f32 on the host, quantized, uploaded
+        values.resize(static_cast<std::size_t>(e.elements));
+        fill_synthetic(f32, e, source.seed, values.data());
+        quantized.resize(layout_.entry_bytes(e));
+        quantize_q8_0(values.data(), e.elements, quantized.data());
+        cache_->copy_to_device(weights + e.offset, quantized.data(), quantized.size());
+      } else {
+        ops_->fill_synthetic(layout_, e, source.seed, weights + e.offset);
+      }
       if (weights_progress) weights_progress(++done, total);
     }
     ops_->synchronize();

@@ -60,8 +60,10 @@ struct DecoderOptions {
   DType dtype = DType::kBF16;      // weights (and K/V unless override_kv_dtype): f32, f16, bf16
   bool override_kv_dtype = false;  // else the weights' dtype
   DType kv_dtype = DType::kBF16;   // K/V storage: f32, f16, bf16, fp8 or int8 (quantized rows)
-  // Planning only: the weights in a quantized GGUF format (model/checkpoint/weight_formats.hpp),
-  // "" for `dtype`. The decoder refuses it (it does not run quantized weights yet).
+  // The weights in a quantized GGUF format (model/checkpoint/weight_formats.hpp), "" for
+  // `dtype`: q8_0 quantizes a safetensors checkpoint's (or the drawn) matrices into Q8_0 blocks
+  // at load (host path); q4_k_m and q5_k_m are planned only (kvo-vram), and the decoder refuses
+  // them.
   std::string weight_format;
   // A GGUF checkpoint's quantized matrices stay in their blocks on the host path (multiplied by
   // dequantizing a row or a tile at a time); false, and always on the CUDA path, expands them to

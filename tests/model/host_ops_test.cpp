@@ -12,6 +12,7 @@
 
 #include "model/checkpoint/ggml_blocks.hpp"
 #include "model/checkpoint/gguf.hpp"
+#include "model/checkpoint/weights.hpp"
 #include "model/host/host_attention.hpp"
 #include "model/host/host_gemm_bf16.hpp"
 #include "model/host/host_kernels.hpp"
@@ -238,6 +239,27 @@ TEST(HostLinear, GgufBlocksDequantizeAndMultiplyAsTheirExpandedRows) {
       EXPECT_EQ(y_blocks, y_rows) << ggml_type(type)->name << ", " << rows << " rows";
     }
   }
+}
+
+// Q8_0 as ggml's reference quantizes it: d = max |x| / 127 stored as f16, q = round(x / d) with
+// halves away from zero and 1/d taken before d is rounded; an all-zero block has d = 0, q = 0.
+TEST(HostLinear, Q8_0QuantizesAsTheReference) {
+  std::vector<float> x(64, 0.0f);
+  for (int i = 0; i < 32; ++i) x[static_cast<std::size_t>(i)] = 0.5f * static_cast<float>(i - 16);
+  x[5] = -12.7f;  // the largest magnitude: d = 0.1, which f16 rounds
+  std::vector<std::uint8_t> q(68);
+  quantize_q8_0(x.data(), 64, q.data());
+  const float d = blocks::half_to_float(blocks::u16_at(q.data()));
+  EXPECT_EQ(blocks::u16_at(q.data()), 0x2e66);  // fp16(0.1f): the nearest half to 0.1
+  const float id = 1.0f / (12.7f / 127.0f);
+  for (int i = 0; i < 32; ++i) {
+    const auto got = static_cast<std::int8_t>(q[static_cast<std::size_t>(2 + i)]);
+    EXPECT_EQ(got, static_cast<int>(std::round(x[static_cast<std::size_t>(i)] * id))) << i;
+    EXPECT_NEAR(got * d, x[static_cast<std::size_t>(i)], 0.0501f) << i;
+  }
+  EXPECT_EQ(static_cast<std::int8_t>(q[2 + 5]), -127);
+  EXPECT_EQ(static_cast<std::int8_t>(q[2 + 17]), 5);  // 0.5 / 0.1 = 5 exactly
+  for (int i = 34; i < 68; ++i) EXPECT_EQ(q[static_cast<std::size_t>(i)], 0) << i;
 }
 
 TEST(HostLinear, DecodeRowsGetTheBitsTheyGetAlone) {

@@ -82,6 +82,9 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
   add_integer(app, "--threads", a.threads, 0, 4096,
               "host backend: threads computing each step (0, the default: the cores this "
               "process may use)");
+  add_choice(app, "--weights", a.weights, {"q8_0"},
+             "host backend: quantize a safetensors checkpoint's (or the drawn) matrices into "
+             "GGUF's Q8_0 blocks at load (a scale per 32 weights; about 1/4 of f32's bytes)");
   add_flag(app, "--expand-weights", a.expand_weights,
            "host backend, a GGUF file: dequantize its quantized matrices into the model dtype at "
            "load instead of keeping them in their blocks (the CUDA path always does)");
@@ -232,6 +235,7 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
   d.threads = a.threads;
   d.f32_gemm = a.gemm == "f32";
   d.keep_blocks = !a.expand_weights;
+  d.weight_format = a.weights;
   if (a.max_delay_us > 0) {
     d.host.max_delay_us = static_cast<std::uint32_t>(a.max_delay_us);
     d.host.delay_seed = a.seed;
