@@ -227,9 +227,10 @@ TEST(BadStream, UnknownAndDestroyedHandlesAreRefusedAndChangeNothing) {
                      bad, [](void*) {}, nullptr),
                  Error);
   }
-  // Nothing changed: the step goes on with a good stream.
-  CacheStream good(cache);
+  // Nothing changed: the step goes on with a good stream. `rows` outlives the stream, which
+  // drains when it is destroyed, so a failure that leaves the test early frees them after.
   const std::vector<std::uint8_t> rows = rows_for(0, 0, 0, 0, 1);
+  CacheStream good(cache);
   for (int layer = 0; layer < kLayers; ++layer) {
     cache.acquire(layer, good.get());
     EXPECT_THROW(cache.append(layer, 0, rows.data(), rows.data(), 1, &not_a_stream), Error);
