@@ -251,6 +251,10 @@ KVO_VECTOR_CLONES
 void linear_rows_blocks(const float* x, int rows, std::int64_t ldx, int in, const void* w,
                         std::uint32_t type, DType bias_type, const void* bias, int o0, int o1,
                         float* y, std::int64_t ldy, bool accumulate, float* row) {
+  if (rows == 1 && have_avx512() &&
+      linear_row_blocks_avx512(x, in, w, type, bias_type, bias, o0, o1, y, accumulate)) {
+    return;
+  }
   const std::size_t row_bytes = static_cast<std::size_t>(in / blocks::block_elements(type)) *
                                 static_cast<std::size_t>(blocks::block_bytes(type));
   for (int o = o0; o < o1; ++o) {

@@ -45,6 +45,13 @@ void linear_rows_blocks(const float* x, int rows, std::int64_t ldx, int in, cons
                         std::uint32_t blocks, DType bias_type, const void* bias, int o0, int o1,
                         float* y, std::int64_t ldy, bool accumulate, float* row);
 
+// linear_rows_blocks for one x row, with AVX-512 intrinsics (model/host/host_blocks_avx512.cpp):
+// the same bits, each block dequantized in registers. Returns false, doing nothing, for a type
+// it does not serve (Q5_K). REQUIRES: have_avx512().
+bool linear_row_blocks_avx512(const float* x, int in, const void* w, std::uint32_t blocks,
+                              DType bias_type, const void* bias, int o0, int o1, float* y,
+                              bool accumulate);
+
 // Rows of K or V of one slot: token j, kv head g at `base` + j * token_stride + g * head_stride
 // elements of `type`.
 struct KeyRows {
