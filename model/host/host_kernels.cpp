@@ -7,11 +7,16 @@
 #include "model/checkpoint/ggml_blocks.hpp"
 
 // Runtime dispatch by CPU level (GCC's function multiversioning, resolved once at load time).
+// Where the clones exist, dot() at the AVX-512 level sums with fused multiply-adds, as the
+// register kernel of GGUF blocks does (host_blocks_avx512.cpp); elsewhere (clang builds, other
+// targets) dot() is one baseline build without them, and that kernel would not give its bits.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define KVO_VECTOR_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define KVO_DOT_FUSES_ON_AVX512 1
 #else
 #define KVO_VECTOR_CLONES
+#define KVO_DOT_FUSES_ON_AVX512 0
 #endif
 
 namespace kvo::model::kernels {
@@ -251,7 +256,7 @@ KVO_VECTOR_CLONES
 void linear_rows_blocks(const float* x, int rows, std::int64_t ldx, int in, const void* w,
                         std::uint32_t type, DType bias_type, const void* bias, int o0, int o1,
                         float* y, std::int64_t ldy, bool accumulate, float* row) {
-  if (rows == 1 && have_avx512() &&
+  if (KVO_DOT_FUSES_ON_AVX512 && rows == 1 && have_avx512() &&
       linear_row_blocks_avx512(x, in, w, type, bias_type, bias, o0, o1, y, accumulate)) {
     return;
   }

@@ -46,8 +46,9 @@ void linear_rows_blocks(const float* x, int rows, std::int64_t ldx, int in, cons
                         float* y, std::int64_t ldy, bool accumulate, float* row);
 
 // linear_rows_blocks for one x row, with AVX-512 intrinsics (model/host/host_blocks_avx512.cpp):
-// the same bits, each block dequantized in registers. Returns false, doing nothing, for a type
-// it does not serve (Q5_K). REQUIRES: have_avx512().
+// the same bits where dot() is built in target clones (GCC; linear_rows_blocks uses it only
+// there), each block dequantized in registers. Returns false, doing nothing, for a type it does
+// not serve (Q5_K). REQUIRES: have_avx512().
 bool linear_row_blocks_avx512(const float* x, int in, const void* w, std::uint32_t blocks,
                               DType bias_type, const void* bias, int o0, int o1, float* y,
                               bool accumulate);
