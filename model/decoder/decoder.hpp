@@ -77,6 +77,11 @@ struct DecoderOptions {
   // Host path: bf16 weights multiply in f32 (sgemm) even where the CPU has AVX512_BF16, whose
   // GEMMs round the activations to bf16 (model/host/host_gemm_bf16.hpp).
   bool f32_gemm = false;
+  // Host path, matrices kept in GGUF blocks: a decode step's rows multiply the activations
+  // quantized to 8 bits (kernels::linear_row_blocks_q8, integer dot products as llama.cpp's) for
+  // Q8_0, Q4_0, Q4_1, Q4_K and Q6_K; not the bits of the expanded weights. Off: f32 activations,
+  // the bits of the weights expanded to f32.
+  bool q8_activations = false;
 };
 
 // The rows of one decode step, one per slot that takes part: row i feeds token tokens()[i] to

@@ -106,8 +106,9 @@ struct OpsShape {
   // CUDA: the attention kernels, chosen once with the plan (plan_decoder_memory) and sized in
   // its workspace; the ops run what it says.
   AttentionKernels kernels;
-  bool f32_gemm = false;       // host: bf16 weights multiplied in f32 (DecoderOptions)
-  bool weight_blocks = false;  // host: some matrices are kept in GGUF blocks
+  bool f32_gemm = false;        // host: bf16 weights multiplied in f32 (DecoderOptions)
+  bool weight_blocks = false;   // host: some matrices are kept in GGUF blocks
+  bool q8_activations = false;  // host: decode rows of blocks multiply 8-bit activations
 };
 
 // Keys a query at `position` attends: [first_key(position), position].

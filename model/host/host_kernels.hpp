@@ -5,6 +5,7 @@
 // so the levels differ only in whether a multiply-add is fused.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "model/decoder/numerics.hpp"
@@ -52,6 +53,29 @@ void linear_rows_blocks(const float* x, int rows, std::int64_t ldx, int in, cons
 bool linear_row_blocks_avx512(const float* x, int in, const void* w, std::uint32_t blocks,
                               DType bias_type, const void* bias, int o0, int o1, float* y,
                               bool accumulate);
+
+// Decoding rows against GGUF blocks with the activations quantized to 8 bits ("q8 activations",
+// model/host/host_blocks_q8.cpp), for Q8_0, Q4_0, Q4_1, Q4_K and Q6_K weights: the x row is
+// quantized once (quantize_activation_q8: per 32 elements for the 32-element types, per 256 for
+// the K types, x = d * q, q in [-127, 127], d = max |x| / 127), then each block's integer products
+// are summed exactly and scaled in f32. Not the bits of the expanded row: the result is the dot
+// product of the weights with the quantized row (dequantize_activation_q8), rounded in f32 once per
+// block; what quantizing x costs is bounded by sum |w| * d / 2 per group.
+bool q8_activations_serve(std::uint32_t blocks);
+// Bytes of a quantized row of `in` elements (in a multiple of the type's block).
+std::size_t q8_activation_bytes(int in);
+// "AVX512-VNNI" where the CPU has it, else "portable" (plain loops).
+const char* q8_activation_kernel();
+// `portable`: the plain loops even where the CPU has VNNI (tests; the same bytes).
+void quantize_activation_q8(std::uint32_t blocks, const float* x, int in, void* dst,
+                            bool portable = false);
+// x [in] = the values a quantized row stands for (tests).
+void dequantize_activation_q8(std::uint32_t blocks, const void* src, int in, float* x);
+// y[o] = (row o of w) . (the quantized row xq) + bias[o] (added to y[o] when `accumulate`), o in
+// [o0, o1); `portable`: the plain loops even where the CPU has VNNI (tests).
+void linear_row_blocks_q8(const void* xq, int in, const void* w, std::uint32_t blocks,
+                          DType bias_type, const void* bias, int o0, int o1, float* y,
+                          bool accumulate, bool portable = false);
 
 // Rows of K or V of one slot: token j, kv head g at `base` + j * token_stride + g * head_stride
 // elements of `type`.

@@ -27,8 +27,12 @@ bool uses_bf16_gemm(DType weights, bool f32_gemm) {
   return weights == DType::kBF16 && !f32_gemm && bf16_gemm::available();
 }
 
-HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm, bool blocks)
-    : pool_(pool), type_(type), bf16_gemm_(uses_bf16_gemm(type, f32_gemm)) {
+HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm, bool blocks,
+                       bool q8_activations)
+    : pool_(pool),
+      type_(type),
+      bf16_gemm_(uses_bf16_gemm(type, f32_gemm)),
+      q8_activations_(q8_activations && blocks) {
   static_assert(kGemmColBlock == bf16_gemm::kCols, "a tile is one panel of the bf16 kernel");
   blas::description();  // loads OpenBLAS now (single-threaded), not in the first GEMM
   // A GEMM tile's converted panel, or the bf16 kernel's scratch and the one row linear_rows
@@ -41,6 +45,7 @@ HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm, 
     if (blocks) floats = std::max<std::size_t>(floats, std::size_t{kGemmColBlock} * max_in);
   }
   panels_.assign(static_cast<std::size_t>(pool_.threads()), std::vector<float>(floats));
+  if (q8_activations_) q8_rows_.resize(kGemmMinRows * kernels::q8_activation_bytes(max_in));
 }
 
 void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const void* bias, int out,
@@ -50,6 +55,22 @@ void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const vo
     return;
   }
   const int blocks = (out + kDotColBlock - 1) / kDotColBlock;
+  if (w.in_blocks() && q8_activations_ && kernels::q8_activations_serve(w.blocks)) {
+    const std::size_t stride = kernels::q8_activation_bytes(in);
+    for (int t = 0; t < n; ++t) {
+      kernels::quantize_activation_q8(w.blocks, x + static_cast<std::int64_t>(t) * in, in,
+                                      q8_rows_.data() + t * stride);
+    }
+    pool_.run(blocks, [&](int b, int) {
+      const int o0 = b * kDotColBlock;
+      for (int t = 0; t < n; ++t) {
+        kernels::linear_row_blocks_q8(q8_rows_.data() + t * stride, in, w.data, w.blocks, type_,
+                                      bias, o0, std::min(out, o0 + kDotColBlock),
+                                      y + static_cast<std::int64_t>(t) * out, accumulate);
+      }
+    });
+    return;
+  }
   pool_.run(blocks, [&](int b, int thread) {
     const int o0 = b * kDotColBlock;
     float* row = panels_[static_cast<std::size_t>(thread)].data();

@@ -10,7 +10,8 @@
 //
 // W may also be kept in GGUF blocks (model/checkpoint/ggml_blocks.hpp): a GEMM tile then
 // dequantizes its kGemmColBlock rows into the thread's f32 panel, as f16 weights are converted,
-// and a decode-sized call dequantizes one row at a time (kernels::linear_rows_blocks).
+// and a decode-sized call dequantizes one row at a time (kernels::linear_rows_blocks), or, asked
+// for, quantizes x to 8 bits and multiplies in integers (kernels::linear_row_blocks_q8).
 //
 // Decode-sized calls (a few rows) read W in place, one output row at a time
 // (kernels::linear_rows), spread over blocks of outputs: they are bound by reading W, and every
@@ -46,7 +47,10 @@ class HostLinear {
   // max_in: the widest input of any call. Loads OpenBLAS (single-threaded) if need be.
   // f32_gemm: bf16 weights multiply in f32 even where the CPU has AVX512_BF16. blocks: some
   // matrices come in GGUF blocks (their panels are sized for them).
-  HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm = false, bool blocks = false);
+  // q8_activations: decode-sized calls on blocks kernels::q8_activations_serve() serves quantize
+  // x to 8 bits and multiply with kernels::linear_row_blocks_q8.
+  HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm = false, bool blocks = false,
+             bool q8_activations = false);
 
   // y [n][out] = x [n][in] W^T + bias (bias [out] or null, in the model dtype); y += instead
   // with `accumulate`.
@@ -63,6 +67,9 @@ class HostLinear {
   // [threads]: a tile's f32 panel, kGemmColBlock x max_in; with bf16_gemm_, its scratch and the
   // one row linear_rows converts at a time.
   std::vector<std::vector<float>> panels_;
+  bool q8_activations_;
+  // The rows of x quantized for linear_row_blocks_q8: [kGemmMinRows][q8_activation_bytes(max_in)].
+  std::vector<std::uint8_t> q8_rows_;
 };
 
 }  // namespace kvo::model

@@ -197,6 +197,27 @@ TEST(Bf16Gemm, MatchesTheExactProductsOfItsRoundedInputs) {
 // (each level's clone, the switch resolved per type) gives the reference header's bits
 // (model/checkpoint/ggml_blocks.hpp, itself equal to the gguf package's), and a decode-sized
 // product over the blocks gives, bit for bit, dot() of the expanded rows (linear_rows over f32).
+// A random matrix [out][in] in blocks of `type`: random bytes, with every f16 in a block's scale
+// fields drawn in [2^-10, 2^-6) with a sign (finite scales).
+std::vector<std::uint8_t> random_block_matrix(std::uint32_t type, int out, int in,
+                                              std::mt19937& rng) {
+  const int block_bytes = blocks::block_bytes(type);
+  const int row_blocks = in / blocks::block_elements(type);
+  std::vector<std::uint8_t> w(static_cast<std::size_t>(out * row_blocks * block_bytes));
+  for (auto& byte : w) byte = static_cast<std::uint8_t>(rng());
+  const int d_at = type == blocks::kQ6_K ? 208 : 0;
+  const int scales =
+      type == blocks::kQ4_K || type == blocks::kQ5_K || type == blocks::kQ4_1 ? 2 : 1;
+  for (int b = 0; b < out * row_blocks; ++b) {
+    for (int k = 0; k < scales; ++k) {
+      const std::uint16_t h = static_cast<std::uint16_t>(((rng() & 1) << 15) |
+                                                         ((5 + rng() % 4) << 10) | (rng() & 0x3ff));
+      std::memcpy(&w[static_cast<std::size_t>(b * block_bytes + d_at + 2 * k)], &h, 2);
+    }
+  }
+  return w;
+}
+
 TEST(HostLinear, GgufBlocksDequantizeAndMultiplyAsTheirExpandedRows) {
   std::mt19937 rng(7);
   const int in = 512, out = 37;
@@ -205,19 +226,7 @@ TEST(HostLinear, GgufBlocksDequantizeAndMultiplyAsTheirExpandedRows) {
     const int per_block = blocks::block_elements(type);
     const int block_bytes = blocks::block_bytes(type);
     const int row_blocks = in / per_block;
-    std::vector<std::uint8_t> w(static_cast<std::size_t>(out * row_blocks * block_bytes));
-    for (auto& byte : w) byte = static_cast<std::uint8_t>(rng());
-    // Finite scales: every f16 in a block's scale fields drawn in [2^-10, 2^-6) with a sign.
-    const int d_at = type == blocks::kQ6_K ? 208 : 0;
-    const int scales =
-        type == blocks::kQ4_K || type == blocks::kQ5_K || type == blocks::kQ4_1 ? 2 : 1;
-    for (int b = 0; b < out * row_blocks; ++b) {
-      for (int k = 0; k < scales; ++k) {
-        const std::uint16_t h = static_cast<std::uint16_t>(
-            ((rng() & 1) << 15) | ((5 + rng() % 4) << 10) | (rng() & 0x3ff));
-        std::memcpy(&w[static_cast<std::size_t>(b * block_bytes + d_at + 2 * k)], &h, 2);
-      }
-    }
+    const std::vector<std::uint8_t> w = random_block_matrix(type, out, in, rng);
     std::vector<float> expected(static_cast<std::size_t>(out) * in), got(expected.size());
     for (int b = 0; b < out * row_blocks; ++b) {
       blocks::dequantize_block(type, &w[static_cast<std::size_t>(b * block_bytes)],
@@ -239,6 +248,135 @@ TEST(HostLinear, GgufBlocksDequantizeAndMultiplyAsTheirExpandedRows) {
       EXPECT_EQ(y_blocks, y_rows) << ggml_type(type)->name << ", " << rows << " rows";
     }
   }
+}
+
+// The magnitude of the offset part of each weight of a block (the term not multiplied by the
+// block's quantized value: Q4_1's m, Q4_K's dmin * m, Q6_K's 32 * d * scale), which the q8 kernels
+// sum apart from the scaled part; 0 where they sum the weight whole (Q8_0, Q4_0).
+void offset_magnitudes(std::uint32_t type, const std::uint8_t* b, double* c) {
+  const int n = blocks::block_elements(type);
+  for (int e = 0; e < n; ++e) c[e] = 0.0;
+  if (type == blocks::kQ4_1) {
+    for (int e = 0; e < n; ++e) c[e] = std::fabs(blocks::half_to_float(blocks::u16_at(b + 2)));
+  } else if (type == blocks::kQ4_K) {
+    const double dmin = std::fabs(blocks::half_to_float(blocks::u16_at(b + 2)));
+    for (int j = 0; j < 8; ++j) {
+      int sc = 0, m = 0;
+      blocks::scale_min_k4(j, b + 4, &sc, &m);
+      for (int l = 0; l < 32; ++l) c[32 * j + l] = dmin * m;
+    }
+  } else if (type == blocks::kQ6_K) {
+    const double d = std::fabs(blocks::half_to_float(blocks::u16_at(b + 208)));
+    for (int e = 0; e < n; ++e)
+      c[e] = 32.0 * d * std::abs(static_cast<std::int8_t>(b[192 + e / 16]));
+  }
+}
+
+// --activations q8: the row quantized to 8 bits per group as documented (the AVX-512 quantizer
+// writes the plain loops' bytes), and each output the dot product of the weights with the
+// quantized row, within the f32 rounding of its block-by-block sum, by the VNNI kernel (where the
+// CPU has it) and the plain loops alike; HostLinear runs it for decode-sized calls only, and
+// leaves a type it does not serve (Q5_K) on the exact path.
+TEST(HostLinear, Q8ActivationsMultiplyTheQuantizedRow) {
+  std::mt19937 rng(11);
+  const int in = 1024, out = 37;
+  ThreadPool pool(2);
+  for (const std::uint32_t type :
+       {blocks::kQ8_0, blocks::kQ4_0, blocks::kQ4_1, blocks::kQ4_K, blocks::kQ6_K}) {
+    SCOPED_TRACE(ggml_type(type)->name);
+    ASSERT_TRUE(kernels::q8_activations_serve(type));
+    const int per_block = blocks::block_elements(type);
+    const int group = per_block;  // 32, or 256 for the K types
+    const std::size_t block_bytes = static_cast<std::size_t>(blocks::block_bytes(type));
+    const std::vector<std::uint8_t> w = random_block_matrix(type, out, in, rng);
+    std::vector<float> x(in);
+    std::normal_distribution<float> normal;
+    for (auto& v : x) v = normal(rng);
+    for (int e = 256; e < 512; ++e) x[static_cast<std::size_t>(e)] = 0.0f;  // a group of zeros
+    x[3] = 40.0f;  // an outlier: its group's step is coarse
+
+    std::vector<std::uint8_t> fast(kernels::q8_activation_bytes(in), 0), plain(fast.size(), 0);
+    kernels::quantize_activation_q8(type, x.data(), in, fast.data());
+    kernels::quantize_activation_q8(type, x.data(), in, plain.data(), /*portable=*/true);
+    ASSERT_EQ(fast, plain);
+    std::vector<float> xq(in);
+    kernels::dequantize_activation_q8(type, fast.data(), in, xq.data());
+    for (int g = 0; g < in / group; ++g) {
+      float amax = 0.0f, qmax = 0.0f;
+      for (int e = g * group; e < (g + 1) * group; ++e) {
+        amax = std::max(amax, std::fabs(x[static_cast<std::size_t>(e)]));
+        qmax = std::max(qmax, std::fabs(xq[static_cast<std::size_t>(e)]));
+      }
+      const double step = amax / 127.0;
+      for (int e = g * group; e < (g + 1) * group; ++e) {
+        ASSERT_LE(std::fabs(xq[static_cast<std::size_t>(e)] - x[static_cast<std::size_t>(e)]),
+                  0.5 * step * (1 + 1e-5))
+            << "element " << e;
+      }
+      EXPECT_NEAR(qmax, amax, amax * 1e-6) << "group " << g;  // the largest is +-127 steps
+    }
+
+    std::vector<float> wf(static_cast<std::size_t>(out) * in);
+    kernels::dequantize_rows(type, w.data(), out, in, wf.data());
+    for (const bool portable : {false, true}) {
+      std::vector<float> y(out, 0.5f);
+      kernels::linear_row_blocks_q8(fast.data(), in, w.data(), type, DType::kF32, nullptr, 0, out,
+                                    y.data(), /*accumulate=*/true, portable);
+      const std::size_t row_bytes = static_cast<std::size_t>(in / per_block) * block_bytes;
+      for (int o = 0; o < out; ++o) {
+        double exact = 0.0, with_x = 0.0, magnitude = 0.0, step_cost = 0.0;
+        std::vector<double> c(static_cast<std::size_t>(per_block));
+        for (int blk = 0; blk < in / per_block; ++blk) {
+          offset_magnitudes(type, &w[o * row_bytes + blk * block_bytes], c.data());
+          for (int l = 0; l < per_block; ++l) {
+            const std::size_t e = static_cast<std::size_t>(blk * per_block + l);
+            const double wv = wf[static_cast<std::size_t>(o) * in + e];
+            exact += wv * xq[e];
+            with_x += wv * x[e];
+            magnitude += (std::fabs(wv) + 2 * c[static_cast<std::size_t>(l)]) * std::fabs(xq[e]);
+            step_cost += std::fabs(wv) * std::fabs(xq[e] - x[e]);
+          }
+        }
+        // Each block's parts: the scale product, the integer sum's conversion and the product
+        // rounded once each, then at most 2 terms a block and 16 lanes summed.
+        const double bound =
+            gamma(2 * (in / per_block) + 16 + 3) * magnitude + 2 * kU * (0.5 + std::fabs(exact));
+        EXPECT_NEAR(y[static_cast<std::size_t>(o)], 0.5 + exact, bound)
+            << "row " << o << (portable ? ", plain loops" : ", vectorized");
+        // What quantizing x cost, within sum |w| * step / 2 (checked above element by element).
+        EXPECT_LE(std::fabs(exact - with_x), step_cost + 1e-12);
+      }
+    }
+
+    // Through HostLinear: decode-sized calls (1 and 3 rows) give the kernel's bits row by row.
+    HostLinear linear(pool, DType::kF32, in, false, true, /*q8_activations=*/true);
+    for (const int rows : {1, 3}) {
+      std::vector<float> xs(static_cast<std::size_t>(rows) * in);
+      for (auto& v : xs) v = normal(rng);
+      std::vector<float> y(static_cast<std::size_t>(rows) * out);
+      linear(xs.data(), rows, in, WeightRef{w.data(), type}, nullptr, out, y.data(), false);
+      for (int t = 0; t < rows; ++t) {
+        std::vector<std::uint8_t> q(kernels::q8_activation_bytes(in));
+        kernels::quantize_activation_q8(type, xs.data() + static_cast<std::size_t>(t) * in, in,
+                                        q.data());
+        std::vector<float> alone(out);
+        kernels::linear_row_blocks_q8(q.data(), in, w.data(), type, DType::kF32, nullptr, 0, out,
+                                      alone.data(), false);
+        EXPECT_EQ(std::vector<float>(y.begin() + t * out, y.begin() + (t + 1) * out), alone)
+            << rows << " rows, row " << t;
+      }
+    }
+  }
+  // Q5_K has no q8 kernel: HostLinear keeps the exact rows for it.
+  ASSERT_FALSE(kernels::q8_activations_serve(blocks::kQ5_K));
+  const std::vector<std::uint8_t> w = random_block_matrix(blocks::kQ5_K, out, in, rng);
+  std::vector<float> x(in), y(out), expected(out), row(in);
+  for (auto& v : x) v = std::normal_distribution<float>()(rng);
+  HostLinear linear(pool, DType::kF32, in, false, true, /*q8_activations=*/true);
+  linear(x.data(), 1, in, WeightRef{w.data(), blocks::kQ5_K}, nullptr, out, y.data(), false);
+  kernels::linear_rows_blocks(x.data(), 1, in, in, w.data(), blocks::kQ5_K, DType::kF32, nullptr, 0,
+                              out, expected.data(), out, false, row.data());
+  EXPECT_EQ(y, expected);
 }
 
 // Q8_0 as ggml's reference quantizes it: d = max |x| / 127 stored as f16, q = round(x / d) with

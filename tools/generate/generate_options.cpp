@@ -88,6 +88,11 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
   add_flag(app, "--expand-weights", a.expand_weights,
            "host backend, a GGUF file: dequantize its quantized matrices into the model dtype at "
            "load instead of keeping them in their blocks (the CUDA path always does)");
+  add_choice(app, "--activations", a.activations, {"f32", "q8"},
+             "host backend, weights in GGUF blocks: what a decode step's rows multiply them with: "
+             "f32 (default; the same bits as the weights expanded to f32) or q8 (the activations "
+             "quantized to 8 bits per block, integer dot products as llama.cpp's; faster, not "
+             "exact)");
   add_choice(app, "--gemm", a.gemm, {"auto", "f32"},
              "host backend, bf16 weights: auto (AVX512_BF16 GEMMs where the CPU has them, the "
              "activations rounded to bf16) or f32 (sgemm over f32 copies of the weights' tiles, "
@@ -235,6 +240,7 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
   d.threads = a.threads;
   d.f32_gemm = a.gemm == "f32";
   d.keep_blocks = !a.expand_weights;
+  d.q8_activations = a.activations == "q8";
   d.weight_format = a.weights;
   if (a.max_delay_us > 0) {
     d.host.max_delay_us = static_cast<std::uint32_t>(a.max_delay_us);
