@@ -9,6 +9,10 @@
 //                        over the HBM bandwidth above ("hbm_fraction")
 //   BM_PrefillAttention  a 1024-row chunk after 8K..128K keys: FLOP/s, and that over the GEMM
 //                        rate above ("gemm_fraction")
+//   BM_GgufDecodeQ4K     one decode row through a layer's seven matrices in Q4_K blocks (a
+//                        Q4_K_M file's bulk) with the kernel that reads them once: the layer's
+//                        time, and its bytes per second over the HBM bandwidth ("hbm_fraction");
+//                        bf16 runs only
 // Both attention benchmarks run the kernels the decoder would (FlashInfer's where they serve the
 // shape; for fp8 and int8 K/V, FlashInfer over dequantized bf16 tiles); --attention=builtin runs
 // the built-in ones instead. --kv-dtype=int8 (or fp8) stores the layer as quantized rows; decode's
@@ -26,8 +30,10 @@
 #include <vector>
 
 #include "bench/bench_common.hpp"
+#include "model/checkpoint/ggml_blocks.hpp"
 #include "model/cuda/attention_kernels.hpp"
 #include "model/cuda/cuda_ops.hpp"
+#include "model/cuda/kernels.hpp"
 #include "model/decoder/memory_plan.hpp"
 
 namespace kvo::bench {
@@ -123,6 +129,59 @@ void BM_GemmBf16(benchmark::State& state) {
   g_setup.gemm_flop_per_s =
       2.0 * n * static_cast<double>(n) * n * static_cast<double>(state.iterations()) / total;
   state.counters["flop_per_s"] = g_setup.gemm_flop_per_s;
+}
+
+// One decode row through the seven matrices of a Llama-3-8B layer kept in Q4_K blocks (random
+// quants, finite scales), each read once by cuda::linear_blocks.
+void BM_GgufDecodeQ4K(benchmark::State& state) {
+  const model::ModelConfig c = model::preset("llama3-8b");
+  const int h = c.hidden_size, kv = static_cast<int>(c.kv_dim()), ff = c.intermediate_size;
+  const int shapes[7][2] = {{h, h}, {kv, h}, {kv, h}, {h, h}, {ff, h}, {ff, h}, {h, ff}};
+  const std::uint32_t type = model::blocks::kQ4_K;
+  const std::size_t block_bytes = static_cast<std::size_t>(model::blocks::block_bytes(type));
+  std::size_t bytes = 0;
+  std::size_t offsets[7];
+  for (int i = 0; i < 7; ++i) {
+    offsets[i] = bytes;
+    bytes += static_cast<std::size_t>(shapes[i][0]) * (shapes[i][1] / 256) * block_bytes;
+  }
+  std::vector<std::uint8_t> host(bytes);
+  std::uint64_t seed = 0x9e3779b97f4a7c15ull;
+  for (std::size_t i = 0; i < bytes; i += 8) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (std::size_t j = 0; j < 8 && i + j < bytes; ++j)
+      host[i + j] = static_cast<std::uint8_t>(seed >> (8 * j));
+  }
+  for (std::size_t b = 0; b < bytes; b += block_bytes) {  // d and dmin: 2^-10 and 2^-12
+    host[b] = 0x00;
+    host[b + 1] = 0x14;
+    host[b + 2] = 0x00;
+    host[b + 3] = 0x0c;
+  }
+  DeviceBuffer w(bytes), x(sizeof(float) * ff), y(sizeof(float) * ff);
+  check(cudaMemcpy(w.ptr, host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  std::vector<float> ones(static_cast<std::size_t>(ff), 0.5f);
+  check(cudaMemcpy(x.ptr, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice),
+        "cudaMemcpy");
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  double total = 0;
+  for (auto _ : state) {
+    const double s = time_on(stream, [&] {
+      for (int i = 0; i < 7; ++i) {
+        model::cuda::linear_blocks(static_cast<const float*>(x.ptr), 1, shapes[i][1],
+                                   static_cast<const std::uint8_t*>(w.ptr) + offsets[i], type,
+                                   shapes[i][0], static_cast<float*>(y.ptr), false, stream);
+      }
+    });
+    state.SetIterationTime(s);
+    total += s;
+  }
+  cudaStreamDestroy(stream);
+  const double per_s = static_cast<double>(bytes) * static_cast<double>(state.iterations()) / total;
+  state.counters["layer_s"] = total / static_cast<double>(state.iterations());
+  state.counters["bytes_per_s"] = per_s;
+  if (g_setup.hbm_bytes_per_s > 0) state.counters["hbm_fraction"] = per_s / g_setup.hbm_bytes_per_s;
 }
 
 // A one-layer, one-slot cache of `max_seq` tokens of the model's K/V, in the benchmark's dtype.
@@ -291,6 +350,12 @@ int main(int argc, char** argv) {
   auto* prefill = benchmark::RegisterBenchmark("BM_PrefillAttention", BM_PrefillAttention);
   for (int c = 8192; c <= g_setup.max_context; c *= 2) prefill->Arg(c);
   prefill->ArgName("prefix")->UseManualTime()->Unit(benchmark::kMillisecond);
+  if (g_setup.kv_dtype == kvo::DType::kBF16) {
+    benchmark::RegisterBenchmark("BM_GgufDecodeQ4K", BM_GgufDecodeQ4K)
+        ->UseManualTime()
+        ->Iterations(50)
+        ->Unit(benchmark::kMicrosecond);
+  }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

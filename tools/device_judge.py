@@ -98,6 +98,10 @@ def figures(work):
                 m["hbm_TBps"] = b["hbm_bytes_per_s"] / 1e12
             elif n.startswith("BM_GemmBf16") and not prefix:
                 m["gemm_TFLOPs"] = b["flop_per_s"] / 1e12
+            elif n.startswith("BM_GgufDecodeQ4K") and not prefix:
+                m["gguf_q4k_decode_layer_us"] = b["layer_s"] * 1e6
+                if "hbm_fraction" in b:
+                    m["gguf_q4k_decode_hbm_fraction"] = b["hbm_fraction"]
             elif n.startswith("BM_DecodeAttention"):
                 k = k_of(b["context"])
                 m[f"{prefix}decode_attn_{k}_us"] = b["time_s"] * 1e6

@@ -186,46 +186,75 @@ KVO_BLOCKS_HD void dequantize_q4_1(const std::uint8_t* __restrict__ b, float* __
   for (int j = 0; j < 16; ++j) out[j] = add(mul(d, static_cast<float>(b[4 + j] & 0x0f)), m);
   for (int j = 0; j < 16; ++j) out[j + 16] = add(mul(d, static_cast<float>(b[4 + j] >> 4)), m);
 }
-// Q4_K (kFive false) and Q5_K (kFive true).
+// Sub-block j (elements [32 j, 32 j + 32)) of a Q4_K (kFive false) or Q5_K (kFive true) block
+// whose d and dmin are given.
+template <bool kFive>
+KVO_BLOCKS_HD void q45_k_part(const std::uint8_t* __restrict__ b, float d, float dmin, int j,
+                              float* __restrict__ out) {
+  const std::uint8_t* qh = b + 16;                 // Q5_K only
+  const std::uint8_t* qs = b + (kFive ? 48 : 16);  // 128 bytes
+  int sc = 0, m = 0;
+  scale_min_k4(j, b + 4, &sc, &m);
+  const float ds = mul(d, static_cast<float>(sc));
+  const float dm = mul(dmin, static_cast<float>(m));
+  const std::uint8_t* q = qs + 32 * (j / 2);
+  const int shift = 4 * (j % 2);
+  for (int l = 0; l < 32; ++l) {
+    int v = (q[l] >> shift) & 0x0f;
+    if (kFive) v |= ((qh[l] >> j) & 1) << 4;
+    out[l] = sub(mul(ds, static_cast<float>(v)), dm);
+  }
+}
 template <bool kFive>
 KVO_BLOCKS_HD void dequantize_q45_k(const std::uint8_t* __restrict__ b, float* __restrict__ out) {
   const float d = half_to_float(u16_at(b));
   const float dmin = half_to_float(u16_at(b + 2));
-  const std::uint8_t* scales = b + 4;
-  const std::uint8_t* qh = b + 16;                 // Q5_K only
-  const std::uint8_t* qs = b + (kFive ? 48 : 16);  // 128 bytes
-  for (int j = 0; j < 8; ++j) {
-    int sc = 0, m = 0;
-    scale_min_k4(j, scales, &sc, &m);
-    const float ds = mul(d, static_cast<float>(sc));
-    const float dm = mul(dmin, static_cast<float>(m));
-    const std::uint8_t* q = qs + 32 * (j / 2);
-    const int shift = 4 * (j % 2);
-    for (int l = 0; l < 32; ++l) {
-      int v = (q[l] >> shift) & 0x0f;
-      if (kFive) v |= ((qh[l] >> j) & 1) << 4;
-      out[32 * j + l] = sub(mul(ds, static_cast<float>(v)), dm);
-    }
+  for (int j = 0; j < 8; ++j) q45_k_part<kFive>(b, d, dmin, j, out + 32 * j);
+}
+// Elements [32 p, 32 p + 32) of a Q6_K block whose d is given: half p / 4, sub-block p % 4 of it.
+KVO_BLOCKS_HD void q6_k_part(const std::uint8_t* __restrict__ b, float d, int p,
+                             float* __restrict__ out) {
+  const int half = p / 4;
+  const int k = p % 4;
+  const auto* scales = reinterpret_cast<const std::int8_t*>(b + 192);
+  const std::uint8_t* low = b + 64 * half + 32 * (k % 2);
+  const std::uint8_t* high = b + 128 + 32 * half;
+  const int shift = 4 * (k / 2);
+  const float ds0 = mul(d, static_cast<float>(scales[8 * half + 2 * k]));
+  const float ds1 = mul(d, static_cast<float>(scales[8 * half + 2 * k + 1]));
+  for (int l = 0; l < 32; ++l) {
+    const int q = (((low[l] >> shift) & 0x0f) | (((high[l] >> (2 * k)) & 3) << 4)) - 32;
+    out[l] = mul(l < 16 ? ds0 : ds1, static_cast<float>(q));
   }
 }
 KVO_BLOCKS_HD void dequantize_q6_k(const std::uint8_t* __restrict__ b, float* __restrict__ out) {
-  const std::uint8_t* ql = b;
-  const std::uint8_t* qh = b + 128;
-  const auto* scales = reinterpret_cast<const std::int8_t*>(b + 192);
   const float d = half_to_float(u16_at(b + 208));
   for (int half = 0; half < 2; ++half) {
-    for (int k = 0; k < 4; ++k) {
-      const std::uint8_t* low = ql + 64 * half + 32 * (k % 2);
-      const std::uint8_t* high = qh + 32 * half;
-      const int shift = 4 * (k / 2);
-      float* o = out + 128 * half + 32 * k;
-      const float ds0 = mul(d, static_cast<float>(scales[8 * half + 2 * k]));
-      const float ds1 = mul(d, static_cast<float>(scales[8 * half + 2 * k + 1]));
-      for (int l = 0; l < 32; ++l) {
-        const int q = (((low[l] >> shift) & 0x0f) | (((high[l] >> (2 * k)) & 3) << 4)) - 32;
-        o[l] = mul(l < 16 ? ds0 : ds1, static_cast<float>(q));
-      }
-    }
+    for (int k = 0; k < 4; ++k) q6_k_part(b, d, 4 * half + k, out + 128 * half + 32 * k);
+  }
+}
+
+// out [32] = elements [32 part, 32 part + 32) of the quantized block at `b` (part 0 of a
+// 32-element type; 0..7 of a K type): dequantize_block's values, a part at a time (the CUDA
+// kernels give each thread one part). REQUIRES: block_elements(type) is 32 or 256.
+KVO_BLOCKS_HD void dequantize_part(std::uint32_t type, const std::uint8_t* b, int part,
+                                   float* out) {
+  switch (type) {
+    case kQ8_0:
+      return dequantize_q8_0(b, out);
+    case kQ4_0:
+      return dequantize_q4_0(b, out);
+    case kQ4_1:
+      return dequantize_q4_1(b, out);
+    case kQ4_K:
+      return q45_k_part<false>(b, half_to_float(u16_at(b)), half_to_float(u16_at(b + 2)), part,
+                               out);
+    case kQ5_K:
+      return q45_k_part<true>(b, half_to_float(u16_at(b)), half_to_float(u16_at(b + 2)), part, out);
+    case kQ6_K:
+      return q6_k_part(b, half_to_float(u16_at(b + 208)), part, out);
+    default:
+      return;
   }
 }
 

@@ -1,8 +1,9 @@
 // The CUDA path: cuBLAS for every projection (f32 accumulation; bf16/f16 weights take their
-// input converted to the same type), FlashInfer's kernels for attention where they serve the
-// shape (model/cuda/attention_kernels.hpp), the built-in kernels elsewhere, kernels for the rest.
-// Everything is ordered on one stream and uses only the workspace planned with the cache (and two
-// small pinned host mirrors of FlashInfer's decode schedule, allocated here once).
+// input converted to the same type; matrices in GGUF blocks through kernels_blocks.cu and tiles),
+// FlashInfer's kernels for attention where they serve the shape (model/cuda/attention_kernels.hpp),
+// the built-in kernels elsewhere, kernels for the rest. Everything is ordered on one stream and
+// uses only the workspace planned with the cache (and two small pinned host mirrors of FlashInfer's
+// decode schedule, allocated here once).
 #include "model/cuda/cuda_ops.hpp"
 
 #include "kvoffload/plan.hpp"
@@ -20,6 +21,8 @@
 namespace kvo::model {
 namespace {
 
+static_assert(cuda::kBlockDecodeRowsMax == kBlockDecodeRows, "one limit, planned and launched");
+
 cudaDataType_t cuda_type(DType d) {
   return d == DType::kF32 ? CUDA_R_32F : d == DType::kF16 ? CUDA_R_16F : CUDA_R_16BF;
 }
@@ -32,9 +35,10 @@ class CudaOps final : public Ops {
         kv_elem_(shape.kv_dtype),
         stream_(static_cast<cudaStream_t>(stream)),
         layout_(shape.config, shape.weight_dtype, shape.kv_dtype, shape.max_rows,
-                shape.max_decode_rows, shape.max_seq, shape.kernels) {
+                shape.max_decode_rows, shape.max_seq, shape.kernels, shape.weight_blocks) {
     base_ = static_cast<std::byte*>(workspace);
     gemm_input_ = base_ + layout_.gemm_input;
+    block_tile_ = base_ + layout_.block_tile;
     partials_ = reinterpret_cast<float*>(base_ + layout_.partials);
     scores_ = reinterpret_cast<float*>(base_ + layout_.prefill_scores);
     stats_ = reinterpret_cast<float*>(base_ + layout_.prefill_stats);
@@ -54,16 +58,13 @@ class CudaOps final : public Ops {
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
 
-  // GGUF blocks are multiplied on the host path only: the decoder expands them to the model
-  // dtype at load for this path (model/decoder/decoder.cpp).
-  static const void* in_model_dtype(WeightRef w) {
-    if (w.in_blocks()) {
-      throw Error(ErrorCode::kInternal, "the CUDA path was given a matrix in GGUF blocks");
-    }
-    return w.data;
-  }
   void embed(const std::int32_t* tokens, int n, WeightRef table, float* out) override {
-    cuda::embed(tokens, n, in_model_dtype(table), elem_, shape_.config.hidden_size, out, stream_);
+    const int hidden = shape_.config.hidden_size;
+    if (table.in_blocks()) {
+      cuda::embed_blocks(tokens, n, table.data, table.blocks, hidden, out, stream_);
+      return;
+    }
+    cuda::embed(tokens, n, table.data, elem_, hidden, out, stream_);
   }
   void rms_norm(const float* x, int n, int width, const void* weight, float* out) override {
     cuda::rms_norm(x, n, width, weight, elem_, shape_.config.rms_norm_eps, out, stream_);
@@ -71,16 +72,51 @@ class CudaOps final : public Ops {
   void linear(const float* x, int n, int in, WeightRef w, const void* bias, int out, float* y,
               bool accumulate) override {
     if (n == 0) return;
-    gemm(gemm_input(x, n, in), n, in, in_model_dtype(w), bias, out, y, accumulate);
+    if (w.in_blocks()) {
+      multiply_blocks(x, nullptr, n, in, w, bias, out, y, accumulate);
+      return;
+    }
+    gemm(gemm_input(x, n, in), n, in, w.data, bias, out, y, accumulate);
   }
   void linear_many(const float* x, int n, int in, const Projection* projections,
                    int count) override {
     if (n == 0) return;
-    const void* input = gemm_input(x, n, in);  // converted once for every projection
+    const void* input = nullptr;  // converted once, for every projection a GEMM multiplies
     for (int i = 0; i < count; ++i) {
       const Projection& p = projections[i];
-      gemm(input, n, in, in_model_dtype(p.w), p.bias, p.out, p.y, p.accumulate);
+      if (p.w.in_blocks() && n <= cuda::kBlockDecodeRowsMax) {
+        multiply_blocks(x, nullptr, n, in, p.w, p.bias, p.out, p.y, p.accumulate);
+        continue;
+      }
+      if (input == nullptr) input = gemm_input(x, n, in);
+      if (p.w.in_blocks()) {
+        multiply_blocks(x, input, n, in, p.w, p.bias, p.out, p.y, p.accumulate);
+      } else {
+        gemm(input, n, in, p.w.data, p.bias, p.out, p.y, p.accumulate);
+      }
     }
+  }
+  // A matrix in GGUF blocks: a decode step's few rows through the kernel that reads the blocks
+  // once; more through tiles of its rows dequantized into the model dtype, each a GEMM into its
+  // columns of y. `input`: x as the GEMMs read it, or null to convert it here.
+  void multiply_blocks(const float* x, const void* input, int n, int in, WeightRef w,
+                       const void* bias, int out, float* y, bool accumulate) {
+    if (n <= cuda::kBlockDecodeRowsMax) {
+      cuda::linear_blocks(x, n, in, w.data, w.blocks, out, y, accumulate, stream_);
+    } else {
+      if (layout_.block_tile_rows == 0) {
+        throw Error(ErrorCode::kInternal, "weights in GGUF blocks, but no tile was planned");
+      }
+      if (input == nullptr) input = gemm_input(x, n, in);
+      for (int c0 = 0; c0 < out; c0 += layout_.block_tile_rows) {
+        const int rows = std::min(layout_.block_tile_rows, out - c0);
+        cuda::dequantize_blocks(
+            static_cast<const std::byte*>(w.data) + matrix_bytes(w.blocks, elem_, c0, in), w.blocks,
+            rows, in, block_tile_, elem_, stream_);
+        gemm_columns(input, n, in, block_tile_, rows, y + c0, out, accumulate);
+      }
+    }
+    if (bias != nullptr) cuda::add_bias(y, n, out, bias, elem_, stream_);
   }
   // x as the GEMMs read it: itself in f32, else converted to the weights' type.
   const void* gemm_input(const float* x, int n, int in) {
@@ -90,14 +126,19 @@ class CudaOps final : public Ops {
   }
   void gemm(const void* input, int n, int in, const void* w, const void* bias, int out, float* y,
             bool accumulate) {
+    gemm_columns(input, n, in, w, out, y, out, accumulate);
+    if (bias != nullptr) cuda::add_bias(y, n, out, bias, elem_, stream_);
+  }
+  // y [n][cols] (row stride ldy) = x [n][in] W^T for W [cols][in] (y += with `accumulate`).
+  void gemm_columns(const void* input, int n, int in, const void* w, int cols, float* y, int ldy,
+                    bool accumulate) {
     const float alpha = 1.0f;
     const float beta = accumulate ? 1.0f : 0.0f;
     const cudaDataType_t type = cuda_type(shape_.weight_dtype);
-    // Row-major y [n][out] = x [n][in] W^T is column-major y^T [out][n] = W^T [out][in] x^T.
+    // Row-major y [n][cols] = x [n][in] W^T is column-major y^T [cols][n] = W^T [cols][in] x^T.
     KVO_MODEL_CUBLAS_CHECK(cublas::api().gemm_ex(
-        handle_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, w, type, in, input, type, in, &beta,
-        y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    if (bias != nullptr) cuda::add_bias(y, n, out, bias, elem_, stream_);
+        handle_, CUBLAS_OP_T, CUBLAS_OP_N, cols, n, in, &alpha, w, type, in, input, type, in, &beta,
+        y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   void rope(float* q, float* k, int n, const std::int32_t* positions, int first_position) override {
     const ModelConfig& c = shape_.config;
@@ -460,6 +501,7 @@ class CudaOps final : public Ops {
   cublasHandle_t handle_ = nullptr;
   std::byte* base_ = nullptr;
   std::byte* gemm_input_ = nullptr;
+  std::byte* block_tile_ = nullptr;
   float* partials_ = nullptr;
   float* scores_ = nullptr;    // [heads][max_rows][kPrefillKeyBlock]
   float* stats_ = nullptr;     // [2][heads][max_rows]

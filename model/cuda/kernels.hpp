@@ -34,6 +34,21 @@ void add_bias(float* y, int n, int out, const void* bias, DType type, cudaStream
 // gate [count] = silu(gate) * up.
 void swiglu(float* gate, const float* up, std::int64_t count, cudaStream_t stream);
 
+// ---- kernels_blocks.cu: matrices in GGUF blocks (model/checkpoint/ggml_blocks.hpp) ----
+// Rows of a decode step up to this many go through linear_blocks; more through a tile.
+inline constexpr int kBlockDecodeRowsMax = 8;
+// y [n][out] = x [n][in] W^T (y += with `accumulate`), W [out][in] in blocks of ggml type `type`
+// (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), reading W once. REQUIRES: n <= kBlockDecodeRowsMax, in a
+// multiple of the type's block.
+void linear_blocks(const float* x, int n, int in, const void* w, std::uint32_t type, int out,
+                   float* y, bool accumulate, cudaStream_t stream);
+// out [rows][in] (out_type: f32, f16, bf16) = rows of a matrix in blocks of `type`, the first at w.
+void dequantize_blocks(const void* w, std::uint32_t type, std::int64_t rows, int in, void* out,
+                       DType out_type, cudaStream_t stream);
+// out [n][hidden] f32 = rows tokens[n] of a table in blocks of `type`.
+void embed_blocks(const std::int32_t* tokens, int n, const void* table, std::uint32_t type,
+                  int hidden, float* out, cudaStream_t stream);
+
 // ---- kernels_attention.cu ----
 struct AttentionArgs {
   const float* q = nullptr;  // [n][heads][head_dim]

@@ -41,9 +41,6 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
                     " are planned (kvo-vram --weights), not run: give a GGUF file of that type "
                     "(--model FILE.gguf), or q8_0 to quantize at load");
     }
-    if (backend != BackendKind::kHost) {
-      throw invalid("weights quantized to q8_0 at load run on the host backend only, for now");
-    }
     if (!source.checkpoint.empty() && is_gguf_model(source.checkpoint)) {
       throw invalid(
           "a GGUF file's weights come in its own blocks: q8_0 quantizes a safetensors "
@@ -70,21 +67,23 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   if (!source.checkpoint.empty() && is_gguf_model(source.checkpoint)) {
     gguf = std::make_unique<GgufFile>(source.checkpoint);
     check_gguf_weights(layout_, *gguf);
-    if (options_.keep_blocks && backend == BackendKind::kHost) {
+    if (options_.keep_blocks) {
       layout_ = WeightLayout(config_, layout_.dtype(), gguf_block_matrices(layout_, *gguf));
     }
   } else if (!source.checkpoint.empty()) {
     checkpoint = std::make_unique<Checkpoint>(source.checkpoint);
     check_checkpoint(layout_, *checkpoint);
   }
-  if (options_.q8_activations && !layout_.has_blocks()) {
+  if (options_.q8_activations && (backend != BackendKind::kHost || !layout_.has_blocks())) {
     throw invalid(
         "q8 activations multiply weights kept in GGUF blocks on the host backend (a GGUF file, "
-        "or --weights q8_0); these weights are " +
-        std::string(backend == BackendKind::kHost ? "not in blocks" : "expanded on the CUDA path"));
+        "or --weights q8_0); " +
+        std::string(backend == BackendKind::kHost ? "these weights are not in blocks"
+                                                  : "the CUDA path multiplies f32 activations"));
   }
   DecoderOptions planned = options_;
   planned.weights_bytes = layout_.bytes();
+  planned.weights_in_blocks = layout_.has_blocks();
   planned.weight_format.clear();  // the layout's own bytes, not the recipe's
   if (planned.fit_prompt && planned.device_budget == 0 && backend == BackendKind::kCuda) {
     // The piece fits the budget the cache will take: the device's free memory less headroom.

@@ -65,13 +65,15 @@ struct DecoderOptions {
   // at load (host path); q4_k_m and q5_k_m are planned only (kvo-vram), and the decoder refuses
   // them.
   std::string weight_format;
-  // A GGUF checkpoint's quantized matrices stay in their blocks on the host path (multiplied by
-  // dequantizing a row or a tile at a time); false, and always on the CUDA path, expands them to
-  // `dtype` at load.
+  // A GGUF checkpoint's quantized matrices stay in their blocks (multiplied by dequantizing a row
+  // or a tile at a time, on either path); false expands them to `dtype` at load.
   bool keep_blocks = true;
   // The weights' bytes when the checkpoint fixes them (a GGUF file's blocks): the decoder sets it
   // for the plan; 0: the config's tensors in the model dtype.
   std::size_t weights_bytes = 0;
+  // Some matrices stay in GGUF blocks (the decoder sets it for the plan): the CUDA workspace then
+  // holds a tile of their rows dequantized for prefill GEMMs (memory_plan.hpp).
+  bool weights_in_blocks = false;
   HostBackendOptions host;
   int threads = 0;  // host path: threads computing a step; 0: the cores this process may use
   // Host path: bf16 weights multiply in f32 (sgemm) even where the CPU has AVX512_BF16, whose

@@ -20,7 +20,7 @@ std::uint64_t align256(std::uint64_t bytes) {
 
 WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, DType kv_dtype,
                                  int max_rows, int max_decode_rows, int max_seq,
-                                 const AttentionKernels& chosen)
+                                 const AttentionKernels& chosen, bool weight_blocks)
     : kernels(chosen) {
   const std::uint64_t f = sizeof(float);
   const std::uint64_t i32 = sizeof(std::int32_t);
@@ -41,6 +41,14 @@ WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, DType
       std::max({c.hidden_size, c.intermediate_size, static_cast<int>(c.q_dim())}));
   gemm_input = take(weight_dtype == DType::kF32 ? 0 : rows * widest * element);
   sampling = take(i32 * 3 * decode_rows);
+  if (weight_blocks) {
+    const std::uint64_t fit = kBlockTileBytes / (widest * element) / 128 * 128;
+    const std::uint64_t tallest = static_cast<std::uint64_t>(
+        std::max({c.vocab_size, c.intermediate_size, static_cast<int>(c.q_dim()), c.hidden_size}));
+    block_tile_rows = static_cast<int>(
+        std::min(std::max<std::uint64_t>(kBlockTileMinRows, fit), (tallest + 127) / 128 * 128));
+    block_tile = take(static_cast<std::uint64_t>(block_tile_rows) * widest * element);
+  }
   if (kernels.any_flashinfer()) {
     attn_q = take(rows * heads * d * kv_element);
     attn_out = take(rows * heads * d * kv_element);
@@ -177,7 +185,7 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
                                        m.max_rows, options.builtin_attention);
   m.workspace = backend == BackendKind::kCuda
                     ? WorkspaceLayout(config, m.dtype, m.kv_dtype, m.max_rows, options.slots,
-                                      options.max_seq, m.kernels)
+                                      options.max_seq, m.kernels, options.weights_in_blocks)
                           .bytes
                     : 0;
 

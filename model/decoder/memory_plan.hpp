@@ -23,12 +23,24 @@ inline constexpr int kMaxAttentionSplits = 32;
 // Llama-3-8B shape (32 heads x 512 rows) and cut the launches fourfold.
 inline constexpr int kPrefillKeyBlock = 1024;
 inline constexpr std::uint64_t kCublasWorkspaceBytes = 32ull << 20;
+// Weights kept in GGUF blocks multiply a prefill chunk (more than cuda::kBlockDecodeRowsMax rows)
+// through a tile of their rows dequantized into the model dtype: at most this many bytes (and at
+// least kBlockTileMinRows rows).
+inline constexpr std::uint64_t kBlockTileBytes = 64ull << 20;
+inline constexpr int kBlockTileMinRows = 256;
+// Up to this many rows (a decode step's) multiply a matrix in blocks with the kernel that reads
+// them once (cuda::linear_blocks, whose kBlockDecodeRowsMax it is); more go through the tile.
+inline constexpr int kBlockDecodeRows = 8;
 
 // The CUDA path's workspace. R = rows of the largest chunk or decode batch, S = decode rows
 // (slots), B = kPrefillKeyBlock, d = head_dim, type = the weights' dtype, kv = the K/V's:
 //   cuBLAS workspace
 //   GEMM input       [R][widest] (type; none in f32)
 //   sampling         [3][S] int32: slot and draw of each row, then the sampled ids
+// With weights in GGUF blocks (weight_blocks):
+//   block_tile       [rows][widest] (type): rows of a matrix in blocks dequantized for a GEMM,
+//                    rows = max(kBlockTileMinRows, kBlockTileBytes / (widest x type)) in 128s,
+//                    no more than the tallest matrix's rows (rounded up to 128)
 // With FlashInfer's kernels (attention_kernels.hpp), for either phase:
 //   attn_q           [R][heads][d] (kv): the queries, as FlashInfer reads them
 //   attn_out         [R][heads][d] (kv): its output
@@ -57,6 +69,8 @@ struct WorkspaceLayout {
   AttentionKernels kernels;
   std::uint64_t gemm_input = 0;  // offsets in bytes
   std::uint64_t sampling = 0;
+  std::uint64_t block_tile = 0;
+  int block_tile_rows = 0;  // 0: no weights in blocks
   std::uint64_t attn_q = 0;
   std::uint64_t attn_out = 0;
   std::uint64_t decode_float = 0, decode_float_bytes = 0;
@@ -71,9 +85,11 @@ struct WorkspaceLayout {
   std::uint64_t bytes = 0;
   int decode_grid = 0;  // the most decode blocks FlashInfer's schedule may use
 
-  // kernels: choose_attention_kernels for the same shape (the plan's choice).
+  // kernels: choose_attention_kernels for the same shape (the plan's choice). weight_blocks:
+  // some matrices are kept in GGUF blocks.
   WorkspaceLayout(const ModelConfig& config, DType weight_dtype, DType kv_dtype, int max_rows,
-                  int max_decode_rows, int max_seq, const AttentionKernels& kernels);
+                  int max_decode_rows, int max_seq, const AttentionKernels& kernels,
+                  bool weight_blocks = false);
 };
 
 // The activations region, carved into buffers. R = rows of the largest chunk or decode batch,

@@ -20,13 +20,14 @@ model::DecoderMemory decoder_memory(const MemoryQuery& q, const model::ModelConf
     throw Error(ErrorCode::kInvalidArgument, "the planner needs a backend: cuda or host");
   }
   model::DecoderOptions options = model::decoder_options(q);
-  if (q.weights.empty() && q.backend == BackendKind::kHost && model::has_gguf_magic(q.model)) {
-    // The host path keeps a GGUF file's quantized matrices in their blocks (the CUDA path
-    // expands them at load, as the plan in the model dtype counts).
+  if (q.weights.empty() && model::has_gguf_magic(q.model)) {
+    // Both paths keep a GGUF file's quantized matrices in their blocks (the CUDA path with a
+    // tile of their rows dequantized for prefill GEMMs, in its workspace).
     const model::GgufFile file(q.model);
     const model::WeightLayout plain(config, q.override_dtype ? q.dtype : config.dtype);
-    options.weights_bytes =
-        model::WeightLayout(config, plain.dtype(), model::gguf_block_matrices(plain, file)).bytes();
+    const model::WeightLayout kept(config, plain.dtype(), model::gguf_block_matrices(plain, file));
+    options.weights_bytes = kept.bytes();
+    options.weights_in_blocks = kept.has_blocks();
   }
   return model::plan_decoder_memory(config, options, q.backend);
 }

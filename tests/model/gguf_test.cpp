@@ -21,6 +21,7 @@
 #include "model/checkpoint/gguf.hpp"
 #include "model/checkpoint/gguf_config.hpp"
 #include "model/checkpoint/gguf_weights.hpp"
+#include "model/decoder/memory_plan.hpp"
 #include "model/text/tokenizer.hpp"
 
 namespace kvo::model {
@@ -397,7 +398,8 @@ TEST(GgufWeights, TensorsAreFoundCheckedAndRefusedByName) {
   };
   write(model);
   EXPECT_NO_THROW(check());
-  {  // the planner counts the blocks the host path keeps, and the CUDA path's expanded f32
+  {  // the planner counts the blocks both paths keep, and on CUDA the tile their GEMMs dequantize
+     // into (the workspace of the same shape without blocks, plus that tile)
     const GgufFile file(path);
     const WeightLayout plain(gguf_model_config(file), DType::kF32);
     const WeightLayout kept(plain.config(), DType::kF32, gguf_block_matrices(plain, file));
@@ -408,9 +410,27 @@ TEST(GgufWeights, TensorsAreFoundCheckedAndRefusedByName) {
     q.max_seq = 64;
     q.backend = BackendKind::kHost;
     EXPECT_EQ(plan_memory(q).weights_bytes, kept.bytes());
+    EXPECT_EQ(plan_memory(q).workspace_bytes, 0u);
     q.backend = BackendKind::kCuda;
-    EXPECT_EQ(plan_memory(q).weights_bytes, plain.bytes());
+    const MemoryPlan cuda = plan_memory(q);
+    EXPECT_EQ(cuda.weights_bytes, kept.bytes());
     EXPECT_LT(kept.bytes(), plain.bytes());
+    const ModelConfig c = plain.config();
+    DecoderOptions o = decoder_options(q);
+    o.weights_bytes = kept.bytes();
+    o.weights_in_blocks = true;
+    const DecoderMemory with = plan_decoder_memory(c, o, BackendKind::kCuda);
+    o.weights_in_blocks = false;
+    const DecoderMemory without = plan_decoder_memory(c, o, BackendKind::kCuda);
+    EXPECT_EQ(cuda.workspace_bytes, with.workspace);
+    // This small model's tile: its tallest matrix's rows rounded up to 128, of its widest input,
+    // in f32 (64 MiB would hold far more rows).
+    const std::uint64_t widest = static_cast<std::uint64_t>(
+        std::max({c.hidden_size, c.intermediate_size, static_cast<int>(c.q_dim())}));
+    const std::uint64_t tallest = static_cast<std::uint64_t>(
+        std::max({c.vocab_size, c.intermediate_size, static_cast<int>(c.q_dim()), c.hidden_size}));
+    const std::uint64_t rows = (tallest + 127) / 128 * 128;
+    EXPECT_EQ(with.workspace - without.workspace, (rows * widest * 4 + 255) / 256 * 256);
   }
   {  // every element of a zero file reads as 0 (F32, F16, BF16, Q8_0, Q4_0 and Q4_1 blocks)
     const GgufFile file(path);

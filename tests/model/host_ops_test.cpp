@@ -18,6 +18,7 @@
 #include "model/host/host_kernels.hpp"
 #include "model/host/host_linear.hpp"
 #include "model/host/host_ops.hpp"
+#include "model_test_util.hpp"
 
 namespace kvo::model {
 namespace {
@@ -197,27 +198,6 @@ TEST(Bf16Gemm, MatchesTheExactProductsOfItsRoundedInputs) {
 // (each level's clone, the switch resolved per type) gives the reference header's bits
 // (model/checkpoint/ggml_blocks.hpp, itself equal to the gguf package's), and a decode-sized
 // product over the blocks gives, bit for bit, dot() of the expanded rows (linear_rows over f32).
-// A random matrix [out][in] in blocks of `type`: random bytes, with every f16 in a block's scale
-// fields drawn in [2^-10, 2^-6) with a sign (finite scales).
-std::vector<std::uint8_t> random_block_matrix(std::uint32_t type, int out, int in,
-                                              std::mt19937& rng) {
-  const int block_bytes = blocks::block_bytes(type);
-  const int row_blocks = in / blocks::block_elements(type);
-  std::vector<std::uint8_t> w(static_cast<std::size_t>(out * row_blocks * block_bytes));
-  for (auto& byte : w) byte = static_cast<std::uint8_t>(rng());
-  const int d_at = type == blocks::kQ6_K ? 208 : 0;
-  const int scales =
-      type == blocks::kQ4_K || type == blocks::kQ5_K || type == blocks::kQ4_1 ? 2 : 1;
-  for (int b = 0; b < out * row_blocks; ++b) {
-    for (int k = 0; k < scales; ++k) {
-      const std::uint16_t h = static_cast<std::uint16_t>(((rng() & 1) << 15) |
-                                                         ((5 + rng() % 4) << 10) | (rng() & 0x3ff));
-      std::memcpy(&w[static_cast<std::size_t>(b * block_bytes + d_at + 2 * k)], &h, 2);
-    }
-  }
-  return w;
-}
-
 TEST(HostLinear, GgufBlocksDequantizeAndMultiplyAsTheirExpandedRows) {
   std::mt19937 rng(7);
   const int in = 512, out = 37;
@@ -226,7 +206,7 @@ TEST(HostLinear, GgufBlocksDequantizeAndMultiplyAsTheirExpandedRows) {
     const int per_block = blocks::block_elements(type);
     const int block_bytes = blocks::block_bytes(type);
     const int row_blocks = in / per_block;
-    const std::vector<std::uint8_t> w = random_block_matrix(type, out, in, rng);
+    const std::vector<std::uint8_t> w = testing::random_block_matrix(type, out, in, rng);
     std::vector<float> expected(static_cast<std::size_t>(out) * in), got(expected.size());
     for (int b = 0; b < out * row_blocks; ++b) {
       blocks::dequantize_block(type, &w[static_cast<std::size_t>(b * block_bytes)],
@@ -235,6 +215,18 @@ TEST(HostLinear, GgufBlocksDequantizeAndMultiplyAsTheirExpandedRows) {
     kernels::dequantize_rows(type, w.data(), out, in, got.data());
     ASSERT_EQ(std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float)), 0)
         << ggml_type(type)->name;
+    // A part of 32 at a time (what each CUDA thread dequantizes): the block's values, bit for bit.
+    for (int b = 0; b < out * row_blocks; ++b) {
+      for (int part = 0; part < per_block / 32; ++part) {
+        float values[32];
+        blocks::dequantize_part(type, &w[static_cast<std::size_t>(b * block_bytes)], part, values);
+        ASSERT_EQ(
+            std::memcmp(values, &expected[static_cast<std::size_t>(b * per_block + 32 * part)],
+                        sizeof values),
+            0)
+            << ggml_type(type)->name << " block " << b << " part " << part;
+      }
+    }
     for (const int rows : {1, 3, 15}) {
       std::vector<float> x(static_cast<std::size_t>(rows) * in);
       std::normal_distribution<float> normal;
@@ -288,7 +280,7 @@ TEST(HostLinear, Q8ActivationsMultiplyTheQuantizedRow) {
     const int per_block = blocks::block_elements(type);
     const int group = per_block;  // 32, or 256 for the K types
     const std::size_t block_bytes = static_cast<std::size_t>(blocks::block_bytes(type));
-    const std::vector<std::uint8_t> w = random_block_matrix(type, out, in, rng);
+    const std::vector<std::uint8_t> w = testing::random_block_matrix(type, out, in, rng);
     std::vector<float> x(in);
     std::normal_distribution<float> normal;
     for (auto& v : x) v = normal(rng);
@@ -369,7 +361,7 @@ TEST(HostLinear, Q8ActivationsMultiplyTheQuantizedRow) {
   }
   // Q5_K has no q8 kernel: HostLinear keeps the exact rows for it.
   ASSERT_FALSE(kernels::q8_activations_serve(blocks::kQ5_K));
-  const std::vector<std::uint8_t> w = random_block_matrix(blocks::kQ5_K, out, in, rng);
+  const std::vector<std::uint8_t> w = testing::random_block_matrix(blocks::kQ5_K, out, in, rng);
   std::vector<float> x(in), y(out), expected(out), row(in);
   for (auto& v : x) v = std::normal_distribution<float>()(rng);
   HostLinear linear(pool, DType::kF32, in, false, true, /*q8_activations=*/true);

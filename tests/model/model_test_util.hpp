@@ -6,14 +6,38 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "model/checkpoint/ggml_blocks.hpp"
 #include "model/decoder/decoder.hpp"
 #include "model/decoder/numerics.hpp"
 #include "model/decoder/sampler.hpp"
 
 namespace kvo::model::testing {
+
+// A random matrix [out][in] in blocks of `type`: random bytes, with every f16 in a block's scale
+// fields drawn in [2^-10, 2^-6) with a sign (finite scales).
+inline std::vector<std::uint8_t> random_block_matrix(std::uint32_t type, int out, int in,
+                                                     std::mt19937& rng) {
+  const int block_bytes = blocks::block_bytes(type);
+  const int row_blocks = in / blocks::block_elements(type);
+  std::vector<std::uint8_t> w(static_cast<std::size_t>(out * row_blocks * block_bytes));
+  for (auto& byte : w) byte = static_cast<std::uint8_t>(rng());
+  const int d_at = type == blocks::kQ6_K ? 208 : 0;
+  const int scales =
+      type == blocks::kQ4_K || type == blocks::kQ5_K || type == blocks::kQ4_1 ? 2 : 1;
+  for (int b = 0; b < out * row_blocks; ++b) {
+    for (int k = 0; k < scales; ++k) {
+      const std::uint16_t h = static_cast<std::uint16_t>(((rng() & 1) << 15) |
+                                                         ((5 + rng() % 4) << 10) | (rng() & 0x3ff));
+      std::memcpy(&w[static_cast<std::size_t>(b * block_bytes + d_at + 2 * k)], &h, 2);
+    }
+  }
+  return w;
+}
 
 // A Llama-3.1-like shape small enough to run many times per test.
 inline ModelConfig small_config() {

@@ -83,11 +83,11 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
               "host backend: threads computing each step (0, the default: the cores this "
               "process may use)");
   add_choice(app, "--weights", a.weights, {"q8_0"},
-             "host backend: quantize a safetensors checkpoint's (or the drawn) matrices into "
-             "GGUF's Q8_0 blocks at load (a scale per 32 weights; about 1/4 of f32's bytes)");
+             "quantize a safetensors checkpoint's (or the drawn) matrices into GGUF's Q8_0 blocks "
+             "at load (a scale per 32 weights; about 1/4 of f32's bytes)");
   add_flag(app, "--expand-weights", a.expand_weights,
-           "host backend, a GGUF file: dequantize its quantized matrices into the model dtype at "
-           "load instead of keeping them in their blocks (the CUDA path always does)");
+           "a GGUF file: dequantize its quantized matrices into the model dtype at load instead "
+           "of keeping them in their blocks");
   add_choice(app, "--activations", a.activations, {"f32", "q8"},
              "host backend, weights in GGUF blocks: what a decode step's rows multiply them with: "
              "f32 (default; the same bits as the weights expanded to f32) or q8 (the activations "
