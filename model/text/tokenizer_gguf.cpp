@@ -2,8 +2,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
 #include "kvoffload/error.hpp"
 #include "model/text/tokenizer_bpe.hpp"
+#include "model/text/tokenizer_spm.hpp"
 #include "offload/util/printable.hpp"
 
 namespace kvo::model {
@@ -38,25 +43,117 @@ const char* split_of(const std::string& pre) {
 constexpr std::int64_t kControl = 3;  // tokenizer.ggml.token_type
 constexpr std::int64_t kUserDefined = 4;
 
+// Protocol buffers' wire format, as much of it as a ModelProto needs.
+void varint(std::string& out, std::uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+void field_bytes(std::string& out, int field, const std::string& bytes) {
+  varint(out, static_cast<std::uint64_t>(field) << 3 | 2);
+  varint(out, bytes.size());
+  out += bytes;
+}
+void field_int(std::string& out, int field, std::int64_t v) {  // int32, enum, bool
+  varint(out, static_cast<std::uint64_t>(field) << 3);
+  varint(out, static_cast<std::uint64_t>(v));  // a negative int32 as ten bytes, as protobuf does
+}
+void field_float(std::string& out, int field, float v) {
+  varint(out, static_cast<std::uint64_t>(field) << 3 | 5);
+  std::uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(bits >> (8 * i)));
+}
+
+// The token types, one per token, or empty when the file has none.
+std::vector<std::int64_t> token_types(const GgufFile& file, std::size_t tokens) {
+  if (!file.has("tokenizer.ggml.token_type")) return {};
+  const GgufValue& v = file.at("tokenizer.ggml.token_type");
+  if (v.type != GgufValueType::kArray || !v.is_integer || v.integers.size() != tokens) {
+    throw invalid(file.path() + ": tokenizer.ggml.token_type must be " + std::to_string(tokens) +
+                  " integers, one per token");
+  }
+  return v.integers;
+}
+
+std::optional<std::int64_t> optional_id(const GgufFile& file, const char* key, std::size_t tokens) {
+  if (!file.has(key)) return std::nullopt;
+  const std::int64_t id = file.integer(key);
+  if (id < 0 || static_cast<std::size_t>(id) >= tokens) {
+    throw invalid(file.path() + ": " + key + " is " + std::to_string(id) + ", not a token of the " +
+                  std::to_string(tokens));
+  }
+  return id;
+}
+
 }  // namespace
+
+std::string gguf_sentencepiece_model(const GgufFile& file) {
+  const std::vector<std::string>& tokens = file.strings("tokenizer.ggml.tokens");
+  const GgufValue& scores = file.at("tokenizer.ggml.scores");
+  if (scores.type != GgufValueType::kArray || scores.floats.size() != tokens.size()) {
+    throw invalid(file.path() + ": tokenizer.ggml.scores must be " + std::to_string(tokens.size()) +
+                  " numbers, one per token");
+  }
+  std::vector<std::int64_t> types = token_types(file, tokens.size());
+  if (types.empty()) types.assign(tokens.size(), 1);
+  // The unknown piece: the file's unknown_token_id, else the first piece typed unknown.
+  std::optional<std::int64_t> unk =
+      optional_id(file, "tokenizer.ggml.unknown_token_id", tokens.size());
+  std::string model;
+  for (std::size_t id = 0; id < tokens.size(); ++id) {
+    // SentencePiece's piece types are llama.cpp's token types: 1 normal, 2 unknown, 3 control,
+    // 4 user-defined, 5 unused, 6 byte.
+    std::int64_t type = types[id];
+    if (type < 1 || type > 6) {
+      throw invalid(file.path() + ": tokenizer.ggml.token_type of token " + std::to_string(id) +
+                    " is " + std::to_string(type) + ", not 1 to 6");
+    }
+    if (unk && static_cast<std::size_t>(*unk) == id) type = 2;
+    if (!unk && type == 2) unk = static_cast<std::int64_t>(id);
+    if (unk && type == 2 && static_cast<std::size_t>(*unk) != id) type = 3;  // one unknown piece
+    std::string piece;
+    field_bytes(piece, 1, tokens[id]);
+    field_float(piece, 2, static_cast<float>(scores.floats[id]));
+    field_int(piece, 3, type);
+    field_bytes(model, 1, piece);
+  }
+  if (!unk) {
+    throw invalid(file.path() +
+                  ": a SentencePiece vocabulary needs an unknown token "
+                  "(tokenizer.ggml.unknown_token_id, or a token of type 2)");
+  }
+  std::string trainer;
+  field_int(trainer, 3, 2);  // model_type: BPE, as llama.cpp's "llama" vocabulary merges
+  const bool bytes = std::find(types.begin(), types.end(), 6) != types.end();
+  field_int(trainer, 35, bytes ? 1 : 0);  // byte_fallback, where the file has byte tokens
+  field_int(trainer, 40, *unk);
+  const auto bos = optional_id(file, "tokenizer.ggml.bos_token_id", tokens.size());
+  const auto eos = optional_id(file, "tokenizer.ggml.eos_token_id", tokens.size());
+  field_int(trainer, 41, bos.value_or(-1));
+  field_int(trainer, 42, eos.value_or(-1));
+  field_int(trainer, 43, -1);  // pad_id
+  field_bytes(model, 2, trainer);
+  std::string normalizer;
+  field_bytes(normalizer, 1, "identity");
+  field_int(normalizer, 3, 1);  // add_dummy_prefix (the tokenizer places the prefix itself)
+  field_int(normalizer, 4, 0);  // remove_extra_whitespaces
+  field_int(normalizer, 5, 1);  // escape_whitespaces
+  field_bytes(model, 3, normalizer);
+  return model;
+}
 
 std::string gguf_tokenizer_json(const GgufFile& file) {
   const std::string kind = file.text("tokenizer.ggml.model");
   if (kind != "gpt2") {
     throw invalid(file.path() + ": tokenizer.ggml.model \"" + printable(kind) +
-                  "\" is not read (gpt2, byte-level BPE, is)");
+                  "\" is not byte-level BPE (gpt2)");
   }
   const std::vector<std::string>& tokens = file.strings("tokenizer.ggml.tokens");
   const std::vector<std::string>& merges = file.strings("tokenizer.ggml.merges");
-  std::vector<std::int64_t> types;
-  if (file.has("tokenizer.ggml.token_type")) {
-    const GgufValue& v = file.at("tokenizer.ggml.token_type");
-    if (v.type != GgufValueType::kArray || !v.is_integer || v.integers.size() != tokens.size()) {
-      throw invalid(file.path() + ": tokenizer.ggml.token_type must be " +
-                    std::to_string(tokens.size()) + " integers, one per token");
-    }
-    types = v.integers;
-  }
+  const std::vector<std::int64_t> types = token_types(file, tokens.size());
   nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
   for (std::size_t id = 0; id < tokens.size(); ++id) {
     vocab[respelled(tokens[id])] = id;
@@ -148,6 +245,29 @@ TokenizerSettings gguf_tokenizer_settings(const GgufFile& file) {
 
 std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::string& path) {
   const GgufFile file(path);
+  const std::string kind = file.text("tokenizer.ggml.model");
+  if (kind == "llama") {
+    const std::string arch =
+        file.has("general.architecture") ? file.text("general.architecture") : std::string();
+    if (arch.rfind("gemma", 0) == 0) {
+      throw invalid(path + ": the SentencePiece tokenizer of a " + printable(arch) +
+                    " file is not read (Gemma's vocabulary is built differently)");
+    }
+    TokenizerSettings settings = gguf_tokenizer_settings(file);
+    settings.add_bos_token = file.has("tokenizer.ggml.add_bos_token")
+                                 ? file.integer("tokenizer.ggml.add_bos_token") != 0
+                                 : true;
+    settings.add_eos_token = file.has("tokenizer.ggml.add_eos_token") &&
+                             file.integer("tokenizer.ggml.add_eos_token") != 0;
+    return load_spm_tokenizer(
+        gguf_sentencepiece_model(file), path, settings,
+        arch == "phi3" ? SpacePrefix::kEveryStretch : SpacePrefix::kFirstStretch,
+        "SentencePiece (from the GGUF file)");
+  }
+  if (kind != "gpt2") {
+    throw invalid(path + ": tokenizer.ggml.model \"" + printable(kind) +
+                  "\" is not read (gpt2, byte-level BPE, and llama, SentencePiece, are)");
+  }
   return parse_bpe_tokenizer(gguf_tokenizer_json(file), gguf_tokenizer_settings(file),
                              path + " (its tokenizer as tokenizer.json)");
 }

@@ -2,6 +2,7 @@
 
 #include <sentencepiece_processor.h>
 
+#include <utility>
 #include <vector>
 
 #include "kvoffload/error.hpp"
@@ -32,9 +33,11 @@ int byte_piece(const std::string& piece) {
 
 class SpmTokenizer : public Tokenizer {
  public:
-  explicit SpmTokenizer(const std::string& model_dir) {
-    const std::string path = model_dir + "/tokenizer.model";
-    const std::string model = read_regular_file(path, kMaxTokenizerModelBytes);
+  // model: a serialized ModelProto, read from `path` (or built from it); settings: what
+  // tokenizer_config.json (or the GGUF file) says.
+  SpmTokenizer(const std::string& model, const std::string& path, const TokenizerSettings& settings,
+               SpacePrefix prefix, std::string kind)
+      : prefix_(prefix), kind_(std::move(kind)) {
     // The stretches of text are encoded without SentencePiece's own dummy prefix (the
     // Metaspace rule above decides where one goes): a second normalizer_spec (field 3) holding
     // add_dummy_prefix (its field 3) = false is appended, and protobuf merges it into the first.
@@ -76,7 +79,6 @@ class SpmTokenizer : public Tokenizer {
       }
       bytes_of_[static_cast<std::size_t>(id)] = bytes;
     }
-    const TokenizerSettings settings = read_tokenizer_settings(model_dir);
     add_bos_ = settings.add_bos_token.value_or(true);
     add_eos_ = settings.add_eos_token.value_or(false);
     bos_ = processor_.bos_id();
@@ -143,7 +145,7 @@ class SpmTokenizer : public Tokenizer {
     return std::nullopt;
   }
   int vocab_size() const override { return static_cast<int>(bytes_of_.size()); }
-  std::string kind() const override { return "SentencePiece (tokenizer.model)"; }
+  std::string kind() const override { return kind_; }
   std::optional<std::int32_t> eos_id() const override { return eos_; }
 
  private:
@@ -155,7 +157,10 @@ class SpmTokenizer : public Tokenizer {
   void encode_stretch(const std::string& stretch, bool starts_text,
                       std::vector<std::int32_t>& ids) const {
     std::vector<int> pieces;
-    const std::string input = starts_text && stretch[0] != ' ' ? " " + stretch : stretch;
+    const bool prepend =
+        prefix_ == SpacePrefix::kEveryStretch ||
+        (prefix_ == SpacePrefix::kFirstStretch && starts_text && stretch[0] != ' ');
+    const std::string input = prepend ? " " + stretch : stretch;
     const auto status = processor_.Encode(input, &pieces);
     if (!status.ok()) {
       throw Error(ErrorCode::kInvalidArgument,
@@ -164,6 +169,8 @@ class SpmTokenizer : public Tokenizer {
     ids.insert(ids.end(), pieces.begin(), pieces.end());
   }
 
+  SpacePrefix prefix_;
+  std::string kind_;
   sentencepiece::SentencePieceProcessor processor_;
   std::vector<std::string> bytes_of_;
   std::vector<Special> specials_;
@@ -176,7 +183,18 @@ class SpmTokenizer : public Tokenizer {
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_spm_tokenizer(const std::string& model_dir) {
-  return std::make_unique<SpmTokenizer>(model_dir);
+  const std::string path = model_dir + "/tokenizer.model";
+  const std::string model = read_regular_file(path, kMaxTokenizerModelBytes);
+  return std::make_unique<SpmTokenizer>(model, path, read_tokenizer_settings(model_dir),
+                                        SpacePrefix::kFirstStretch,
+                                        "SentencePiece (tokenizer.model)");
+}
+
+std::unique_ptr<Tokenizer> load_spm_tokenizer(const std::string& model_proto,
+                                              const std::string& source,
+                                              const TokenizerSettings& settings, SpacePrefix prefix,
+                                              const std::string& kind) {
+  return std::make_unique<SpmTokenizer>(model_proto, source, settings, prefix, kind);
 }
 
 }  // namespace kvo::model

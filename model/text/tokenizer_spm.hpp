@@ -10,10 +10,22 @@
 #include <string>
 
 #include "model/text/tokenizer.hpp"
+#include "model/text/tokenizer_settings.hpp"
 
 namespace kvo::model {
 
+// Where a stretch of text (between control tokens) gets a space in front: only the one that
+// starts the text without a space (Metaspace's prepend_scheme "first", LlamaTokenizer), or every
+// stretch (a Prepend normalizer, as transformers rebuilds Phi-3's tokenizer from a GGUF file).
+enum class SpacePrefix { kFirstStretch, kEveryStretch };
+
 // Throws kvo::Error(kInvalidArgument) when the library cannot load the model, with its reason.
 std::unique_ptr<Tokenizer> load_spm_tokenizer(const std::string& model_dir);
+// The same from a serialized ModelProto (a GGUF file's vocabulary, tokenizer_gguf.hpp), named
+// `source` in errors, with the file's settings and prefix rule; `kind` is what kind() says.
+std::unique_ptr<Tokenizer> load_spm_tokenizer(const std::string& model_proto,
+                                              const std::string& source,
+                                              const TokenizerSettings& settings, SpacePrefix prefix,
+                                              const std::string& kind);
 
 }  // namespace kvo::model

@@ -507,13 +507,66 @@ TEST(GgufTokenizer, ByteLevelBpeFromTheFileAndRefusals) {
   EXPECT_EQ(t->encode(" x", false), (std::vector<std::int32_t>{4}));
   EXPECT_EQ(t->decode({2, 4}, false), "ab x");
 
-  write("llama", "a b");
+  write("rwkv", "a b");
   expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
-               "gguf_tokenizer_test.gguf: tokenizer.ggml.model \"llama\" is not read (gpt2, "
-               "byte-level BPE, is)");
+               "gguf_tokenizer_test.gguf: tokenizer.ggml.model \"rwkv\" is not read (gpt2, "
+               "byte-level BPE, and llama, SentencePiece, are)");
+  write("llama", "a b");  // SentencePiece needs the tokens' scores
+  expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument, "tokenizer.ggml.scores");
   write("gpt2", "ab");
   expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
                "tokenizer.ggml.merges: \"ab\" is not two tokens");
+  std::remove(path.c_str());
+}
+
+// A SentencePiece ("llama") vocabulary: pieces merged by their scores, spaces as U+2581 with one in
+// front of the text, BOS added unless the file says not, control tokens kept whole.
+TEST(GgufTokenizer, SentencePieceFromTheFile) {
+  const std::string path = ::testing::TempDir() + "gguf_spm_test.gguf";
+  const auto write = [&](std::int32_t unknown_type, bool add_bos) {
+    const std::string bytes = gguf(
+        8,
+        [&](Writer& m) {
+          m.key("general.architecture", GgufValueType::kString).str("llama");
+          m.key("tokenizer.ggml.model", GgufValueType::kString).str("llama");
+          m.key("tokenizer.ggml.tokens", GgufValueType::kArray).put<std::uint32_t>(8);
+          m.put<std::uint64_t>(8).str("<unk>").str("<s>").str("</s>").str("\xe2\x96\x81");
+          m.str("a").str("b").str("\xe2\x96\x81" "a").str("ab");
+          m.key("tokenizer.ggml.scores", GgufValueType::kArray).put<std::uint32_t>(6);
+          m.put<std::uint64_t>(8);
+          for (float s : {0.0f, 0.0f, 0.0f, -1.0f, -2.0f, -3.0f, -0.5f, -4.0f}) m.put<float>(s);
+          m.key("tokenizer.ggml.token_type", GgufValueType::kArray).put<std::uint32_t>(5);
+          m.put<std::uint64_t>(8);
+          for (std::int32_t t : {unknown_type, 3, 3, 1, 1, 1, 1, 1}) m.put<std::int32_t>(t);
+          m.key("tokenizer.ggml.bos_token_id", GgufValueType::kUint32).put<std::uint32_t>(1);
+          m.key("tokenizer.ggml.eos_token_id", GgufValueType::kUint32).put<std::uint32_t>(2);
+          m.key("tokenizer.ggml.add_bos_token", GgufValueType::kBool)
+              .put<std::uint8_t>(add_bos ? 1 : 0);
+        },
+        {}, 0);
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  };
+  write(2, true);
+  std::unique_ptr<Tokenizer> t = load_tokenizer(path);
+  EXPECT_EQ(t->kind(), "SentencePiece (from the GGUF file)");
+  // "a b" is "\u2581a\u2581b": "\u2581a" (score -0.5) merges first, the second "\u2581" has no
+  // partner; "ab" (-4) is never reached.
+  EXPECT_EQ(t->encode("a b", false), (std::vector<std::int32_t>{6, 3, 5}));
+  EXPECT_EQ(t->encode("a b", true), (std::vector<std::int32_t>{1, 6, 3, 5}));
+  EXPECT_EQ(t->encode("a</s>b", false), (std::vector<std::int32_t>{6, 2, 5}));
+  EXPECT_EQ(t->decode({6, 3, 5}, false), "a b");
+  EXPECT_EQ(t->eos_id(), std::optional<std::int32_t>(2));
+  write(2, false);
+  EXPECT_EQ(load_tokenizer(path)->encode("a b", true), (std::vector<std::int32_t>{6, 3, 5}));
+  write(1, true);  // no unknown token
+  expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
+               "gguf_spm_test.gguf: a SentencePiece vocabulary needs an unknown token");
+  write(9, true);
+  expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
+               "tokenizer.ggml.token_type of token 0 is 9, not 1 to 6");
   std::remove(path.c_str());
 }
 

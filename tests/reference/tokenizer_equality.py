@@ -11,7 +11,9 @@ same decoded text (which is the input again wherever transformers' own round tri
 - SmolLM2's GGUF file (model.gguf beside the model), the tokenizer inside it against transformers'
   AutoTokenizer.from_pretrained(..., gguf_file=...), and copies of its tokenizer naming Llama 3's
   and Qwen2's pre-tokenizers (tokenizer.ggml.pre llama-bpe and qwen2) and with its tokens written
-  in plain UTF-8 (respelled into the byte alphabet on reading, as transformers respells them).
+  in plain UTF-8 (respelled into the byte alphabet on reading, as transformers respells them);
+  and the SentencePiece model above written as GGUF "llama" vocabularies of a Llama and a Phi-3
+  file (read through the SentencePiece library; transformers rebuilds them as BPE).
 
     python tokenizer_equality.py --model SMOLLM2_DIR --kvo-tokenize PATH [--gguf]
 
@@ -181,6 +183,14 @@ def sentencepiece_model(work, training_text):
     return d
 
 
+def finish(writer):
+    """Writes a GGUFWriter's file out and closes it."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def gguf_variants(gguf_path, work):
     """SmolLM2's GGUF tokenizer copied into new GGUF files: naming Llama 3's and Qwen2's
     pre-tokenizers, and with every token in plain UTF-8 instead of the byte alphabet."""
@@ -223,12 +233,40 @@ def gguf_variants(gguf_path, work):
         w.add_token_merges(fields["tokenizer.ggml.merges"])  # in the byte alphabet, as always
         w.add_bos_token_id(fields["tokenizer.ggml.bos_token_id"])
         w.add_eos_token_id(fields["tokenizer.ggml.eos_token_id"])
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        finish(w)
         variants[name] = path
     return variants
+
+
+def sentencepiece_ggufs(spm_dir, work):
+    """The SentencePiece model trained here written as GGUF files' "llama" vocabularies (tokens,
+    scores, types, BOS/EOS/unknown ids, as llama.cpp's converter writes a tokenizer.model): under
+    a Llama architecture (transformers builds a LlamaTokenizer from it) and a Phi-3 one (a space
+    in front of every stretch between special tokens)."""
+    import gguf
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    with open(os.path.join(spm_dir, "tokenizer.model"), "rb") as f:
+        proto.ParseFromString(f.read())
+    files = {}
+    for name, arch in (("GGUF SentencePiece, llama", "llama"), ("GGUF SentencePiece, phi3", "phi3")):
+        folder = os.path.join(work, name.replace(" ", "-").replace(",", ""))
+        os.makedirs(folder)
+        path = os.path.join(folder, "model.gguf")
+        w = gguf.GGUFWriter(path, arch)
+        w.add_tokenizer_model("llama")
+        w.add_token_list([p.piece for p in proto.pieces])
+        w.add_token_scores([p.score for p in proto.pieces])
+        w.add_token_types([p.type for p in proto.pieces])
+        w.add_bos_token_id(proto.trainer_spec.bos_id)
+        w.add_eos_token_id(proto.trainer_spec.eos_id)
+        w.add_unk_token_id(proto.trainer_spec.unk_id)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        finish(w)
+        files[name] = path
+    return files
 
 
 def compare_gguf(tool, path, name, sample_texts):
@@ -254,6 +292,11 @@ def main():
             some = {k: smol_texts[k] for k in ("english", "special tokens", "numbers", "mixed")}
             for name, path in gguf_variants(gguf_path, work).items():
                 failed += compare_gguf(args.kvo_tokenize, path, name, some)
+            spm_texts = texts(("<s>", "</s>", "<unk>"))
+            spm_dir = sentencepiece_model(work, open("/usr/share/common-licenses/GPL-3").read() +
+                                          CHINESE + JAPANESE + ARABIC)
+            for name, path in sentencepiece_ggufs(spm_dir, work).items():
+                failed += compare_gguf(args.kvo_tokenize, path, name, spm_texts)
             print(f"{'all identical' if failed == 0 else f'{failed} differ'}")
             sys.exit(1 if failed else 0)
         failed += compare(args.kvo_tokenize, args.model, "SmolLM2 (byte-level BPE)", smol_texts)
