@@ -61,11 +61,14 @@ void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const vo
       kernels::quantize_activation_q8(w.blocks, x + static_cast<std::int64_t>(t) * in, in,
                                       q8_rows_.data() + t * stride);
     }
-    pool_.run(blocks, [&](int b, int) {
-      const int o0 = b * kDotColBlock;
+    // Tasks of 128 rows: the rows' blocks stream from memory longer in one run (measured on the
+    // 2-core machine, Q4_K 8-layer model: 78-81 tokens/s against 68-74 with tasks of 32 rows).
+    const int rows_per_task = kQ8RowBlock;
+    pool_.run((out + rows_per_task - 1) / rows_per_task, [&](int b, int) {
+      const int o0 = b * rows_per_task;
       for (int t = 0; t < n; ++t) {
         kernels::linear_row_blocks_q8(q8_rows_.data() + t * stride, in, w.data, w.blocks, type_,
-                                      bias, o0, std::min(out, o0 + kDotColBlock),
+                                      bias, o0, std::min(out, o0 + rows_per_task),
                                       y + static_cast<std::int64_t>(t) * out, accumulate);
       }
     });

@@ -43,6 +43,7 @@ class HostLinear {
   static constexpr int kGemmRowBlock = 256;
   static constexpr int kGemmColBlock = 128;
   static constexpr int kDotColBlock = 32;
+  static constexpr int kQ8RowBlock = 128;  // rows a task of a q8-activation decode call takes
 
   // max_in: the widest input of any call. Loads OpenBLAS (single-threaded) if need be.
   // f32_gemm: bf16 weights multiply in f32 even where the CPU has AVX512_BF16. blocks: some
