@@ -19,15 +19,16 @@ namespace kvo {
 
 struct MemoryQuery {
   // A preset name (tiny, llama3-8b, mistral-7b, qwen2.5-7b), a directory with a config.json,
-  // the path of a config.json, or a GGUF file (with the host backend, its quantized matrices
-  // counted in their blocks, as the host path keeps them).
+  // the path of a config.json, or a GGUF file (its quantized matrices counted in their blocks,
+  // as both paths keep them; on CUDA with the tile their prefill GEMMs dequantize into).
   std::string model = "llama3-8b";
   bool override_dtype = false;     // else the model's own dtype
   DType dtype = DType::kBF16;      // weights (f32, f16, bf16), and K/V unless override_kv_dtype
   bool override_kv_dtype = false;  // else the weights' dtype
   DType kv_dtype = DType::kBF16;   // K/V: f32, f16, bf16, fp8 or int8
   // The weights in a quantized GGUF format, as llama.cpp lays them out: "q8_0", "q4_k_m" or
-  // "q5_k_m"; "" (default): in `dtype`. Planned only: the decoder does not run them yet.
+  // "q5_k_m"; "" (default): in `dtype`. The decoder runs q8_0 (quantized at load); the others are
+  // planned only.
   std::string weights;
   int max_seq = 4096;  // the context, tokens per slot
   int slots = 1;

@@ -41,7 +41,7 @@ WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, DType
       std::max({c.hidden_size, c.intermediate_size, static_cast<int>(c.q_dim())}));
   gemm_input = take(weight_dtype == DType::kF32 ? 0 : rows * widest * element);
   sampling = take(i32 * 3 * decode_rows);
-  if (weight_blocks) {
+  if (weight_blocks && max_rows > kBlockDecodeRows) {  // else every call reads the blocks once
     const std::uint64_t fit = kBlockTileBytes / (widest * element) / 128 * 128;
     const std::uint64_t tallest = static_cast<std::uint64_t>(
         std::max({c.vocab_size, c.intermediate_size, static_cast<int>(c.q_dim()), c.hidden_size}));
@@ -183,11 +183,12 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
   // decoder hands them to its ops (OpsShape::kernels).
   m.kernels = choose_attention_kernels(config, m.kv_dtype, options.slots, options.max_seq,
                                        m.max_rows, options.builtin_attention);
-  m.workspace = backend == BackendKind::kCuda
-                    ? WorkspaceLayout(config, m.dtype, m.kv_dtype, m.max_rows, options.slots,
-                                      options.max_seq, m.kernels, options.weights_in_blocks)
-                          .bytes
-                    : 0;
+  m.workspace =
+      backend == BackendKind::kCuda
+          ? WorkspaceLayout(config, m.dtype, m.kv_dtype, m.max_rows, options.slots, options.max_seq,
+                            m.kernels, options.weights_in_blocks || !options.weight_format.empty())
+                .bytes
+          : 0;
 
   CacheConfig& cc = m.cache;
   cc.layers = config.layers;

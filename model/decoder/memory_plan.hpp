@@ -37,7 +37,7 @@ inline constexpr int kBlockDecodeRows = 8;
 //   cuBLAS workspace
 //   GEMM input       [R][widest] (type; none in f32)
 //   sampling         [3][S] int32: slot and draw of each row, then the sampled ids
-// With weights in GGUF blocks (weight_blocks):
+// With weights in GGUF blocks (weight_blocks) and more than kBlockDecodeRows rows:
 //   block_tile       [rows][widest] (type): rows of a matrix in blocks dequantized for a GEMM,
 //                    rows = max(kBlockTileMinRows, kBlockTileBytes / (widest x type)) in 128s,
 //                    no more than the tallest matrix's rows (rounded up to 128)

@@ -369,7 +369,7 @@ KVO_VNNI void quantize_vnni(std::uint32_t type, const float* x, int in, const Q8
     const float* xg = x + static_cast<std::ptrdiff_t>(g) * group;
     __m512 amax = _mm512_setzero_ps();
     for (int i = 0; i < group; i += 16)
-      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(xg + i)));
+      amax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xg + i)), amax);
     const float d = _mm512_reduce_max_ps(amax) / 127.0f;
     const __m512 inverse = _mm512_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
     v.d[g] = d;
@@ -378,8 +378,10 @@ KVO_VNNI void quantize_vnni(std::uint32_t type, const float* x, int in, const Q8
       __m512i sum = _mm512_setzero_si512();
       for (int e = i; e < i + sum_group; e += 16) {
         __m512 scaled = _mm512_mul_ps(_mm512_loadu_ps(xg + e), inverse);
+        // max and min return their second operand when one is NaN: a NaN becomes -127, as
+        // std::max(-127, NaN) makes it in the plain loops.
         scaled =
-            _mm512_min_ps(limit, _mm512_max_ps(_mm512_sub_ps(_mm512_setzero_ps(), limit), scaled));
+            _mm512_min_ps(_mm512_max_ps(scaled, _mm512_sub_ps(_mm512_setzero_ps(), limit)), limit);
         const __m512i value = _mm512_cvtps_epi32(scaled);
         sum = _mm512_add_epi32(sum, value);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + stored_at(type, e)),

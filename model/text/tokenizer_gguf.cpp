@@ -102,6 +102,8 @@ std::string gguf_sentencepiece_model(const GgufFile& file) {
   // The unknown piece: the file's unknown_token_id, else the first piece typed unknown.
   std::optional<std::int64_t> unk =
       optional_id(file, "tokenizer.ggml.unknown_token_id", tokens.size());
+  const auto bos = optional_id(file, "tokenizer.ggml.bos_token_id", tokens.size());
+  const auto eos = optional_id(file, "tokenizer.ggml.eos_token_id", tokens.size());
   std::string model;
   for (std::size_t id = 0; id < tokens.size(); ++id) {
     // SentencePiece's piece types are llama.cpp's token types: 1 normal, 2 unknown, 3 control,
@@ -114,6 +116,10 @@ std::string gguf_sentencepiece_model(const GgufFile& file) {
     if (unk && static_cast<std::size_t>(*unk) == id) type = 2;
     if (!unk && type == 2) unk = static_cast<std::int64_t>(id);
     if (unk && type == 2 && static_cast<std::size_t>(*unk) != id) type = 3;  // one unknown piece
+    // BOS and EOS are control pieces, whatever the file types them (SentencePiece finds them by
+    // their pieces, named below, and only among control pieces).
+    const auto here = static_cast<std::int64_t>(id);
+    if (here == bos.value_or(-1) || here == eos.value_or(-1)) type = 3;
     std::string piece;
     field_bytes(piece, 1, tokens[id]);
     field_float(piece, 2, static_cast<float>(scores.floats[id]));
@@ -130,11 +136,12 @@ std::string gguf_sentencepiece_model(const GgufFile& file) {
   const bool bytes = std::find(types.begin(), types.end(), 6) != types.end();
   field_int(trainer, 35, bytes ? 1 : 0);  // byte_fallback, where the file has byte tokens
   field_int(trainer, 40, *unk);
-  const auto bos = optional_id(file, "tokenizer.ggml.bos_token_id", tokens.size());
-  const auto eos = optional_id(file, "tokenizer.ggml.eos_token_id", tokens.size());
   field_int(trainer, 41, bos.value_or(-1));
   field_int(trainer, 42, eos.value_or(-1));
-  field_int(trainer, 43, -1);  // pad_id
+  field_int(trainer, 43, -1);                                                 // pad_id
+  field_bytes(trainer, 45, tokens[static_cast<std::size_t>(*unk)]);           // unk_piece
+  if (bos) field_bytes(trainer, 46, tokens[static_cast<std::size_t>(*bos)]);  // bos_piece
+  if (eos) field_bytes(trainer, 47, tokens[static_cast<std::size_t>(*eos)]);  // eos_piece
   field_bytes(model, 2, trainer);
   std::string normalizer;
   field_bytes(normalizer, 1, "identity");

@@ -525,19 +525,24 @@ TEST(GgufTokenizer, SentencePieceFromTheFile) {
   const std::string path = ::testing::TempDir() + "gguf_spm_test.gguf";
   const auto write = [&](std::int32_t unknown_type, bool add_bos) {
     const std::string bytes = gguf(
-        8,
+        8,  // BOS is "<bos>", typed normal: found by its id, as transformers finds it
         [&](Writer& m) {
           m.key("general.architecture", GgufValueType::kString).str("llama");
           m.key("tokenizer.ggml.model", GgufValueType::kString).str("llama");
           m.key("tokenizer.ggml.tokens", GgufValueType::kArray).put<std::uint32_t>(8);
-          m.put<std::uint64_t>(8).str("<unk>").str("<s>").str("</s>").str("\xe2\x96\x81");
-          m.str("a").str("b").str("\xe2\x96\x81" "a").str("ab");
+          m.put<std::uint64_t>(8).str("<unk>").str("<bos>").str("</s>").str("\xe2\x96\x81");
+          m.str("a")
+              .str("b")
+              .str(
+                  "\xe2\x96\x81"
+                  "a")
+              .str("ab");
           m.key("tokenizer.ggml.scores", GgufValueType::kArray).put<std::uint32_t>(6);
           m.put<std::uint64_t>(8);
           for (float s : {0.0f, 0.0f, 0.0f, -1.0f, -2.0f, -3.0f, -0.5f, -4.0f}) m.put<float>(s);
           m.key("tokenizer.ggml.token_type", GgufValueType::kArray).put<std::uint32_t>(5);
           m.put<std::uint64_t>(8);
-          for (std::int32_t t : {unknown_type, 3, 3, 1, 1, 1, 1, 1}) m.put<std::int32_t>(t);
+          for (std::int32_t t : {unknown_type, 1, 3, 1, 1, 1, 1, 1}) m.put<std::int32_t>(t);
           m.key("tokenizer.ggml.bos_token_id", GgufValueType::kUint32).put<std::uint32_t>(1);
           m.key("tokenizer.ggml.eos_token_id", GgufValueType::kUint32).put<std::uint32_t>(2);
           m.key("tokenizer.ggml.add_bos_token", GgufValueType::kBool)

@@ -359,6 +359,18 @@ TEST(HostLinear, Q8ActivationsMultiplyTheQuantizedRow) {
       }
     }
   }
+  // Rows with a NaN and an infinity: both quantizers write the same bytes (a NaN becomes -127;
+  // an infinite maximum makes the group's step infinite and its finite values 0).
+  for (const std::uint32_t type : {blocks::kQ8_0, blocks::kQ4_K, blocks::kQ6_K}) {
+    std::vector<float> x(in, 0.5f);
+    x[5] = std::nanf("");
+    x[300] = INFINITY;
+    x[301] = -2.0f;
+    std::vector<std::uint8_t> fast(kernels::q8_activation_bytes(in), 0), plain(fast.size(), 0);
+    kernels::quantize_activation_q8(type, x.data(), in, fast.data());
+    kernels::quantize_activation_q8(type, x.data(), in, plain.data(), /*portable=*/true);
+    EXPECT_EQ(fast, plain) << ggml_type(type)->name;
+  }
   // Q5_K has no q8 kernel: HostLinear keeps the exact rows for it.
   ASSERT_FALSE(kernels::q8_activations_serve(blocks::kQ5_K));
   const std::vector<std::uint8_t> w = testing::random_block_matrix(blocks::kQ5_K, out, in, rng);

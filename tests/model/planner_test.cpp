@@ -226,11 +226,16 @@ TEST(Planner, QuantizedWeightsAsGgufFilesLayThemOut) {
   q.max_seq = 128 * 1024;
   q.budget = std::uint64_t{24} << 30;
   q.weights = "";
-  EXPECT_EQ(plan_memory(q).resident_layers, 11);
+  const MemoryPlan plain = plan_memory(q);
+  EXPECT_EQ(plain.resident_layers, 11);
   q.weights = "q4_k_m";
   const MemoryPlan quantized = plan_memory(q);
   EXPECT_EQ(quantized.resident_layers, 32);
   EXPECT_TRUE(quantized.fits);
+  // On CUDA the blocks' prefill GEMMs take a tile of rows dequantized into bf16: 64 MiB of the
+  // widest input (14336) holds 2340 rows, 2304 in whole 128s.
+  ASSERT_EQ(q.backend, BackendKind::kCuda);
+  EXPECT_EQ(quantized.workspace_bytes - plain.workspace_bytes, std::uint64_t{2304} * 14336 * 2);
 
   // A hand count for a small shape: rows of 256 take K-quants, rows of 96 fall back (Q4_K to Q5_0,
   // Q6_K to Q8_0), norms stay f32, each tensor rounded up to 256 bytes.
