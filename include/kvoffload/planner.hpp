@@ -27,8 +27,8 @@ struct MemoryQuery {
   bool override_kv_dtype = false;  // else the weights' dtype
   DType kv_dtype = DType::kBF16;   // K/V: f32, f16, bf16, fp8 or int8
   // The weights in a quantized GGUF format, as llama.cpp lays them out: "q8_0", "q4_k_m" or
-  // "q5_k_m"; "" (default): in `dtype`. The decoder runs q8_0 (quantized at load); the others are
-  // planned only.
+  // "q5_k_m", or "int8" (per output channel, in Q8_0 blocks: q8_0's bytes); "" (default): in
+  // `dtype`. The decoder runs q8_0 and int8 (quantized at load); the others are planned only.
   std::string weights;
   int max_seq = 4096;  // the context, tokens per slot
   int slots = 1;

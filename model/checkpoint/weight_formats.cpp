@@ -36,12 +36,12 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }  // namespace
 
 std::vector<std::string> weight_format_names() {
-  return {"q8_0", "q4_k_m", "q5_k_m"};
+  return {"q8_0", "int8", "q4_k_m", "q5_k_m"};
 }
 
 std::uint64_t quantized_weight_bytes(const ModelConfig& config, const std::string& format) {
   std::uint32_t base = 0;
-  if (format == "q8_0") {
+  if (format == "q8_0" || format == "int8") {  // int8: Q8_0 blocks sharing the row's scale
     base = blocks::kQ8_0;
   } else if (format == "q4_k_m") {
     base = blocks::kQ4_K;
@@ -49,8 +49,8 @@ std::uint64_t quantized_weight_bytes(const ModelConfig& config, const std::strin
     base = blocks::kQ5_K;
   } else {
     throw Error(ErrorCode::kInvalidArgument, "weights \"" + printable(format) +
-                                                 "\" is not a quantized format (q8_0, q4_k_m, "
-                                                 "q5_k_m)");
+                                                 "\" is not a quantized format (q8_0, int8, "
+                                                 "q4_k_m, q5_k_m)");
   }
   if (config.model_type == "phi3") {
     throw Error(ErrorCode::kInvalidArgument,

@@ -2,6 +2,8 @@
 // the bytes that makes, for planning device memory before such a file is in hand (kvo-vram
 // --weights). The recipes are llama.cpp's quantizer's for these names:
 //   q8_0    every matrix Q8_0
+//   int8    every matrix int8 per output channel, kept as Q8_0 blocks sharing the row's scale
+//           (weights.hpp quantize_int8_rows): q8_0's bytes
 //   q4_k_m  matrices Q4_K; attn_v and ffn_down Q6_K in the layers that get more bits (the first
 //           and last eighth, and every third layer between); the output matrix Q6_K (the
 //           embedding when the two are tied), the embedding otherwise Q4_K
@@ -19,7 +21,7 @@
 
 namespace kvo::model {
 
-std::vector<std::string> weight_format_names();  // q8_0, q4_k_m, q5_k_m
+std::vector<std::string> weight_format_names();  // q8_0, int8, q4_k_m, q5_k_m
 
 // Bytes of `config`'s weights in `format`. Throws kvo::Error(kInvalidArgument) for a format not
 // listed, or a family whose layout these recipes do not cover (Phi-3's fused projections).

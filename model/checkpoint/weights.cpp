@@ -170,24 +170,53 @@ void check_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint) 
   }
 }
 
+namespace {
+
+// One Q8_0 block of x[32] with the scale taken from `amax`, as ggml's reference takes it.
+void q8_0_block(const float* x, float amax, std::uint8_t* out) {
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  std::uint16_t half = 0;
+  store_elem(&half, 0, DType::kF16, d);
+  out[0] = static_cast<std::uint8_t>(half & 0xff);
+  out[1] = static_cast<std::uint8_t>(half >> 8);
+  for (int i = 0; i < 32; ++i) {
+    out[2 + i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(std::round(x[i] * id)));
+  }
+}
+
+float max_abs(const float* x, std::int64_t count) {
+  float amax = 0;
+  for (std::int64_t i = 0; i < count; ++i) amax = std::max(amax, std::fabs(x[i]));
+  return amax;
+}
+
+}  // namespace
+
 void quantize_q8_0(const float* x, std::int64_t count, std::uint8_t* out) {
   for (std::int64_t at = 0; at < count; at += 32, x += 32, out += 34) {
-    float amax = 0;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    std::uint16_t half = 0;
-    store_elem(&half, 0, DType::kF16, d);
-    out[0] = static_cast<std::uint8_t>(half & 0xff);
-    out[1] = static_cast<std::uint8_t>(half >> 8);
-    for (int i = 0; i < 32; ++i) {
-      out[2 + i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(std::round(x[i] * id)));
-    }
+    q8_0_block(x, max_abs(x, 32), out);
+  }
+}
+
+void quantize_int8_rows(const float* x, std::int64_t rows, std::int64_t cols, std::uint8_t* out) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float amax = max_abs(x, cols);
+    for (std::int64_t at = 0; at < cols; at += 32, x += 32, out += 34) q8_0_block(x, amax, out);
+  }
+}
+
+void quantize_q8_0_matrix(const float* x, std::int64_t rows, std::int64_t cols, Q8Scales scales,
+                          std::uint8_t* out) {
+  if (scales == Q8Scales::kPerRow) {
+    quantize_int8_rows(x, rows, cols, out);
+  } else {
+    quantize_q8_0(x, rows * cols, out);
   }
 }
 
 void load_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint,
-                     const UploadFn& upload, const ProgressFn& progress) {
+                     const UploadFn& upload, const ProgressFn& progress, Q8Scales scales) {
   check_checkpoint(layout, checkpoint);
   std::vector<std::byte> staging;
   std::vector<float> values;
@@ -197,10 +226,11 @@ void load_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint,
     const TensorInfo& t = checkpoint.tensor(e.name);
     const std::size_t bytes = layout.entry_bytes(e);
     staging.resize(bytes);
-    if (e.blocks == blocks::kQ8_0) {  // quantized at load (DecoderOptions::weight_format q8_0)
+    if (e.blocks == blocks::kQ8_0) {  // quantized at load (DecoderOptions::weight_format)
       values.resize(static_cast<std::size_t>(e.elements));
       convert_elements(t.data, t.dtype, values.data(), DType::kF32, values.size());
-      quantize_q8_0(values.data(), e.elements, reinterpret_cast<std::uint8_t*>(staging.data()));
+      quantize_q8_0_matrix(values.data(), e.shape[0], e.shape[1], scales,
+                           reinterpret_cast<std::uint8_t*>(staging.data()));
     } else {
       convert_elements(t.data, t.dtype, staging.data(), layout.dtype(),
                        static_cast<std::size_t>(e.elements));

@@ -126,13 +126,30 @@ void check_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint);
 
 // Checks as check_checkpoint does, then converts every tensor the layout needs to the layout's
 // dtype and uploads it; `progress` (if set) hears (tensors done, tensors) after each one.
+// How a matrix kept in Q8_0 blocks is quantized at load from f32 values.
+enum class Q8Scales {
+  kPerBlock,  // a scale per 32 weights (quantize_q8_0: weight format q8_0)
+  kPerRow,    // one scale per output channel, in every block of the row (weight format int8)
+};
+
 void load_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint,
-                     const UploadFn& upload, const ProgressFn& progress = {});
+                     const UploadFn& upload, const ProgressFn& progress = {},
+                     Q8Scales scales = Q8Scales::kPerBlock);
 
 // out [count / 32 blocks] = x [count] in Q8_0 blocks, as ggml's reference quantizes them: per
 // block d = max |x| / 127 (stored as f16), q = round(x / d) with 1/d taken before d is rounded.
 // REQUIRES: count a multiple of 32.
 void quantize_q8_0(const float* x, std::int64_t count, std::uint8_t* out);
+
+// out [rows][cols / 32 blocks] = x [rows][cols] in Q8_0 blocks that share one scale per row (per
+// output channel): d = max |row| / 127 as f16 in every block of the row, q = round(x / d) with
+// 1/d taken before d is rounded, as quantize_q8_0 takes it per block. The bytes are Q8_0's, so
+// every kernel that multiplies Q8_0 multiplies these. REQUIRES: cols a multiple of 32.
+void quantize_int8_rows(const float* x, std::int64_t rows, std::int64_t cols, std::uint8_t* out);
+
+// Quantizes the matrix `x` [rows][cols] into Q8_0 blocks by `scales`.
+void quantize_q8_0_matrix(const float* x, std::int64_t rows, std::int64_t cols, Q8Scales scales,
+                          std::uint8_t* out);
 
 // Converts `count` elements between dtypes on the host.
 void convert_elements(const void* src, DType from, void* dst, DType to, std::size_t count);

@@ -36,22 +36,21 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
       layout_(config, options.override_dtype ? options.dtype : config.dtype) {
   const BackendKind backend = resolve_backend(options_.backend);
   if (!options_.weight_format.empty()) {
-    if (options_.weight_format != "q8_0") {
+    if (options_.weight_format != "q8_0" && options_.weight_format != "int8") {
       throw invalid("weights in " + options_.weight_format +
                     " are planned (kvo-vram --weights), not run: give a GGUF file of that type "
-                    "(--model FILE.gguf), or q8_0 to quantize at load");
+                    "(--model FILE.gguf), or q8_0 or int8 to quantize at load");
     }
     if (!source.checkpoint.empty() && is_gguf_model(source.checkpoint)) {
-      throw invalid(
-          "a GGUF file's weights come in its own blocks: q8_0 quantizes a safetensors "
-          "checkpoint or drawn weights at load");
+      throw invalid("a GGUF file's weights come in its own blocks: " + options_.weight_format +
+                    " quantizes a safetensors checkpoint or drawn weights at load");
     }
     std::map<std::string, std::uint32_t> q8_0;
     for (const WeightEntry& e : layout_.entries()) {
       if (e.kind != WeightKind::kMatrix) continue;
       if (e.shape[1] % 32 != 0) {
-        throw invalid("q8_0 needs rows of whole 32-element blocks; " + e.name + " has rows of " +
-                      std::to_string(e.shape[1]));
+        throw invalid(options_.weight_format + " needs rows of whole 32-element blocks; " + e.name +
+                      " has rows of " + std::to_string(e.shape[1]));
       }
       q8_0[e.name] = blocks::kQ8_0;
     }
@@ -138,7 +137,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   if (gguf) {
     load_gguf_weights(layout_, *gguf, upload, weights_progress);
   } else if (checkpoint) {
-    load_checkpoint(layout_, *checkpoint, upload, weights_progress);
+    load_checkpoint(layout_, *checkpoint, upload, weights_progress, q8_scales());
   } else {
     const auto total = static_cast<std::int64_t>(layout_.entries().size());
     std::int64_t done = 0;
@@ -150,7 +149,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
         values.resize(static_cast<std::size_t>(e.elements));
         fill_synthetic(f32, e, source.seed, values.data());
         quantized.resize(layout_.entry_bytes(e));
-        quantize_q8_0(values.data(), e.elements, quantized.data());
+        quantize_q8_0_matrix(values.data(), e.shape[0], e.shape[1], q8_scales(), quantized.data());
         cache_->copy_to_device(weights + e.offset, quantized.data(), quantized.size());
       } else {
         ops_->fill_synthetic(layout_, e, source.seed, weights + e.offset);

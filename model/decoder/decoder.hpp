@@ -62,8 +62,8 @@ struct DecoderOptions {
   DType kv_dtype = DType::kBF16;   // K/V storage: f32, f16, bf16, fp8 or int8 (quantized rows)
   // The weights in a quantized GGUF format (model/checkpoint/weight_formats.hpp), "" for
   // `dtype`: q8_0 quantizes a safetensors checkpoint's (or the drawn) matrices into Q8_0 blocks
-  // at load (host path); q4_k_m and q5_k_m are planned only (kvo-vram), and the decoder refuses
-  // them.
+  // at load, a scale per 32 weights; int8 into Q8_0 blocks sharing one scale per output channel
+  // (a row); q4_k_m and q5_k_m are planned only (kvo-vram), and the decoder refuses them.
   std::string weight_format;
   // A GGUF checkpoint's quantized matrices stay in their blocks (multiplied by dequantizing a row
   // or a tile at a time, on either path); false expands them to `dtype` at load.
@@ -180,6 +180,10 @@ class Decoder {
   std::string weights_text() const;
 
  private:
+  // How matrices quantized at load take their scales (options_.weight_format).
+  Q8Scales q8_scales() const {
+    return options_.weight_format == "int8" ? Q8Scales::kPerRow : Q8Scales::kPerBlock;
+  }
   void check_tokens(const std::vector<std::int32_t>& tokens) const;
   // What layer `layer` computes with (the family's hooks take it).
   LayerContext layer_context(int layer);

@@ -404,6 +404,54 @@ TEST(HostLinear, Q8_0QuantizesAsTheReference) {
   for (int i = 34; i < 68; ++i) EXPECT_EQ(q[static_cast<std::size_t>(i)], 0) << i;
 }
 
+// int8 per output channel: every block of a row carries the row's scale d = max |row| / 127 as
+// f16, q = round(x / d) with 1/d taken before d is rounded (so the row's largest magnitude is
+// +-127), and the weight d16 * q lies within d / 2 + 127 e of x, e = |d16 - d| <= f16's half ulp
+// (max(d 2^-11, 2^-25): row 1's scale is subnormal in f16). Rows of very different magnitudes
+// keep their own scales; an all-zero row has d = 0, q = 0.
+TEST(HostLinear, Int8QuantizesPerOutputChannel) {
+  std::mt19937 rng(11);
+  const int rows = 6, cols = 96, per_row = cols / 32;
+  std::vector<float> x = random_floats(static_cast<std::size_t>(rows) * cols, rng);
+  for (int c = 0; c < cols; ++c) {
+    x[static_cast<std::size_t>(1 * cols + c)] *= 1e-3f;
+    x[static_cast<std::size_t>(2 * cols + c)] *= 300.0f;
+    x[static_cast<std::size_t>(4 * cols + c)] = 0.0f;
+  }
+  x[static_cast<std::size_t>(3 * cols + 70)] = -40.0f;  // one large weight in a late block
+  std::vector<std::uint8_t> q(static_cast<std::size_t>(rows * per_row) * 34, 0xa5);
+  quantize_int8_rows(x.data(), rows, cols, q.data());
+  for (int r = 0; r < rows; ++r) {
+    const float* row = x.data() + static_cast<std::ptrdiff_t>(r) * cols;
+    float amax = 0;
+    for (int c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(row[c]));
+    const float id = amax != 0.0f ? 1.0f / (amax / 127.0f) : 0.0f;
+    const std::uint8_t* first = q.data() + static_cast<std::ptrdiff_t>(r) * per_row * 34;
+    const float d = blocks::half_to_float(blocks::u16_at(first));
+    const float exact = amax / 127.0f, e = std::max(exact * 0x1p-11f, 0x1p-25f);
+    EXPECT_NEAR(d, exact, e) << r;
+    int largest = 0;
+    for (int c = 0; c < cols; ++c) {
+      const std::uint8_t* block = first + (c / 32) * 34;
+      ASSERT_EQ(blocks::u16_at(block), blocks::u16_at(first)) << r << " " << c;
+      const auto got = static_cast<std::int8_t>(block[2 + c % 32]);
+      EXPECT_EQ(got, static_cast<int>(std::round(row[c] * id))) << r << " " << c;
+      EXPECT_LE(std::fabs(got * d - row[c]), exact * 0.5001f + 127 * e) << r << " " << c;
+      largest = std::max(largest, std::abs(static_cast<int>(got)));
+    }
+    EXPECT_EQ(largest, r == 4 ? 0 : 127) << r;
+  }
+  // The same bytes through the matrix entry point; per block, a row's blocks differ.
+  std::vector<std::uint8_t> again(q.size()), per_block(q.size());
+  quantize_q8_0_matrix(x.data(), rows, cols, Q8Scales::kPerRow, again.data());
+  quantize_q8_0_matrix(x.data(), rows, cols, Q8Scales::kPerBlock, per_block.data());
+  EXPECT_EQ(again, q);
+  std::vector<std::uint8_t> reference(q.size());
+  quantize_q8_0(x.data(), rows * cols, reference.data());
+  EXPECT_EQ(per_block, reference);
+  EXPECT_NE(per_block, q);
+}
+
 TEST(HostLinear, DecodeRowsGetTheBitsTheyGetAlone) {
   std::mt19937 rng(2);
   const int in = 96, out = 70, n = HostLinear::kGemmMinRows - 1;

@@ -223,6 +223,11 @@ TEST(Planner, QuantizedWeightsAsGgufFilesLayThemOut) {
     const double bytes = static_cast<double>(plan_memory(q).weights_bytes);
     EXPECT_NEAR(bytes / published, 1.0, 0.003) << format << ": " << bytes;
   }
+  // int8 per output channel is kept in Q8_0 blocks that share the row's scale: q8_0's bytes.
+  q.weights = "int8";
+  const std::uint64_t int8_bytes = plan_memory(q).weights_bytes;
+  q.weights = "q8_0";
+  EXPECT_EQ(int8_bytes, plan_memory(q).weights_bytes);
   q.max_seq = 128 * 1024;
   q.budget = std::uint64_t{24} << 30;
   q.weights = "";
@@ -262,7 +267,7 @@ TEST(Planner, QuantizedWeightsAsGgufFilesLayThemOut) {
   EXPECT_EQ(model::quantized_weight_bytes(c, "q4_k_m"), expected);
 
   expect_error([&] { model::quantized_weight_bytes(c, "q3_k_s"); }, ErrorCode::kInvalidArgument,
-               "weights \"q3_k_s\" is not a quantized format (q8_0, q4_k_m, q5_k_m)");
+               "weights \"q3_k_s\" is not a quantized format (q8_0, int8, q4_k_m, q5_k_m)");
   expect_error([&] { model::quantized_weight_bytes(model::preset("phi3-mini-128k"), "q8_0"); },
                ErrorCode::kInvalidArgument, "Phi-3's fused projections");
   // The decoder does not run them: refused before anything is read or allocated.

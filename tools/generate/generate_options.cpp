@@ -82,9 +82,10 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
   add_integer(app, "--threads", a.threads, 0, 4096,
               "host backend: threads computing each step (0, the default: the cores this "
               "process may use)");
-  add_choice(app, "--weights", a.weights, {"q8_0"},
-             "quantize a safetensors checkpoint's (or the drawn) matrices into GGUF's Q8_0 blocks "
-             "at load (a scale per 32 weights; about 1/4 of f32's bytes)");
+  add_choice(app, "--weights", a.weights, {"q8_0", "int8"},
+             "quantize a safetensors checkpoint's (or the drawn) matrices at load: q8_0, GGUF's "
+             "Q8_0 blocks (a scale per 32 weights); int8, one scale per output channel (kept in "
+             "Q8_0 blocks, multiplied by the same kernels); either about 1/4 of f32's bytes");
   add_flag(app, "--expand-weights", a.expand_weights,
            "a GGUF file: dequantize its quantized matrices into the model dtype at load instead "
            "of keeping them in their blocks");
