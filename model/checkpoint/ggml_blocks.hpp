@@ -258,6 +258,69 @@ KVO_BLOCKS_HD void dequantize_part(std::uint32_t type, const std::uint8_t* b, in
   }
 }
 
+// The integer codes of part `part` of a quantized block (as dequantize_part numbers them): 32
+// unsigned codes u, the scale of each half of 16 (equal but for Q6_K, whose scales are per 16)
+// and an offset m, such that element l is mul(scale[l / 16], u[l] - code_offset(type)) + m with
+// the sum rounded as dequantize_part rounds it (m = 0 adds nothing): the same bits. Integer
+// products of activations with u are what the 8-bit GEMM sums (model/host/host_gemm_q8.hpp).
+KVO_BLOCKS_HD int code_offset(std::uint32_t type) {
+  return type == kQ8_0 ? 128 : (type == kQ4_0 ? 8 : (type == kQ6_K ? 32 : 0));
+}
+KVO_BLOCKS_HD void codes_part(std::uint32_t type, const std::uint8_t* b, int part, std::uint8_t* u,
+                              float* scale, float* m) {
+  *m = 0.0f;
+  switch (type) {
+    case kQ8_0:
+      scale[0] = scale[1] = half_to_float(u16_at(b));
+      for (int l = 0; l < 32; ++l) u[l] = static_cast<std::uint8_t>(b[2 + l] ^ 0x80u);
+      return;
+    case kQ4_0:
+    case kQ4_1: {
+      const int at = type == kQ4_0 ? 2 : 4;
+      scale[0] = scale[1] = half_to_float(u16_at(b));
+      if (type == kQ4_1) *m = half_to_float(u16_at(b + 2));
+      for (int j = 0; j < 16; ++j) {
+        u[j] = b[at + j] & 0x0f;
+        u[j + 16] = b[at + j] >> 4;
+      }
+      return;
+    }
+    case kQ4_K:
+    case kQ5_K: {
+      const bool five = type == kQ5_K;
+      int sc = 0, mn = 0;
+      scale_min_k4(part, b + 4, &sc, &mn);
+      scale[0] = scale[1] = mul(half_to_float(u16_at(b)), static_cast<float>(sc));
+      *m = -mul(half_to_float(u16_at(b + 2)), static_cast<float>(mn));
+      const std::uint8_t* q = b + (five ? 48 : 16) + 32 * (part / 2);
+      const int shift = 4 * (part % 2);
+      for (int l = 0; l < 32; ++l) {
+        int v = (q[l] >> shift) & 0x0f;
+        if (five) v |= ((b[16 + l] >> part) & 1) << 4;
+        u[l] = static_cast<std::uint8_t>(v);
+      }
+      return;
+    }
+    case kQ6_K: {
+      const int half = part / 4;
+      const int k = part % 4;
+      const auto* scales = reinterpret_cast<const std::int8_t*>(b + 192);
+      const float d = half_to_float(u16_at(b + 208));
+      scale[0] = mul(d, static_cast<float>(scales[8 * half + 2 * k]));
+      scale[1] = mul(d, static_cast<float>(scales[8 * half + 2 * k + 1]));
+      const std::uint8_t* low = b + 64 * half + 32 * (k % 2);
+      const std::uint8_t* high = b + 128 + 32 * half;
+      for (int l = 0; l < 32; ++l) {
+        u[l] = static_cast<std::uint8_t>(((low[l] >> (4 * (k / 2))) & 0x0f) |
+                                         (((high[l] >> (2 * k)) & 3) << 4));
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+
 // out [block_elements(type)] = the block at `b`, dequantized. REQUIRES: block_elements(type) > 0.
 KVO_BLOCKS_HD void dequantize_block(std::uint32_t type, const std::uint8_t* b, float* out) {
   switch (type) {

@@ -13,6 +13,7 @@
 #include "model/cuda/attention_kernels.hpp"
 #include "model/cuda/cuda_ops.hpp"
 #include "model/decoder/memory_plan.hpp"
+#include "model/host/host_gemm_q8.hpp"
 #include "model/host/host_kernels.hpp"
 #include "model/host/host_linear.hpp"
 #include "model/host/host_ops.hpp"
@@ -204,8 +205,9 @@ std::string Decoder::gemm_kernels() const {
   std::string text = gemm_library(shape_.weight_dtype, shape_.f32_gemm) + ", " +
                      std::to_string(shape_.threads) + " threads";
   if (shape_.q8_activations) {
-    text += std::string("; decode rows of GGUF blocks: activations quantized to 8 bits (") +
-            kernels::q8_activation_kernel() + ")";
+    text += std::string("; GGUF blocks: activations quantized to 8 bits, decode rows (") +
+            kernels::q8_activation_kernel() + "), prefill GEMMs (" +
+            (q8_gemm::available() ? "AVX512-VNNI" : "f32 panels: no AVX512-VNNI here") + ")";
   }
   return text;
 }

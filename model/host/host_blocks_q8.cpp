@@ -69,8 +69,8 @@ Q8ConstView view(const void* buffer, int in) {
 
 // Position in the stored order of element e of a Q4_K group (the middle two runs of 32 of each
 // 128 swapped); the identity for the other types.
-int stored_at(std::uint32_t type, int e) {
-  if (type != blocks::kQ4_K) return e;
+int stored_at(bool k4_order, int e) {
+  if (!k4_order) return e;
   const int run = (e % 128) / 32;
   const int swapped = run == 1 ? 2 : (run == 2 ? 1 : run);
   return e - e % 128 + swapped * 32 + e % 32;
@@ -128,7 +128,7 @@ void rows_portable(const Q8ConstView x, int in, const std::uint8_t* w, std::uint
             std::int32_t sj = 0;
             for (int l = 0; l < 32; ++l) {
               const int q = (j % 2 == 0) ? (qs[l] & 15) : (qs[l] >> 4);
-              sj += q * xq[stored_at(type, 32 * j + l)];
+              sj += q * xq[stored_at(true, 32 * j + l)];
             }
             s += sc * sj;
             mins += m * x.sums[8 * blk + j];
@@ -361,9 +361,8 @@ KVO_VNNI void rows_vnni(const Q8ConstView x, int in, const std::uint8_t* w, DTyp
 
 // quantize_activation_q8's loops, 16 elements a step: the same bytes (the conversion rounds to
 // nearest even, as nearbyint does in the default rounding mode).
-KVO_VNNI void quantize_vnni(std::uint32_t type, const float* x, int in, const Q8View& v) {
-  const int group = group_of(type);
-  const int sum_group = sum_group_of(type);
+KVO_VNNI void quantize_vnni(const float* x, int in, int group, int sum_group, bool k4_order,
+                            const Q8View& v) {
   const __m512 limit = _mm512_set1_ps(127.0f);
   for (int g = 0; g < in / group; ++g) {
     const float* xg = x + static_cast<std::ptrdiff_t>(g) * group;
@@ -384,7 +383,7 @@ KVO_VNNI void quantize_vnni(std::uint32_t type, const float* x, int in, const Q8
             _mm512_min_ps(_mm512_max_ps(scaled, _mm512_sub_ps(_mm512_setzero_ps(), limit)), limit);
         const __m512i value = _mm512_cvtps_epi32(scaled);
         sum = _mm512_add_epi32(sum, value);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + stored_at(type, e)),
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + stored_at(k4_order, e)),
                          _mm512_cvtsepi32_epi8(value));
       }
       v.sums[(static_cast<std::ptrdiff_t>(g) * group + i) / sum_group] =
@@ -393,20 +392,22 @@ KVO_VNNI void quantize_vnni(std::uint32_t type, const float* x, int in, const Q8
   }
 }
 
-bool have_vnni() {
-  static const bool yes = have_avx512() && __builtin_cpu_supports("avx512vnni");
-  return yes;
-}
-
-#else
-
-bool have_vnni() {
-  return false;
-}
-
 #endif
 
+bool have_vnni() {
+  return have_avx512_vnni();
+}
+
 }  // namespace
+
+bool have_avx512_vnni() {
+#if KVO_Q8_HAVE_VNNI_CODE
+  static const bool yes = have_avx512() && __builtin_cpu_supports("avx512vnni");
+  return yes;
+#else
+  return false;
+#endif
+}
 
 bool q8_activations_serve(std::uint32_t type) {
   return type == blocks::kQ8_0 || type == blocks::kQ4_0 || type == blocks::kQ4_1 ||
@@ -422,27 +423,26 @@ const char* q8_activation_kernel() {
   return have_vnni() ? "AVX512-VNNI" : "portable";
 }
 
-void quantize_activation_q8(std::uint32_t type, const float* x, int in, void* dst, bool portable) {
-  const Q8View v = view(dst, in);
+void quantize_q8_groups(const float* x, int in, int group, int sum_group, bool k4_order, float* d,
+                        std::int32_t* sums, std::int8_t* q, bool portable) {
+  const Q8View v{d, sums, q};
 #if KVO_Q8_HAVE_VNNI_CODE
-  if (!portable && have_vnni()) return quantize_vnni(type, x, in, v);
+  if (!portable && have_vnni()) return quantize_vnni(x, in, group, sum_group, k4_order, v);
 #endif
-  const int group = group_of(type);
-  const int sum_group = sum_group_of(type);
   for (int g = 0; g < in / group; ++g) {
     const float* xg = x + static_cast<std::ptrdiff_t>(g) * group;
     float amax = 0.0f;
     for (int i = 0; i < group; ++i) amax = std::max(amax, std::fabs(xg[i]));
-    const float d = amax / 127.0f;
-    const float inverse = d > 0.0f ? 1.0f / d : 0.0f;
-    v.d[g] = d;
-    std::int8_t* q = v.q + static_cast<std::ptrdiff_t>(g) * group;
+    const float dg = amax / 127.0f;
+    const float inverse = dg > 0.0f ? 1.0f / dg : 0.0f;
+    v.d[g] = dg;
+    std::int8_t* qg = v.q + static_cast<std::ptrdiff_t>(g) * group;
     for (int i = 0; i < group; i += sum_group) {
       std::int32_t sum = 0;
       for (int e = i; e < i + sum_group; ++e) {
         const float scaled = std::min(127.0f, std::max(-127.0f, std::nearbyint(xg[e] * inverse)));
         const auto value = static_cast<std::int8_t>(scaled);
-        q[stored_at(type, e)] = value;
+        qg[stored_at(k4_order, e)] = value;
         sum += value;
       }
       v.sums[(static_cast<std::ptrdiff_t>(g) * group + i) / sum_group] = sum;
@@ -450,13 +450,19 @@ void quantize_activation_q8(std::uint32_t type, const float* x, int in, void* ds
   }
 }
 
+void quantize_activation_q8(std::uint32_t type, const float* x, int in, void* dst, bool portable) {
+  const Q8View v = view(dst, in);
+  quantize_q8_groups(x, in, group_of(type), sum_group_of(type), type == blocks::kQ4_K, v.d, v.sums,
+                     v.q, portable);
+}
+
 void dequantize_activation_q8(std::uint32_t type, const void* src, int in, float* x) {
   const Q8ConstView v = view(src, in);
   const int group = group_of(type);
   for (int e = 0; e < in; ++e) {
     const int g = e / group;
-    x[e] = v.d[g] * static_cast<float>(
-                        v.q[static_cast<std::ptrdiff_t>(g) * group + stored_at(type, e % group)]);
+    x[e] = v.d[g] * static_cast<float>(v.q[static_cast<std::ptrdiff_t>(g) * group +
+                                           stored_at(type == blocks::kQ4_K, e % group)]);
   }
 }
 

@@ -69,6 +69,11 @@ const char* q8_activation_kernel();
 // `portable`: the plain loops even where the CPU has VNNI (tests; the same bytes).
 void quantize_activation_q8(std::uint32_t blocks, const float* x, int in, void* dst,
                             bool portable = false);
+// The quantizer itself: x [in] by groups of `group` elements (x = d q, q in [-127, 127] rounded to
+// nearest even, d = max |x| / 127, a NaN to -127) into d [in / group], q [in] (in Q4_K's decode
+// order with `k4_order`) and the sums of q over each `sum_group` elements, sums [in / sum_group].
+void quantize_q8_groups(const float* x, int in, int group, int sum_group, bool k4_order, float* d,
+                        std::int32_t* sums, std::int8_t* q, bool portable = false);
 // x [in] = the values a quantized row stands for (tests).
 void dequantize_activation_q8(std::uint32_t blocks, const void* src, int in, float* x);
 // y[o] = (row o of w) . (the quantized row xq) + bias[o] (added to y[o] when `accumulate`), o in
@@ -103,6 +108,8 @@ void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows 
 void attend_keys_avx512(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
                         int keys, SoftmaxState* state, float* acc, float* kv, float* scores);
 bool have_avx512();
+// AVX-512 with VNNI (vpdpbusd), where this build has code for it (the q8 activation kernels).
+bool have_avx512_vnni();
 
 // One key block of the blocked prefill attention: s [rows][lds] holds the (scaled) scores of
 // `rows` query rows against keys [key0, key0 + keys); row i sees keys [first[i], last[i]]. The

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 
+#include "model/checkpoint/ggml_blocks.hpp"
 #include "model/host/blas.hpp"
 #include "model/host/host_gemm_bf16.hpp"
+#include "model/host/host_gemm_q8.hpp"
 #include "model/host/host_kernels.hpp"
 
 namespace kvo::model {
@@ -28,7 +30,7 @@ bool uses_bf16_gemm(DType weights, bool f32_gemm) {
 }
 
 HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm, bool blocks,
-                       bool q8_activations)
+                       bool q8_activations, int max_rows)
     : pool_(pool),
       type_(type),
       bf16_gemm_(uses_bf16_gemm(type, f32_gemm)),
@@ -45,7 +47,15 @@ HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm, 
     if (blocks) floats = std::max<std::size_t>(floats, std::size_t{kGemmColBlock} * max_in);
   }
   panels_.assign(static_cast<std::size_t>(pool_.threads()), std::vector<float>(floats));
-  if (q8_activations_) q8_rows_.resize(kGemmMinRows * kernels::q8_activation_bytes(max_in));
+  if (q8_activations_) {
+    q8_rows_.resize(kGemmMinRows * kernels::q8_activation_bytes(max_in));
+    if (q8_gemm::available() && max_rows >= kGemmMinRows) {
+      // The widest of the types' rows (Q6_K's sub-blocks of 16 add the most).
+      q8_gemm_rows_.resize(static_cast<std::size_t>(max_rows) *
+                           q8_gemm::activation_row_bytes(blocks::kQ6_K, max_in));
+    }
+  }
+  static_assert(kQ8GemmCols <= kGemmColBlock, "a q8 panel fits the f32 panel's floats");
 }
 
 void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const void* bias, int out,
@@ -89,6 +99,10 @@ void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const vo
 
 void HostLinear::gemm(const float* x, int n, int in, WeightRef w, const void* bias, int out,
                       float* y, bool accumulate) {
+  if (w.in_blocks() && q8_activations_ && q8_gemm::serves(w.blocks) && q8_gemm::available()) {
+    gemm_q8(x, n, in, w, bias, out, y, accumulate);
+    return;
+  }
   const int row_blocks = (n + kGemmRowBlock - 1) / kGemmRowBlock;
   const int col_blocks = (out + kGemmColBlock - 1) / kGemmColBlock;
   pool_.run(row_blocks * col_blocks, [&](int task, int thread) {
@@ -128,6 +142,31 @@ void HostLinear::gemm(const float* x, int n, int in, WeightRef w, const void* bi
       return;
     }
     blas::sgemm(true, rows, cols, in, 1.0f, x_block, in, panel, in, beta, y_block, out);
+  });
+}
+
+void HostLinear::gemm_q8(const float* x, int n, int in, WeightRef w, const void* bias, int out,
+                         float* y, bool accumulate) {
+  const std::size_t stride = q8_gemm::activation_row_bytes(w.blocks, in);
+  if (q8_gemm_rows_.size() < static_cast<std::size_t>(n) * stride) {
+    q8_gemm_rows_.resize(static_cast<std::size_t>(n) * stride);
+  }
+  constexpr int kQuantizeRows = 16;
+  pool_.run((n + kQuantizeRows - 1) / kQuantizeRows, [&](int task, int) {
+    for (int t = task * kQuantizeRows; t < std::min(n, (task + 1) * kQuantizeRows); ++t) {
+      q8_gemm::quantize_row(w.blocks, x + static_cast<std::int64_t>(t) * in, in,
+                            q8_gemm_rows_.data() + static_cast<std::size_t>(t) * stride);
+    }
+  });
+  pool_.run((out + kQ8GemmCols - 1) / kQ8GemmCols, [&](int task, int thread) {
+    const int c0 = task * kQ8GemmCols;
+    const int cols = std::min(kQ8GemmCols, out - c0);
+    void* panel = panels_[static_cast<std::size_t>(thread)].data();
+    q8_gemm::pack(w.blocks,
+                  static_cast<const char*>(w.data) + matrix_bytes(w.blocks, type_, c0, in), cols,
+                  in, panel);
+    q8_gemm::multiply(w.blocks, panel, cols, in, q8_gemm_rows_.data(), n, type_, bias, c0, y + c0,
+                      out, accumulate);
   });
 }
 

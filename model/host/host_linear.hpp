@@ -10,8 +10,10 @@
 //
 // W may also be kept in GGUF blocks (model/checkpoint/ggml_blocks.hpp): a GEMM tile then
 // dequantizes its kGemmColBlock rows into the thread's f32 panel, as f16 weights are converted,
-// and a decode-sized call dequantizes one row at a time (kernels::linear_rows_blocks), or, asked
-// for, quantizes x to 8 bits and multiplies in integers (kernels::linear_row_blocks_q8).
+// and a decode-sized call dequantizes one row at a time (kernels::linear_rows_blocks). Asked for
+// (q8 activations), both quantize x to 8 bits and multiply in integers instead: decode rows with
+// kernels::linear_row_blocks_q8, GEMMs with model/host/host_gemm_q8.hpp where the CPU has
+// AVX512-VNNI (elsewhere a GEMM keeps the f32 panel, faster than integer loops without it).
 //
 // Decode-sized calls (a few rows) read W in place, one output row at a time
 // (kernels::linear_rows), spread over blocks of outputs: they are bound by reading W, and every
@@ -44,14 +46,17 @@ class HostLinear {
   static constexpr int kGemmColBlock = 128;
   static constexpr int kDotColBlock = 32;
   static constexpr int kQ8RowBlock = 128;  // rows a task of a q8-activation decode call takes
+  static constexpr int kQ8GemmCols = 64;   // outputs a task of a q8-activation GEMM takes
 
   // max_in: the widest input of any call. Loads OpenBLAS (single-threaded) if need be.
   // f32_gemm: bf16 weights multiply in f32 even where the CPU has AVX512_BF16. blocks: some
   // matrices come in GGUF blocks (their panels are sized for them).
   // q8_activations: decode-sized calls on blocks kernels::q8_activations_serve() serves quantize
   // x to 8 bits and multiply with kernels::linear_row_blocks_q8.
+  // max_rows: the most rows a call multiplies (the q8 GEMM's quantized rows are sized for it;
+  // a longer call grows them).
   HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm = false, bool blocks = false,
-             bool q8_activations = false);
+             bool q8_activations = false, int max_rows = kGemmMinRows);
 
   // y [n][out] = x [n][in] W^T + bias (bias [out] or null, in the model dtype); y += instead
   // with `accumulate`.
@@ -61,6 +66,10 @@ class HostLinear {
  private:
   void gemm(const float* x, int n, int in, WeightRef w, const void* bias, int out, float* y,
             bool accumulate);
+  // gemm() for weights in blocks with x quantized to 8 bits (q8_gemm): tasks of kQ8GemmCols
+  // outputs over all n rows, each repacking its weight rows once.
+  void gemm_q8(const float* x, int n, int in, WeightRef w, const void* bias, int out, float* y,
+               bool accumulate);
 
   ThreadPool& pool_;
   DType type_;
@@ -69,8 +78,10 @@ class HostLinear {
   // one row linear_rows converts at a time.
   std::vector<std::vector<float>> panels_;
   bool q8_activations_;
-  // The rows of x quantized for linear_row_blocks_q8: [kGemmMinRows][q8_activation_bytes(max_in)].
+  // The rows of x quantized for linear_row_blocks_q8: [kGemmMinRows][q8_activation_bytes(max_in)],
+  // and for the q8 GEMM: [max_rows][q8_gemm::activation_row_bytes(type, max_in)].
   std::vector<std::uint8_t> q8_rows_;
+  std::vector<std::uint8_t> q8_gemm_rows_;
 };
 
 }  // namespace kvo::model

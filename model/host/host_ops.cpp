@@ -28,7 +28,7 @@ HostOps::HostOps(const OpsShape& shape)
       elem_(shape.weight_dtype),
       pool_(std::max(1, shape.threads)),
       linear_(pool_, elem_, widest_input(shape.config), shape.f32_gemm, shape.weight_blocks,
-              shape.q8_activations),
+              shape.q8_activations, shape.max_rows),
       kv_elem_(shape.kv_dtype),
       attention_(shape.config, kv_elem_, shape.max_decode_rows, pool_) {
   norm_weight_.resize(static_cast<std::size_t>(shape_.config.hidden_size));

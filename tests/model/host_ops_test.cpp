@@ -15,6 +15,7 @@
 #include "model/checkpoint/weights.hpp"
 #include "model/host/host_attention.hpp"
 #include "model/host/host_gemm_bf16.hpp"
+#include "model/host/host_gemm_q8.hpp"
 #include "model/host/host_kernels.hpp"
 #include "model/host/host_linear.hpp"
 #include "model/host/host_ops.hpp"
@@ -381,6 +382,115 @@ TEST(HostLinear, Q8ActivationsMultiplyTheQuantizedRow) {
   kernels::linear_rows_blocks(x.data(), 1, in, in, w.data(), blocks::kQ5_K, DType::kF32, nullptr, 0,
                               out, expected.data(), out, false, row.data());
   EXPECT_EQ(y, expected);
+}
+
+// The q8 GEMM (model/host/host_gemm_q8.hpp) for every type it serves: each block's codes, scales
+// and offsets give dequantize_part's bits; the rows quantize as documented (VNNI and plain loops
+// write the same bytes); each output is the product of the weights with the quantized rows within
+// the f32 rounding of its sub-block sums, with the same bits from the VNNI kernel and the plain
+// loops; and HostLinear's GEMM-sized calls with q8 activations give those bits whatever its tasks.
+TEST(HostLinear, Q8GemmMultipliesTheQuantizedRows) {
+  std::mt19937 rng(12);
+  const int in = 512, out = 150, n = 21;
+  ThreadPool pool(2);
+  for (const std::uint32_t type :
+       {blocks::kQ8_0, blocks::kQ4_0, blocks::kQ4_1, blocks::kQ4_K, blocks::kQ5_K, blocks::kQ6_K}) {
+    SCOPED_TRACE(ggml_type(type)->name);
+    ASSERT_TRUE(q8_gemm::serves(type));
+    const int per_block = blocks::block_elements(type);
+    const std::size_t block_bytes = static_cast<std::size_t>(blocks::block_bytes(type));
+    const std::size_t row_bytes = static_cast<std::size_t>(in / per_block) * block_bytes;
+    const std::vector<std::uint8_t> w = testing::random_block_matrix(type, out, in, rng);
+    std::vector<float> wf(static_cast<std::size_t>(out) * in);
+    kernels::dequantize_rows(type, w.data(), out, in, wf.data());
+    // Codes: scale (u - offset) + m, rounded as dequantize_part rounds, gives its bits.
+    std::vector<float> offset(wf.size());
+    for (int o = 0; o < out; ++o) {
+      for (int part = 0; part < in / 32; ++part) {
+        const std::uint8_t* b = &w[o * row_bytes + (part * 32 / per_block) * block_bytes];
+        std::uint8_t u[32];
+        float scale[2] = {0.0f, 0.0f}, m = 0.0f, expected[32];
+        blocks::codes_part(type, b, part % (per_block / 32), u, scale, &m);
+        blocks::dequantize_part(type, b, part % (per_block / 32), expected);
+        for (int l = 0; l < 32; ++l) {
+          const float scaled = scale[l / 16] * static_cast<float>(u[l] - blocks::code_offset(type));
+          const bool offsets =
+              type == blocks::kQ4_1 || type == blocks::kQ4_K || type == blocks::kQ5_K;
+          const float value = offsets ? scaled + m : scaled;
+          ASSERT_EQ(std::memcmp(&value, &expected[l], 4), 0) << o << " " << part << " " << l;
+          offset[static_cast<std::size_t>(o) * in + part * 32 + l] = m;
+        }
+      }
+    }
+    std::vector<float> x(static_cast<std::size_t>(n) * in);
+    std::normal_distribution<float> normal;
+    for (auto& v : x) v = normal(rng);
+    for (int e = 64; e < 96; ++e) x[static_cast<std::size_t>(e)] = 0.0f;  // a group of zeros
+    x[in + 3] = 40.0f;  // an outlier: its group's step is coarse
+    const std::size_t stride = q8_gemm::activation_row_bytes(type, in);
+    std::vector<std::uint8_t> xq(n * stride, 0), plain(n * stride, 0);
+    std::vector<double> xd(x.size());  // the values the quantized rows stand for
+    for (int t = 0; t < n; ++t) {
+      const float* xt = x.data() + static_cast<std::ptrdiff_t>(t) * in;
+      q8_gemm::quantize_row(type, xt, in, xq.data() + t * stride);
+      q8_gemm::quantize_row(type, xt, in, plain.data() + t * stride, /*portable=*/true);
+      std::vector<float> d(in / 32);
+      std::vector<std::int32_t> sums(in / 16);
+      std::vector<std::int8_t> q(in);
+      kernels::quantize_q8_groups(xt, in, 32, 16, false, d.data(), sums.data(), q.data());
+      for (int e = 0; e < in; ++e) {
+        xd[static_cast<std::size_t>(t) * in + e] = static_cast<double>(d[e / 32]) * q[e];
+        ASSERT_LE(std::fabs(xd[static_cast<std::size_t>(t) * in + e] - xt[e]),
+                  0.5 * d[e / 32] * (1 + 1e-5))
+            << t << " " << e;
+      }
+    }
+    ASSERT_EQ(xq, plain);
+
+    std::vector<std::uint8_t> panel(q8_gemm::panel_bytes(type, out, in));
+    q8_gemm::pack(type, w.data(), out, in, panel.data());
+    std::vector<float> bias(out);
+    for (auto& v : bias) v = normal(rng);
+    std::vector<float> y_plain(static_cast<std::size_t>(n) * out, 0.5f);
+    q8_gemm::multiply(type, panel.data(), out, in, xq.data(), n, DType::kF32, bias.data(), 0,
+                      y_plain.data(), out, /*accumulate=*/true, /*portable=*/true);
+    if (q8_gemm::available()) {
+      std::vector<float> y_vnni(y_plain.size(), 0.5f);
+      q8_gemm::multiply(type, panel.data(), out, in, xq.data(), n, DType::kF32, bias.data(), 0,
+                        y_vnni.data(), out, true);
+      ASSERT_EQ(std::memcmp(y_vnni.data(), y_plain.data(), y_plain.size() * 4), 0);
+    }
+    const int subs = in / (type == blocks::kQ6_K ? 16 : 32);
+    for (int t = 0; t < n; ++t) {
+      for (int o = 0; o < out; ++o) {
+        double exact = 0.0, magnitude = 0.0;
+        for (int e = 0; e < in; ++e) {
+          const std::size_t we = static_cast<std::size_t>(o) * in + e;
+          const double xv = xd[static_cast<std::size_t>(t) * in + e];
+          exact += wf[we] * xv;
+          magnitude += (std::fabs(wf[we]) + 2 * std::fabs(offset[we])) * std::fabs(xv);
+        }
+        // Per sub-block: the product with d, then one or two fused steps into the sum; then the
+        // bias and the accumulated value.
+        const double want = 0.5 + (exact + bias[o]);
+        const double bound = gamma(3 * subs) * magnitude + 2 * kU * (1.0 + std::fabs(want));
+        ASSERT_NEAR(y_plain[static_cast<std::size_t>(t) * out + o], want, bound) << t << " " << o;
+      }
+    }
+
+    // HostLinear, q8 activations: calls of kGemmMinRows rows and more go through the q8 GEMM where
+    // the CPU has VNNI, in tasks of 64 outputs, with the bits of one panel of every row.
+    HostLinear linear(pool, DType::kF32, in, false, true, /*q8_activations=*/true, n);
+    for (const int rows : {HostLinear::kGemmMinRows, n}) {
+      std::vector<float> y(static_cast<std::size_t>(rows) * out);
+      linear(x.data(), rows, in, WeightRef{w.data(), type}, bias.data(), out, y.data(), false);
+      if (!q8_gemm::available()) continue;  // the f32 panel instead: MatchesFloat64's bound
+      std::vector<float> alone(y.size());
+      q8_gemm::multiply(type, panel.data(), out, in, xq.data(), rows, DType::kF32, bias.data(), 0,
+                        alone.data(), out, false, true);
+      EXPECT_EQ(std::memcmp(y.data(), alone.data(), y.size() * 4), 0) << rows << " rows";
+    }
+  }
 }
 
 // Q8_0 as ggml's reference quantizes it: d = max |x| / 127 stored as f16, q = round(x / d) with

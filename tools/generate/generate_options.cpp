@@ -90,10 +90,10 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
            "a GGUF file: dequantize its quantized matrices into the model dtype at load instead "
            "of keeping them in their blocks");
   add_choice(app, "--activations", a.activations, {"f32", "q8"},
-             "host backend, weights in GGUF blocks: what a decode step's rows multiply them with: "
-             "f32 (default; the same bits as the weights expanded to f32) or q8 (the activations "
-             "quantized to 8 bits per block, integer dot products as llama.cpp's; faster, not "
-             "exact)");
+             "host backend, weights in GGUF blocks: what they multiply: f32 (default; the same "
+             "bits as the weights expanded to f32) or q8 (the activations quantized to 8 bits per "
+             "32, integer products as llama.cpp's, in decode rows and, with AVX512-VNNI, prefill "
+             "GEMMs; faster, not exact)");
   add_choice(app, "--gemm", a.gemm, {"auto", "f32"},
              "host backend, bf16 weights: auto (AVX512_BF16 GEMMs where the CPU has them, the "
              "activations rounded to bf16) or f32 (sgemm over f32 copies of the weights' tiles, "
