@@ -92,24 +92,14 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   DecoderMemory memory = plan_decoder_memory(config_, planned, backend);
   memory.cache.device_budget = options_.device_budget;  // 0 stays 0: the cache resolves it
   options_.max_prompt = memory.max_prompt;
-  const DType dtype = memory.dtype;
   const int R = memory.max_rows;
   const int P = memory.prompt_rows;
   act_ = std::make_unique<ActivationLayout>();
   activation_bytes_ = memory.activations;
 
-  OpsShape shape;
-  shape.config = config_;
-  shape.weight_dtype = dtype;
-  shape.kv_dtype = memory.kv_dtype;
-  shape.max_rows = R;
-  shape.max_decode_rows = options_.slots;
-  shape.max_seq = options_.max_seq;
+  // The shape the plan sized the host workspace for, and what the CUDA path needs besides.
+  OpsShape shape = host_ops_shape(config_, planned, memory);
   shape.kernels = memory.kernels;
-  shape.f32_gemm = options_.f32_gemm;
-  shape.weight_blocks = layout_.has_blocks();
-  shape.q8_activations = options_.q8_activations && shape.weight_blocks;
-  shape.threads = options_.threads > 0 ? options_.threads : available_cores();
 
   require_weights_fit(memory, options_.device_budget);
   cache_ = std::make_unique<OffloadedStaticCache>(memory.cache);
@@ -130,7 +120,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
     stream_ = owned_stream_.get();
     ops_ = make_cuda_ops(shape, stream_, cache_->reserved("workspace"));
   } else {
-    ops_ = std::make_unique<HostOps>(shape);
+    ops_ = std::make_unique<HostOps>(shape, cache_->reserved("workspace"), memory.workspace);
   }
   const UploadFn upload = [&](std::size_t offset, const void* host, std::size_t bytes) {
     cache_->copy_to_device(weights + offset, host, bytes);

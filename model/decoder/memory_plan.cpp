@@ -8,6 +8,8 @@
 #include "kvoffload/quant.hpp"
 #include "model/checkpoint/weight_formats.hpp"
 #include "model/checkpoint/weights.hpp"
+#include "model/host/host_workspace.hpp"
+#include "model/host/thread_pool.hpp"
 
 namespace kvo::model {
 namespace {
@@ -157,6 +159,22 @@ bool plan_fits(const DecoderMemory& m, std::uint64_t budget) {
 
 }  // namespace
 
+OpsShape host_ops_shape(const ModelConfig& config, const DecoderOptions& options,
+                        const DecoderMemory& memory) {
+  OpsShape shape;
+  shape.config = config;
+  shape.weight_dtype = memory.dtype;
+  shape.kv_dtype = memory.kv_dtype;
+  shape.max_rows = memory.max_rows;
+  shape.max_decode_rows = options.slots;
+  shape.max_seq = options.max_seq;
+  shape.f32_gemm = options.f32_gemm;
+  shape.weight_blocks = options.weights_in_blocks || !options.weight_format.empty();
+  shape.q8_activations = options.q8_activations && shape.weight_blocks;
+  shape.threads = options.threads > 0 ? options.threads : available_cores();
+  return shape;
+}
+
 DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOptions& options,
                                   BackendKind backend) {
   if (options.max_seq < 1 || options.slots < 1 || options.chunk < 1 || options.logit_rows < 0) {
@@ -183,12 +201,12 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
   // decoder hands them to its ops (OpsShape::kernels).
   m.kernels = choose_attention_kernels(config, m.kv_dtype, options.slots, options.max_seq,
                                        m.max_rows, options.builtin_attention);
-  m.workspace =
-      backend == BackendKind::kCuda
-          ? WorkspaceLayout(config, m.dtype, m.kv_dtype, m.max_rows, options.slots, options.max_seq,
-                            m.kernels, options.weights_in_blocks || !options.weight_format.empty())
-                .bytes
-          : 0;
+  const bool blocks = options.weights_in_blocks || !options.weight_format.empty();
+  m.workspace = backend == BackendKind::kCuda
+                    ? WorkspaceLayout(config, m.dtype, m.kv_dtype, m.max_rows, options.slots,
+                                      options.max_seq, m.kernels, blocks)
+                          .bytes
+                    : HostWorkspaceLayout(host_ops_shape(config, options, m)).bytes;
 
   CacheConfig& cc = m.cache;
   cc.layers = config.layers;

@@ -125,10 +125,15 @@ struct DecoderMemory {
   int logit_rows = 1;             // rows of logits computed at once: max(slots, options.logit_rows)
   std::uint64_t weights = 0;
   std::uint64_t activations = 0;
-  std::uint64_t workspace = 0;  // CUDA only
+  std::uint64_t workspace = 0;  // CUDA: WorkspaceLayout; host: HostWorkspaceLayout
   AttentionKernels kernels;     // CUDA: what attends, chosen once (choose_attention_kernels)
   CacheConfig cache;            // shape, budget, and the three regions above as reserved ones
 };
+
+// The host path's shape for a plan (the decoder makes its HostOps with it, so the workspace the
+// plan reserves is the one HostOps carves): threads 0 resolves to available_cores().
+OpsShape host_ops_shape(const ModelConfig& config, const DecoderOptions& options,
+                        const DecoderMemory& memory);
 
 // REQUIRES: validate(config) passes; `backend` is resolved (kCuda or kHost).
 // Throws kvo::Error(kInvalidArgument) for bad options.

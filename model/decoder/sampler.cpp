@@ -26,11 +26,16 @@ void check_sampling(const SamplingParams& params) {
 
 std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& params, float u,
                           std::vector<float>& scratch) {
+  scratch.resize(2 * static_cast<std::size_t>(vocab));
+  return sample_token(logits, vocab, params, u, scratch.data());
+}
+
+std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& params, float u,
+                          float* scratch) {
   if (params.temperature == 0) return argmax(logits, vocab);
   // scratch: scaled [vocab] | sorted [vocab]
-  scratch.resize(2 * static_cast<std::size_t>(vocab));
-  float* scaled = scratch.data();
-  float* sorted = scratch.data() + vocab;
+  float* scaled = scratch;
+  float* sorted = scratch + vocab;
   float top = -INFINITY;
   for (int i = 0; i < vocab; ++i) {
     scaled[i] = logits[i] / params.temperature;

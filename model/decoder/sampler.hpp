@@ -26,6 +26,9 @@ void check_sampling(const SamplingParams& params);
 // which the running sum of the kept p exceeds u times their total. `scratch` is reused storage.
 std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& params, float u,
                           std::vector<float>& scratch);
+// The same with scratch [2 * vocab] given.
+std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& params, float u,
+                          float* scratch);
 
 class Sampler {
  public:

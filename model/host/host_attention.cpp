@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "model/decoder/ops.hpp"
 #include "model/host/host_kernels.hpp"
@@ -52,41 +53,24 @@ const float* key_block(const HeadRows& h, int keys, int head_dim, DType type, fl
 
 }  // namespace
 
-HostAttention::HostAttention(const ModelConfig& config, DType type, int max_decode_rows,
-                             ThreadPool& pool)
+HostAttention::HostAttention(const ModelConfig& config, DType type, ThreadPool& pool,
+                             HostAttentionScratch scratch)
     : config_(config),
       type_(type),
       pool_(pool),
       group_(config.heads / config.kv_heads),
       scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)))),
-      avx512_(kernels::have_avx512() && config.head_dim % 16 == 0) {
-  const std::size_t d = static_cast<std::size_t>(config.head_dim);
-  const std::size_t rows = static_cast<std::size_t>(kQueryBlock) * group_;
-  prefill_.resize(static_cast<std::size_t>(pool_.threads()));
-  for (auto& s : prefill_) {
-    s.q.resize(rows * d);
-    s.scores.resize(rows * kPrefillKeyBlock);
-    s.out.resize(rows * d);
-    s.k.resize(kPrefillKeyBlock * d);
-    s.v.resize(kPrefillKeyBlock * d);
-    s.state.resize(rows);
-    s.first.resize(rows);
-    s.last.resize(rows);
-  }
-  decode_.resize(static_cast<std::size_t>(pool_.threads()));
-  for (auto& s : decode_) {
-    s.q.resize(static_cast<std::size_t>(config.heads) * d);
-    s.kv.resize(static_cast<std::size_t>(kernels::kKeyBlock) * config.kv_heads * d);
-    s.scores.resize(static_cast<std::size_t>(config.heads) * kernels::kKeyBlock);
-    if (is_quantized(type)) {
-      s.k.resize(static_cast<std::size_t>(kDequantKeys) * config.kv_heads * d);
-      s.v.resize(s.k.size());
-    }
-  }
-  const std::size_t parts = static_cast<std::size_t>(max_decode_rows) * kMaxParts * config.heads;
-  part_state_.resize(parts);
-  part_values_.resize(parts * d);
-  first_task_.resize(static_cast<std::size_t>(max_decode_rows) + 1);
+      avx512_(kernels::have_avx512() && config.head_dim % 16 == 0),
+      scratch_(std::move(scratch)) {}
+
+HostAttention::HostAttention(const ModelConfig& config, DType type, int max_decode_rows,
+                             ThreadPool& pool)
+    : HostAttention(config, type, pool, HostAttentionScratch{}) {
+  HostCarver count;
+  HostAttentionScratch::carve(count, config, type, max_decode_rows, pool.threads());
+  own_ = std::make_unique<HostRegion>(count.bytes());
+  HostCarver carver(own_->data(), count.bytes());
+  scratch_ = HostAttentionScratch::carve(carver, config, type, max_decode_rows, pool.threads());
 }
 
 HostAttention::Split HostAttention::split(int keys) {
@@ -104,7 +88,7 @@ void HostAttention::prefill(const float* q, int n, int slot, int first_position,
   // The last query blocks see the most keys: hand them out first.
   pool_.run(blocks * kv_heads, [&](int task, int thread) {
     prefill_block(q, n, slot, first_position, view, task % kv_heads, blocks - 1 - task / kv_heads,
-                  prefill_[static_cast<std::size_t>(thread)], out);
+                  scratch_.prefill[static_cast<std::size_t>(thread)], out);
   });
 }
 
@@ -169,31 +153,31 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
   const int d = config_.head_dim;
   const int heads = config_.heads;
   const int kv_heads = config_.kv_heads;
-  first_task_[0] = 0;
+  scratch_.first_task[0] = 0;
   for (int i = 0; i < n; ++i) {
     const int keys = positions[i] - first_key(config_, positions[i]) + 1;
-    first_task_[static_cast<std::size_t>(i) + 1] =
-        first_task_[static_cast<std::size_t>(i)] + split(keys).parts;
+    scratch_.first_task[static_cast<std::size_t>(i) + 1] =
+        scratch_.first_task[static_cast<std::size_t>(i)] + split(keys).parts;
   }
   // Partials of (row i, part p): states [heads], values [heads][d].
   auto part_index = [&](int i, int p) { return static_cast<std::size_t>(i) * kMaxParts + p; };
   const std::size_t values_per_part = static_cast<std::size_t>(heads) * d;
   // 1. Each (row, part of the keys): a partial softmax over its keys for every kv head.
   const std::int64_t bytes = elem_bytes(type_);
-  pool_.run(first_task_[static_cast<std::size_t>(n)], [&](int task, int thread) {
-    const int i =
-        static_cast<int>(std::upper_bound(first_task_.begin(), first_task_.begin() + n + 1, task) -
-                         first_task_.begin() - 1);
+  pool_.run(scratch_.first_task[static_cast<std::size_t>(n)], [&](int task, int thread) {
+    const int i = static_cast<int>(
+        std::upper_bound(scratch_.first_task.begin(), scratch_.first_task.begin() + n + 1, task) -
+        scratch_.first_task.begin() - 1);
     const int first = first_key(config_, positions[i]);
     const int keys = positions[i] - first + 1;
     const Split sp = split(keys);
-    const int p = task - first_task_[static_cast<std::size_t>(i)];
+    const int p = task - scratch_.first_task[static_cast<std::size_t>(i)];
     const int part0 = first + p * sp.part_keys;
-    DecodeScratch& s = decode_[static_cast<std::size_t>(thread)];
+    DecodeScratch& s = scratch_.decode[static_cast<std::size_t>(thread)];
     const float* qi = q + static_cast<std::int64_t>(i) * heads * d;
     for (std::size_t e = 0; e < values_per_part; ++e) s.q[e] = qi[e] * scale_;
-    SoftmaxState* state = part_state_.data() + part_index(i, p) * heads;
-    float* values = part_values_.data() + part_index(i, p) * values_per_part;
+    SoftmaxState* state = scratch_.part_state.data() + part_index(i, p) * heads;
+    float* values = scratch_.part_values.data() + part_index(i, p) * values_per_part;
     std::fill(state, state + heads, SoftmaxState{});
     std::fill(values, values + values_per_part, 0.0f);
     const std::int64_t at =
@@ -232,14 +216,15 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
     const int keys = positions[i] - first_key(config_, positions[i]) + 1;
     const int parts = split(keys).parts;
     for (int h = g * group_; h < (g + 1) * group_; ++h) {
-      SoftmaxState state = part_state_[part_index(i, 0) * heads + h];
+      SoftmaxState state = scratch_.part_state[part_index(i, 0) * heads + h];
       float* dst = out + (static_cast<std::int64_t>(i) * heads + h) * d;
-      const float* first_values = part_values_.data() + part_index(i, 0) * values_per_part +
+      const float* first_values = scratch_.part_values.data() + part_index(i, 0) * values_per_part +
                                   static_cast<std::size_t>(h) * d;
       std::copy(first_values, first_values + d, dst);
       for (int p = 1; p < parts; ++p) {
-        const MergeScales m = softmax_merge(state, part_state_[part_index(i, p) * heads + h]);
-        const float* values = part_values_.data() + part_index(i, p) * values_per_part +
+        const MergeScales m =
+            softmax_merge(state, scratch_.part_state[part_index(i, p) * heads + h]);
+        const float* values = scratch_.part_values.data() + part_index(i, p) * values_per_part +
                               static_cast<std::size_t>(h) * d;
         for (int e = 0; e < d; ++e) dst[e] = dst[e] * m.a + values[e] * m.b;
       }

@@ -17,11 +17,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kvoffload/cache.hpp"
 #include "model/checkpoint/model_config.hpp"
 #include "model/decoder/numerics.hpp"
+#include "model/host/host_workspace.hpp"
 #include "model/host/thread_pool.hpp"
 
 namespace kvo::model {
@@ -33,7 +35,14 @@ class HostAttention {
   static constexpr int kMinPartKeys = 256;  // decode: keys per part, at least...
   static constexpr int kMaxParts = 64;      // ...and at most this many parts per (row, kv head)
 
+  // Decode over quantized rows: keys dequantized (every head) per block of this many.
+  static constexpr int kDequantKeys = 64;
+
+  // scratch: carved for the same shape and the pool's threads (HostAttentionScratch::carve);
+  // without it, the object carves a region of its own.
   HostAttention(const ModelConfig& config, DType type, int max_decode_rows, ThreadPool& pool);
+  HostAttention(const ModelConfig& config, DType type, ThreadPool& pool,
+                HostAttentionScratch scratch);
 
   // q [n][heads][head_dim], row i at position first_position + i, over the keys of `slot` up to
   // its own position (sliding window honoured). out [n][heads][head_dim].
@@ -52,18 +61,8 @@ class HostAttention {
   static Split split(int keys);
 
  private:
-  struct PrefillScratch {
-    std::vector<float> q, scores, out, k,
-        v;                            // [rows][d], [rows][key block], [rows][d], [key block][d] x2
-    std::vector<SoftmaxState> state;  // [rows]
-    std::vector<int> first, last;     // [rows]: keys each row sees
-  };
-  // Decode over quantized rows: keys dequantized (every head) per block of this many.
-  static constexpr int kDequantKeys = 64;
-  struct DecodeScratch {
-    std::vector<float> q, kv, scores;  // [heads][d] (scaled), [kKeyBlock][d], [group][kKeyBlock]
-    std::vector<float> k, v;           // quantized rows: [kDequantKeys][kv_heads][d] each
-  };
+  using PrefillScratch = HostAttentionScratch::Prefill;
+  using DecodeScratch = HostAttentionScratch::Decode;
 
   void prefill_block(const float* q, int n, int slot, int first_position, const LayerView& view,
                      int kv_head, int block, PrefillScratch& s, float* out);
@@ -73,13 +72,9 @@ class HostAttention {
   ThreadPool& pool_;
   int group_;
   float scale_;
-  bool avx512_;                          // decode through kernels::attend_keys_avx512
-  std::vector<PrefillScratch> prefill_;  // [threads]
-  std::vector<DecodeScratch> decode_;    // [threads]
-  // Decode partials: [rows][kMaxParts] of states [heads] and values [heads][head_dim].
-  std::vector<SoftmaxState> part_state_;
-  std::vector<float> part_values_;
-  std::vector<int> first_task_;  // [rows + 1]: tasks of the rows before
+  bool avx512_;                      // decode through kernels::attend_keys_avx512
+  std::unique_ptr<HostRegion> own_;  // the region without a given scratch
+  HostAttentionScratch scratch_;
 };
 
 }  // namespace kvo::model

@@ -414,11 +414,6 @@ bool q8_activations_serve(std::uint32_t type) {
          type == blocks::kQ4_K || type == blocks::kQ6_K;
 }
 
-std::size_t q8_activation_bytes(int in) {
-  return static_cast<std::size_t>(in / 32) * 4 + static_cast<std::size_t>(in / 16) * 4 +
-         static_cast<std::size_t>(in);
-}
-
 const char* q8_activation_kernel() {
   return have_vnni() ? "AVX512-VNNI" : "portable";
 }

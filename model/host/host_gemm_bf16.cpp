@@ -20,17 +20,11 @@
 namespace kvo::model::bf16_gemm {
 namespace {
 
-constexpr int kChunkPairs = 256;  // pairs of inputs per chunk: a 128 KiB panel
-
-// Scratch: the panel [kChunkPairs][kCols] pairs, then kRows rows of [kChunkPairs] pairs.
+// Scratch (scratch_bytes): the panel [kChunkPairs][kCols] pairs, then kRows rows of [kChunkPairs]
+// pairs.
 constexpr std::size_t kPanelPairs = static_cast<std::size_t>(kChunkPairs) * kCols;
-constexpr std::size_t kRowPairs = static_cast<std::size_t>(kChunkPairs) * kRows;
 
 }  // namespace
-
-std::size_t scratch_bytes(int /*in*/) {
-  return (kPanelPairs + kRowPairs) * sizeof(std::uint32_t);
-}
 
 #ifdef KVO_BF16
 

@@ -24,9 +24,15 @@ inline constexpr int kRows = 8;  // rows of x multiplied together
 // Whether this CPU runs the kernel (AVX-512 F/BW/VL and AVX512_BF16) and this build has it.
 bool available();
 
-// Bytes of scratch one call needs at `in` inputs: the packed weight panel and kRows converted
-// rows of x.
-std::size_t scratch_bytes(int in);
+inline constexpr int kChunkPairs = 256;  // pairs of inputs per chunk: a 128 KiB panel
+
+// Bytes of scratch one call needs (at any `in`): the packed weight panel [kChunkPairs][kCols]
+// pairs, then kRows converted rows of x, [kChunkPairs] pairs each.
+inline std::size_t scratch_bytes(int /*in*/) {
+  return (static_cast<std::size_t>(kChunkPairs) * kCols +
+          static_cast<std::size_t>(kChunkPairs) * kRows) *
+         sizeof(std::uint32_t);
+}
 
 // y [rows][cols] (row stride ld_y) = bf16(x) [rows][in] (row stride ld_x) W^T, or += with
 // `accumulate`; W [cols][in] bf16 (row stride in), cols <= kCols. `scratch` holds

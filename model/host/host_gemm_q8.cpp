@@ -21,10 +21,8 @@ namespace {
 constexpr int kGroup = 16;  // weight rows a group of the panel interleaves
 constexpr int kTokens = 8;  // activation rows the kernel multiplies together
 
-// Elements a scale covers: 16 for Q6_K, 32 for the others.
-int sub_block(std::uint32_t type) {
-  return type == blocks::kQ6_K ? 16 : 32;
-}
+static_assert(blocks::kQ6_K == 14, "sub_block() names Q6_K by its number");
+
 bool has_offset(std::uint32_t type) {
   return type == blocks::kQ4_1 || type == blocks::kQ4_K || type == blocks::kQ5_K;
 }
@@ -208,13 +206,6 @@ bool serves(std::uint32_t type) {
 
 bool available() {
   return have_vnni();
-}
-
-std::size_t activation_row_bytes(std::uint32_t type, int in) {
-  const std::size_t subs = static_cast<std::size_t>(in / sub_block(type));
-  const std::size_t bytes =
-      static_cast<std::size_t>(in) + 12 * subs + 4 * static_cast<std::size_t>(in / 32) + 4 * subs;
-  return (bytes + 63) / 64 * 64;
 }
 
 void quantize_row(std::uint32_t type, const float* x, int in, void* dst, bool portable) {

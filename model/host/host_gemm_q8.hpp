@@ -30,8 +30,19 @@ bool serves(std::uint32_t type);
 // Whether this CPU runs the VNNI kernel (AVX-512 F/BW/VL and AVX512-VNNI) and this build has it.
 bool available();
 
-// Bytes of one quantized activation row of `in` elements for weights of `type`, a multiple of 64.
-std::size_t activation_row_bytes(std::uint32_t type, int in);
+// Elements a weight scale covers: 16 for Q6_K (ggml type 14), 32 for the others.
+inline int sub_block(std::uint32_t type) {
+  return type == 14 ? 16 : 32;
+}
+// Bytes of one quantized activation row of `in` elements for weights of `type`, a multiple of 64:
+// q [in], then per sub-block an int32 and two floats, the group scales [in / 32] and the sums
+// [in / sub-block].
+inline std::size_t activation_row_bytes(std::uint32_t type, int in) {
+  const std::size_t subs = static_cast<std::size_t>(in / sub_block(type));
+  const std::size_t bytes =
+      static_cast<std::size_t>(in) + 12 * subs + 4 * static_cast<std::size_t>(in / 32) + 4 * subs;
+  return (bytes + 63) / 64 * 64;
+}
 // dst (activation_row_bytes) = x [in] quantized for weights of `type`. `portable`: the plain
 // loops even where the CPU has VNNI (the same bytes).
 void quantize_row(std::uint32_t type, const float* x, int in, void* dst, bool portable = false);

@@ -62,8 +62,12 @@ bool linear_row_blocks_avx512(const float* x, int in, const void* w, std::uint32
 // product of the weights with the quantized row (dequantize_activation_q8), rounded in f32 once per
 // block; what quantizing x costs is bounded by sum |w| * d / 2 per group.
 bool q8_activations_serve(std::uint32_t blocks);
-// Bytes of a quantized row of `in` elements (in a multiple of the type's block).
-std::size_t q8_activation_bytes(int in);
+// Bytes of a quantized row of `in` elements (in a multiple of the type's block): d [in / 32]
+// (at most), sums [in / 16] (at most), q [in].
+inline std::size_t q8_activation_bytes(int in) {
+  return static_cast<std::size_t>(in / 32) * 4 + static_cast<std::size_t>(in / 16) * 4 +
+         static_cast<std::size_t>(in);
+}
 // "AVX512-VNNI" where the CPU has it, else "portable" (plain loops).
 const char* q8_activation_kernel();
 // `portable`: the plain loops even where the CPU has VNNI (tests; the same bytes).

@@ -1,7 +1,10 @@
 #include "model/host/host_linear.hpp"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 
+#include "kvoffload/error.hpp"
 #include "model/checkpoint/ggml_blocks.hpp"
 #include "model/host/blas.hpp"
 #include "model/host/host_gemm_bf16.hpp"
@@ -29,33 +32,27 @@ bool uses_bf16_gemm(DType weights, bool f32_gemm) {
   return weights == DType::kBF16 && !f32_gemm && bf16_gemm::available();
 }
 
-HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm, bool blocks,
-                       bool q8_activations, int max_rows)
+HostLinear::HostLinear(ThreadPool& pool, DType type, bool f32_gemm, bool blocks,
+                       bool q8_activations, HostLinearScratch scratch)
     : pool_(pool),
       type_(type),
       bf16_gemm_(uses_bf16_gemm(type, f32_gemm)),
-      q8_activations_(q8_activations && blocks) {
+      q8_activations_(q8_activations && blocks),
+      scratch_(std::move(scratch)) {
   static_assert(kGemmColBlock == bf16_gemm::kCols, "a tile is one panel of the bf16 kernel");
-  blas::description();  // loads OpenBLAS now (single-threaded), not in the first GEMM
-  // A GEMM tile's converted panel, or the bf16 kernel's scratch and the one row linear_rows
-  // converts at a time.
-  std::size_t floats =
-      static_cast<std::size_t>(type_ == DType::kF32 && !blocks ? 1 : kGemmColBlock) * max_in;
-  if (bf16_gemm_) {
-    floats = std::max<std::size_t>(bf16_gemm::scratch_bytes(max_in) / sizeof(float),
-                                   static_cast<std::size_t>(max_in));
-    if (blocks) floats = std::max<std::size_t>(floats, std::size_t{kGemmColBlock} * max_in);
-  }
-  panels_.assign(static_cast<std::size_t>(pool_.threads()), std::vector<float>(floats));
-  if (q8_activations_) {
-    q8_rows_.resize(kGemmMinRows * kernels::q8_activation_bytes(max_in));
-    if (q8_gemm::available() && max_rows >= kGemmMinRows) {
-      // The widest of the types' rows (Q6_K's sub-blocks of 16 add the most).
-      q8_gemm_rows_.resize(static_cast<std::size_t>(max_rows) *
-                           q8_gemm::activation_row_bytes(blocks::kQ6_K, max_in));
-    }
-  }
   static_assert(kQ8GemmCols <= kGemmColBlock, "a q8 panel fits the f32 panel's floats");
+  blas::description();  // loads OpenBLAS now (single-threaded), not in the first GEMM
+}
+
+HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm, bool blocks,
+                       bool q8_activations, int max_rows)
+    : HostLinear(pool, type, f32_gemm, blocks, q8_activations, HostLinearScratch{}) {
+  HostCarver count;
+  HostLinearScratch::carve(count, pool.threads(), type, max_in, blocks, q8_activations, max_rows);
+  own_ = std::make_unique<HostRegion>(count.bytes());
+  HostCarver carver(own_->data(), count.bytes());
+  scratch_ = HostLinearScratch::carve(carver, pool.threads(), type, max_in, blocks, q8_activations,
+                                      max_rows);
 }
 
 void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const void* bias, int out,
@@ -69,7 +66,7 @@ void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const vo
     const std::size_t stride = kernels::q8_activation_bytes(in);
     for (int t = 0; t < n; ++t) {
       kernels::quantize_activation_q8(w.blocks, x + static_cast<std::int64_t>(t) * in, in,
-                                      q8_rows_.data() + t * stride);
+                                      scratch_.q8_rows.data() + t * stride);
     }
     // Tasks of 128 rows: the rows' blocks stream from memory longer in one run (measured on the
     // 2-core machine, Q4_K 8-layer model: 78-81 tokens/s against 68-74 with tasks of 32 rows).
@@ -77,8 +74,8 @@ void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const vo
     pool_.run((out + rows_per_task - 1) / rows_per_task, [&](int b, int) {
       const int o0 = b * rows_per_task;
       for (int t = 0; t < n; ++t) {
-        kernels::linear_row_blocks_q8(q8_rows_.data() + t * stride, in, w.data, w.blocks, type_,
-                                      bias, o0, std::min(out, o0 + rows_per_task),
+        kernels::linear_row_blocks_q8(scratch_.q8_rows.data() + t * stride, in, w.data, w.blocks,
+                                      type_, bias, o0, std::min(out, o0 + rows_per_task),
                                       y + static_cast<std::int64_t>(t) * out, accumulate);
       }
     });
@@ -86,7 +83,7 @@ void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const vo
   }
   pool_.run(blocks, [&](int b, int thread) {
     const int o0 = b * kDotColBlock;
-    float* row = panels_[static_cast<std::size_t>(thread)].data();
+    float* row = scratch_.panels[static_cast<std::size_t>(thread)].data();
     if (w.in_blocks()) {
       kernels::linear_rows_blocks(x, n, in, in, w.data, w.blocks, type_, bias, o0,
                                   std::min(out, o0 + kDotColBlock), y, out, accumulate, row);
@@ -113,11 +110,11 @@ void HostLinear::gemm(const float* x, int n, int in, WeightRef w, const void* bi
     const void* w_block = static_cast<const char*>(w.data) + matrix_bytes(w.blocks, type_, c0, in);
     const float* panel = static_cast<const float*>(w_block);
     if (w.in_blocks()) {
-      float* p = panels_[static_cast<std::size_t>(thread)].data();
+      float* p = scratch_.panels[static_cast<std::size_t>(thread)].data();
       kernels::dequantize_rows(w.blocks, w_block, cols, in, p);
       panel = p;
     } else if (type_ != DType::kF32 && !bf16_gemm_) {
-      float* p = panels_[static_cast<std::size_t>(thread)].data();
+      float* p = scratch_.panels[static_cast<std::size_t>(thread)].data();
       kernels::to_f32(w_block, type_, static_cast<std::int64_t>(cols) * in, p);
       panel = p;
     }
@@ -138,7 +135,7 @@ void HostLinear::gemm(const float* x, int n, int in, WeightRef w, const void* bi
     if (bf16_gemm_ && !w.in_blocks()) {
       bf16_gemm::multiply(x_block, rows, in, in, static_cast<const std::uint16_t*>(w_block), cols,
                           beta != 0.0f, y_block, out,
-                          panels_[static_cast<std::size_t>(thread)].data());
+                          scratch_.panels[static_cast<std::size_t>(thread)].data());
       return;
     }
     blas::sgemm(true, rows, cols, in, 1.0f, x_block, in, panel, in, beta, y_block, out);
@@ -148,25 +145,27 @@ void HostLinear::gemm(const float* x, int n, int in, WeightRef w, const void* bi
 void HostLinear::gemm_q8(const float* x, int n, int in, WeightRef w, const void* bias, int out,
                          float* y, bool accumulate) {
   const std::size_t stride = q8_gemm::activation_row_bytes(w.blocks, in);
-  if (q8_gemm_rows_.size() < static_cast<std::size_t>(n) * stride) {
-    q8_gemm_rows_.resize(static_cast<std::size_t>(n) * stride);
+  if (n > scratch_.q8_gemm_max_rows) {
+    throw Error(ErrorCode::kInternal, "a q8 GEMM of " + std::to_string(n) +
+                                          " rows, more than the " +
+                                          std::to_string(scratch_.q8_gemm_max_rows) + " planned");
   }
   constexpr int kQuantizeRows = 16;
   pool_.run((n + kQuantizeRows - 1) / kQuantizeRows, [&](int task, int) {
     for (int t = task * kQuantizeRows; t < std::min(n, (task + 1) * kQuantizeRows); ++t) {
       q8_gemm::quantize_row(w.blocks, x + static_cast<std::int64_t>(t) * in, in,
-                            q8_gemm_rows_.data() + static_cast<std::size_t>(t) * stride);
+                            scratch_.q8_gemm_rows.data() + static_cast<std::size_t>(t) * stride);
     }
   });
   pool_.run((out + kQ8GemmCols - 1) / kQ8GemmCols, [&](int task, int thread) {
     const int c0 = task * kQ8GemmCols;
     const int cols = std::min(kQ8GemmCols, out - c0);
-    void* panel = panels_[static_cast<std::size_t>(thread)].data();
+    void* panel = scratch_.panels[static_cast<std::size_t>(thread)].data();
     q8_gemm::pack(w.blocks,
                   static_cast<const char*>(w.data) + matrix_bytes(w.blocks, type_, c0, in), cols,
                   in, panel);
-    q8_gemm::multiply(w.blocks, panel, cols, in, q8_gemm_rows_.data(), n, type_, bias, c0, y + c0,
-                      out, accumulate);
+    q8_gemm::multiply(w.blocks, panel, cols, in, scratch_.q8_gemm_rows.data(), n, type_, bias, c0,
+                      y + c0, out, accumulate);
   });
 }
 

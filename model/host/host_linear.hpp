@@ -4,9 +4,10 @@
 // [kGemmRowBlock rows][kGemmColBlock outputs], the tiles spread over the thread pool with BLAS
 // itself single-threaded. f16/bf16 weights are not kept as f32 copies: each tile converts its
 // kGemmColBlock rows of W into a per-thread f32 panel first (kGemmColBlock x in floats per thread,
-// 7 MiB at in = 14336), work that is 1/n of the tile's multiply-adds. bf16 weights on a CPU with
-// AVX512_BF16 multiply as they are instead (model/host/host_gemm_bf16.hpp: the activations rounded
-// to bf16, twice the rate), unless f32 is asked for.
+// 7 MiB at in = 14336, in the host workspace the memory plan counts: host_workspace.hpp), work that
+// is 1/n of the tile's multiply-adds. bf16 weights on a CPU with AVX512_BF16 multiply as they are
+// instead (model/host/host_gemm_bf16.hpp: the activations rounded to bf16, twice the rate), unless
+// f32 is asked for.
 //
 // W may also be kept in GGUF blocks (model/checkpoint/ggml_blocks.hpp): a GEMM tile then
 // dequantizes its kGemmColBlock rows into the thread's f32 panel, as f16 weights are converted,
@@ -21,11 +22,13 @@
 // each gets alone. Tiles and blocks depend on the shapes only, never on the thread count.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "model/checkpoint/weights.hpp"
 #include "model/decoder/numerics.hpp"
+#include "model/host/host_workspace.hpp"
 #include "model/host/thread_pool.hpp"
 
 namespace kvo::model {
@@ -53,10 +56,13 @@ class HostLinear {
   // matrices come in GGUF blocks (their panels are sized for them).
   // q8_activations: decode-sized calls on blocks kernels::q8_activations_serve() serves quantize
   // x to 8 bits and multiply with kernels::linear_row_blocks_q8.
-  // max_rows: the most rows a call multiplies (the q8 GEMM's quantized rows are sized for it;
-  // a longer call grows them).
+  // max_rows: the most rows a call multiplies (the q8 GEMM's quantized rows are sized for it).
+  // scratch: carved for the same arguments and the pool's threads (HostLinearScratch::carve);
+  // without it, the object carves a region of its own.
   HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm = false, bool blocks = false,
              bool q8_activations = false, int max_rows = kGemmMinRows);
+  HostLinear(ThreadPool& pool, DType type, bool f32_gemm, bool blocks, bool q8_activations,
+             HostLinearScratch scratch);
 
   // y [n][out] = x [n][in] W^T + bias (bias [out] or null, in the model dtype); y += instead
   // with `accumulate`.
@@ -74,14 +80,9 @@ class HostLinear {
   ThreadPool& pool_;
   DType type_;
   bool bf16_gemm_;
-  // [threads]: a tile's f32 panel, kGemmColBlock x max_in; with bf16_gemm_, its scratch and the
-  // one row linear_rows converts at a time.
-  std::vector<std::vector<float>> panels_;
   bool q8_activations_;
-  // The rows of x quantized for linear_row_blocks_q8: [kGemmMinRows][q8_activation_bytes(max_in)],
-  // and for the q8 GEMM: [max_rows][q8_gemm::activation_row_bytes(type, max_in)].
-  std::vector<std::uint8_t> q8_rows_;
-  std::vector<std::uint8_t> q8_gemm_rows_;
+  std::unique_ptr<HostRegion> own_;  // the region without a given scratch
+  HostLinearScratch scratch_;
 };
 
 }  // namespace kvo::model

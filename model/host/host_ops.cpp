@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <string>
 
+#include "kvoffload/error.hpp"
 #include "model/host/host_kernels.hpp"
 
 namespace kvo::model {
@@ -17,23 +20,33 @@ int blocks_of(std::int64_t count, std::int64_t block) {
   return static_cast<int>((count + block - 1) / block);
 }
 
-int widest_input(const ModelConfig& c) {
-  return std::max({c.hidden_size, c.intermediate_size, static_cast<int>(c.q_dim())});
+// The layout in the given workspace, or in `own`, made for the shape.
+HostWorkspaceLayout carve(const OpsShape& shape, void* workspace, std::uint64_t bytes,
+                          std::unique_ptr<HostRegion>* own) {
+  if (workspace == nullptr) {
+    bytes = HostWorkspaceLayout(shape).bytes;
+    *own = std::make_unique<HostRegion>(bytes);
+    workspace = (*own)->data();
+  }
+  return HostWorkspaceLayout(shape, static_cast<std::byte*>(workspace), bytes);
+}
+
+OpsShape with_threads(OpsShape shape) {
+  shape.threads = std::max(1, shape.threads);
+  return shape;
 }
 
 }  // namespace
 
-HostOps::HostOps(const OpsShape& shape)
-    : shape_(shape),
+HostOps::HostOps(const OpsShape& shape, void* workspace, std::uint64_t workspace_bytes)
+    : shape_(with_threads(shape)),
       elem_(shape.weight_dtype),
-      pool_(std::max(1, shape.threads)),
-      linear_(pool_, elem_, widest_input(shape.config), shape.f32_gemm, shape.weight_blocks,
-              shape.q8_activations, shape.max_rows),
+      pool_(shape_.threads),
+      layout_(carve(shape_, workspace, workspace_bytes, &own_)),
+      linear_(pool_, elem_, shape.f32_gemm, shape.weight_blocks, shape.q8_activations,
+              layout_.linear),
       kv_elem_(shape.kv_dtype),
-      attention_(shape.config, kv_elem_, shape.max_decode_rows, pool_) {
-  norm_weight_.resize(static_cast<std::size_t>(shape_.config.hidden_size));
-  rope_angles_.assign(static_cast<std::size_t>(pool_.threads()),
-                      std::vector<float>(static_cast<std::size_t>(shape_.config.head_dim)));
+      attention_(shape.config, kv_elem_, pool_, layout_.attention) {
   // Everything else is mapped by now; OpenBLAS maps a buffer in each thread's first GEMM, and
   // retries forever when it cannot.
   blas::check_address_space(pool_.threads(), 0);
@@ -57,13 +70,15 @@ void HostOps::embed(const std::int32_t* tokens, int n, WeightRef table, float* o
 
 void HostOps::rms_norm(const float* x, int n, int width, const void* weight, float* out) {
   const int h = width;
-  if (norm_weight_.size() < static_cast<std::size_t>(h))
-    norm_weight_.resize(static_cast<std::size_t>(h));
-  kernels::to_f32(weight, elem_, h, norm_weight_.data());
+  if (static_cast<std::size_t>(h) > layout_.norm_weight.size()) {
+    throw Error(ErrorCode::kInternal, "a norm of " + std::to_string(h) + " elements, wider than " +
+                                          std::to_string(layout_.norm_weight.size()));
+  }
+  kernels::to_f32(weight, elem_, h, layout_.norm_weight.data());
   pool_.run(blocks_of(n, kRowBlock), [&](int b, int) {
     const int t0 = b * kRowBlock;
     const std::int64_t at = static_cast<std::int64_t>(t0) * h;
-    kernels::rms_norm_rows(x + at, std::min(kRowBlock, n - t0), h, norm_weight_.data(),
+    kernels::rms_norm_rows(x + at, std::min(kRowBlock, n - t0), h, layout_.norm_weight.data(),
                            shape_.config.rms_norm_eps, out + at);
   });
 }
@@ -79,7 +94,7 @@ void HostOps::rope(float* q, float* k, int n, const std::int32_t* positions, int
   const int d = c.head_dim;
   const int half = d / 2;
   pool_.run(blocks_of(n, kRowBlock), [&](int b, int thread) {
-    float* cos_sin = rope_angles_[static_cast<std::size_t>(thread)].data();
+    float* cos_sin = layout_.rope_angles[static_cast<std::size_t>(thread)].data();
     for (int i = b * kRowBlock; i < std::min(n, (b + 1) * kRowBlock); ++i) {
       const int pos = positions != nullptr ? positions[i] : first_position + i;
       for (int e = 0; e < half; ++e) {
@@ -154,7 +169,7 @@ void HostOps::sample(const float* logits, int n, const SampleRows& rows,
     const float u = sampling_uniform(seed, static_cast<std::uint64_t>(rows.slots[i]),
                                      static_cast<std::uint32_t>(rows.draws[i]));
     tokens[i] = sample_token(logits + static_cast<std::int64_t>(i) * vocab, vocab, params, u,
-                             sample_scratch_);
+                             layout_.sample.data());
   }
 }
 

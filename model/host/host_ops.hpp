@@ -8,18 +8,23 @@
 // what else holds.
 #pragma once
 
-#include <vector>
+#include <memory>
 
 #include "model/decoder/ops.hpp"
 #include "model/host/host_attention.hpp"
 #include "model/host/host_linear.hpp"
+#include "model/host/host_workspace.hpp"
 #include "model/host/thread_pool.hpp"
 
 namespace kvo::model {
 
 class HostOps final : public Ops {
  public:
-  explicit HostOps(const OpsShape& shape);
+  // workspace: `workspace_bytes` bytes, 64-byte aligned, at least HostWorkspaceLayout(shape).bytes,
+  // that the ops keep their scratch in for their lifetime (the decoder's plan reserves it);
+  // nullptr: a region of their own.
+  explicit HostOps(const OpsShape& shape, void* workspace = nullptr,
+                   std::uint64_t workspace_bytes = 0);
 
   void synchronize() override {}
   void fill_synthetic(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
@@ -45,12 +50,11 @@ class HostOps final : public Ops {
   OpsShape shape_;
   DType elem_;
   ThreadPool pool_;
+  std::unique_ptr<HostRegion> own_;  // the region without a given workspace
+  HostWorkspaceLayout layout_;
   HostLinear linear_;
   DType kv_elem_;  // the cache's rows
   HostAttention attention_;
-  std::vector<float> norm_weight_;               // [hidden] as f32
-  std::vector<std::vector<float>> rope_angles_;  // [threads][head_dim]: cos, sin of a position
-  std::vector<float> sample_scratch_;
 };
 
 }  // namespace kvo::model

@@ -22,6 +22,7 @@
 #include "model/checkpoint/gguf_config.hpp"
 #include "model/checkpoint/gguf_weights.hpp"
 #include "model/decoder/memory_plan.hpp"
+#include "model/host/host_workspace.hpp"
 #include "model/text/tokenizer.hpp"
 
 namespace kvo::model {
@@ -410,7 +411,16 @@ TEST(GgufWeights, TensorsAreFoundCheckedAndRefusedByName) {
     q.max_seq = 64;
     q.backend = BackendKind::kHost;
     EXPECT_EQ(plan_memory(q).weights_bytes, kept.bytes());
-    EXPECT_EQ(plan_memory(q).workspace_bytes, 0u);
+    // The host path's scratch: the GEMM tiles of the blocks' rows dequantized, among the rest.
+    const MemoryPlan host = plan_memory(q);
+    const DecoderOptions ho = decoder_options(q);
+    const DecoderMemory hm = plan_decoder_memory(plain.config(), ho, BackendKind::kHost);
+    DecoderOptions blocks = ho;
+    blocks.weights_in_blocks = true;
+    EXPECT_EQ(host.workspace_bytes,
+              HostWorkspaceLayout(host_ops_shape(plain.config(), blocks, hm)).bytes);
+    EXPECT_GT(host.workspace_bytes,
+              HostWorkspaceLayout(host_ops_shape(plain.config(), ho, hm)).bytes);
     q.backend = BackendKind::kCuda;
     const MemoryPlan cuda = plan_memory(q);
     EXPECT_EQ(cuda.weights_bytes, kept.bytes());

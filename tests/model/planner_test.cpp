@@ -13,6 +13,11 @@
 #include "model/checkpoint/weight_formats.hpp"
 #include "model/decoder/decoder.hpp"
 #include "model/decoder/memory_plan.hpp"
+#include "model/host/host_gemm_q8.hpp"
+#include "model/host/host_kernels.hpp"
+#include "model/host/host_linear.hpp"
+#include "model/host/host_workspace.hpp"
+#include "model/host/thread_pool.hpp"
 
 namespace kvo {
 namespace {
@@ -57,11 +62,58 @@ TEST(Planner, TheDecoderAllocatesExactlyThePlan) {
     EXPECT_EQ(st.plan.resident_layers, plan.resident_layers);
     EXPECT_EQ(decoder.weight_bytes(), plan.weights_bytes);
     EXPECT_EQ(decoder.activation_bytes(), plan.activation_bytes);
-    EXPECT_EQ(plan.workspace_bytes, 0u);  // the host path has no library workspace
+    // The host path's scratch, carved from the arena (TheHostWorkspaceIsTheHostPathsScratch).
+    EXPECT_GT(plan.workspace_bytes, 0u);
     if (q.budget != 0) {
       EXPECT_LE(plan.total_bytes, q.budget);
     }
   }
+}
+
+// On the host backend the plan's workspace is the host path's scratch (host_workspace.hpp), to
+// the byte: a layout that carves it fits in it and is refused 256 bytes less; the GEMM
+// panels of GGUF blocks and the 8-bit activation rows are in it when asked for.
+TEST(Planner, TheHostWorkspaceIsTheHostPathsScratch) {
+  const model::ModelConfig config = model::preset("tiny");
+  MemoryQuery q = tiny(512, 0, 2, 64);
+  const model::DecoderOptions options = model::decoder_options(q);
+  const model::DecoderMemory m = model::plan_decoder_memory(config, options, BackendKind::kHost);
+  const model::OpsShape shape = model::host_ops_shape(config, options, m);
+  EXPECT_EQ(shape.threads, model::available_cores());
+  EXPECT_EQ(shape.max_rows, m.max_rows);
+  EXPECT_EQ(shape.max_decode_rows, 2);
+  const std::uint64_t bytes = model::HostWorkspaceLayout(shape).bytes;
+  EXPECT_EQ(m.workspace, bytes);
+  EXPECT_EQ(plan_memory(q).workspace_bytes, bytes);
+  // At least each thread's row of the widest input (f32 weights are read in place; a decode row
+  // of another type is converted there) and the sampler's two rows of the vocabulary.
+  const auto in = static_cast<std::uint64_t>(model::widest_input(config));
+  const auto threads = static_cast<std::uint64_t>(shape.threads);
+  EXPECT_GE(bytes, threads * in * 4 + 2ull * config.vocab_size * 4);
+  model::HostRegion region(bytes);
+  const model::HostWorkspaceLayout carved(shape, region.data(), bytes);
+  EXPECT_EQ(carved.bytes, bytes);
+  EXPECT_EQ(carved.linear.panels.size(), static_cast<std::size_t>(shape.threads));
+  EXPECT_GE(reinterpret_cast<std::byte*>(carved.linear.panels[0].data()), region.data());
+  EXPECT_LE(reinterpret_cast<std::byte*>(carved.sample.end()), region.data() + bytes);
+  // (bytes is rounded up to 256: the buffers end within its last 256.)
+  kvo::testing::expect_error([&] { model::HostWorkspaceLayout(shape, region.data(), bytes - 256); },
+                             ErrorCode::kInternal, "the host workspace needs");
+
+  // Weights in blocks with 8-bit activations: each thread's panel grows to a GEMM tile's
+  // kGemmColBlock rows, and the quantized rows come in, a decode batch's and the q8 GEMM's (a
+  // chunk's rows, at Q6_K's width); the spans after them start from 64-byte boundaries.
+  model::DecoderOptions q8 = options;
+  q8.weights_in_blocks = true;
+  q8.q8_activations = true;
+  const model::DecoderMemory mq = model::plan_decoder_memory(config, q8, BackendKind::kHost);
+  const std::uint64_t rows =
+      model::HostLinear::kGemmMinRows * model::kernels::q8_activation_bytes(static_cast<int>(in)) +
+      static_cast<std::uint64_t>(mq.max_rows) *
+          model::q8_gemm::activation_row_bytes(14, static_cast<int>(in));
+  const std::uint64_t added = threads * (model::HostLinear::kGemmColBlock - 1) * in * 4 + rows;
+  EXPECT_GE(mq.workspace - bytes, added);
+  EXPECT_LT(mq.workspace - bytes, added + 3 * 64);
 }
 
 TEST(Planner, KeepsTheLargestResidentCountThatFits) {
@@ -193,11 +245,13 @@ TEST(Planner, ModelsByPresetOrConfigAndClearErrors) {
   EXPECT_EQ(plan_memory(q).total_bytes, expected);
   q.model = dir + "/config.json";
   EXPECT_EQ(plan_memory(q).total_bytes, expected);
-  // The CUDA path adds its workspace, nothing else.
+  // The CUDA path has its workspace where the host path has its own, nothing else differs.
   MemoryQuery cuda = tiny(256, 0);
   cuda.backend = BackendKind::kCuda;
   EXPECT_GT(plan_memory(cuda).workspace_bytes, 32u << 20);
-  EXPECT_EQ(plan_memory(cuda).total_bytes - plan_memory(cuda).workspace_bytes, expected);
+  const MemoryPlan host = plan_memory(tiny(256, 0));
+  EXPECT_EQ(plan_memory(cuda).total_bytes - plan_memory(cuda).workspace_bytes,
+            expected - host.workspace_bytes);
   EXPECT_GT(host_available_bytes(), 0u);
 }
 

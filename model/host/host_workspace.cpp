@@ -1,0 +1,110 @@
+#include "model/host/host_workspace.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "kvoffload/error.hpp"
+#include "model/checkpoint/ggml_blocks.hpp"
+#include "model/host/host_attention.hpp"
+#include "model/host/host_gemm_bf16.hpp"
+#include "model/host/host_gemm_q8.hpp"
+#include "model/host/host_kernels.hpp"
+#include "model/host/host_linear.hpp"
+
+namespace kvo::model {
+
+void HostCarver::check() const {
+  if (base_ != nullptr && offset_ > limit_) {
+    throw Error(ErrorCode::kInternal, "the host workspace needs " + std::to_string(offset_) +
+                                          " bytes, the region holds " + std::to_string(limit_));
+  }
+}
+
+HostLinearScratch HostLinearScratch::carve(HostCarver& carver, int threads, DType type, int max_in,
+                                           bool blocks, bool q8_activations, int max_rows) {
+  HostLinearScratch s;
+  const auto in = static_cast<std::size_t>(max_in);
+  // f32 weights are read in place, one row at a time is converted otherwise; a GEMM tile's
+  // kGemmColBlock rows are converted or dequantized (f16, bf16 without AVX512_BF16, blocks), or
+  // packed for the bf16 kernel, or repacked for the q8 GEMM (fewer bytes than the f32 panel).
+  std::size_t floats = (type == DType::kF32 && !blocks ? 1 : HostLinear::kGemmColBlock) * in;
+  if (type == DType::kBF16) {
+    floats = std::max({floats, bf16_gemm::scratch_bytes(max_in) / sizeof(float), in});
+  }
+  for (int t = 0; t < threads; ++t) s.panels.push_back(carver.take<float>(floats));
+  if (q8_activations && blocks) {
+    s.q8_rows =
+        carver.take<std::uint8_t>(HostLinear::kGemmMinRows * kernels::q8_activation_bytes(max_in));
+    if (max_rows >= HostLinear::kGemmMinRows) {
+      // Q6_K's rows are the widest (sub-blocks of 16).
+      s.q8_gemm_max_rows = max_rows;
+      s.q8_gemm_rows =
+          carver.take<std::uint8_t>(static_cast<std::size_t>(max_rows) *
+                                    q8_gemm::activation_row_bytes(blocks::kQ6_K, max_in));
+    }
+  }
+  return s;
+}
+
+HostAttentionScratch HostAttentionScratch::carve(HostCarver& carver, const ModelConfig& config,
+                                                 DType kv_type, int max_decode_rows, int threads) {
+  HostAttentionScratch s;
+  const auto d = static_cast<std::size_t>(config.head_dim);
+  const std::size_t rows =
+      static_cast<std::size_t>(HostAttention::kQueryBlock) * (config.heads / config.kv_heads);
+  const auto key_block = static_cast<std::size_t>(HostAttention::kPrefillKeyBlock);
+  for (int t = 0; t < threads; ++t) {
+    Prefill p;
+    p.q = carver.take<float>(rows * d);
+    p.scores = carver.take<float>(rows * key_block);
+    p.out = carver.take<float>(rows * d);
+    p.k = carver.take<float>(key_block * d);
+    p.v = carver.take<float>(key_block * d);
+    p.state = carver.take<SoftmaxState>(rows);
+    p.first = carver.take<int>(rows);
+    p.last = carver.take<int>(rows);
+    s.prefill.push_back(p);
+  }
+  for (int t = 0; t < threads; ++t) {
+    Decode q;
+    q.q = carver.take<float>(static_cast<std::size_t>(config.heads) * d);
+    q.kv = carver.take<float>(static_cast<std::size_t>(kernels::kKeyBlock) * config.kv_heads * d);
+    q.scores = carver.take<float>(static_cast<std::size_t>(config.heads) * kernels::kKeyBlock);
+    if (is_quantized(kv_type)) {
+      const std::size_t keys =
+          static_cast<std::size_t>(HostAttention::kDequantKeys) * config.kv_heads * d;
+      q.k = carver.take<float>(keys);
+      q.v = carver.take<float>(keys);
+    }
+    s.decode.push_back(q);
+  }
+  const std::size_t parts =
+      static_cast<std::size_t>(max_decode_rows) * HostAttention::kMaxParts * config.heads;
+  s.part_state = carver.take<SoftmaxState>(parts);
+  s.part_values = carver.take<float>(parts * d);
+  s.first_task = carver.take<int>(static_cast<std::size_t>(max_decode_rows) + 1);
+  return s;
+}
+
+int widest_input(const ModelConfig& c) {
+  return std::max({c.hidden_size, c.intermediate_size, static_cast<int>(c.q_dim())});
+}
+
+HostWorkspaceLayout::HostWorkspaceLayout(const OpsShape& shape, std::byte* base,
+                                         std::uint64_t limit) {
+  const ModelConfig& c = shape.config;
+  const int threads = std::max(1, shape.threads);
+  HostCarver carver(base, limit);
+  linear = HostLinearScratch::carve(carver, threads, shape.weight_dtype, widest_input(c),
+                                    shape.weight_blocks, shape.q8_activations, shape.max_rows);
+  attention =
+      HostAttentionScratch::carve(carver, c, shape.kv_dtype, shape.max_decode_rows, threads);
+  norm_weight = carver.take<float>(static_cast<std::size_t>(std::max(c.hidden_size, c.head_dim)));
+  for (int t = 0; t < threads; ++t) {
+    rope_angles.push_back(carver.take<float>(static_cast<std::size_t>(c.head_dim)));
+  }
+  sample = carver.take<float>(2 * static_cast<std::size_t>(c.vocab_size));
+  bytes = (carver.bytes() + 255) / 256 * 256;  // the cache places its regions 256 bytes apart
+}
+
+}  // namespace kvo::model
