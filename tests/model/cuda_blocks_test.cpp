@@ -30,14 +30,13 @@
 #include "model/host/host_kernels.hpp"
 #include "model/host/host_linear.hpp"
 #include "model_test_util.hpp"
+#include "rounding.hpp"
 
 namespace kvo::model {
 namespace {
 
-constexpr double kU = 1.0 / 16777216.0;
-double gamma(std::int64_t n) {
-  return static_cast<double>(n) * kU / (1 - static_cast<double>(n) * kU);
-}
+using testing::gamma;
+using testing::kU;
 
 TEST(CudaBlocks, DecodeRowsTilesAndEmbeddingsAsTheHostPath) {
   KVO_SKIP_WITHOUT_CUDA();

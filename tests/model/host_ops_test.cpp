@@ -20,6 +20,7 @@
 #include "model/host/host_linear.hpp"
 #include "model/host/host_ops.hpp"
 #include "model_test_util.hpp"
+#include "rounding.hpp"
 
 namespace kvo::model {
 namespace {
@@ -64,13 +65,10 @@ ModelConfig attention_config(int heads, int kv_heads, int head_dim, int window) 
   return c;
 }
 
-// Float32's unit roundoff, and Higham's gamma_n = n u / (1 - n u): the relative error of a sum or
-// dot product of n terms, in any order of summation (any BLAS kernel, blocked or not, FMA or not).
-// Every bound below is derived from them, operation by operation.
-constexpr double kU = 1.0 / 16777216.0;
-double gamma(std::int64_t n) {
-  return static_cast<double>(n) * kU / (1 - static_cast<double>(n) * kU);
-}
+// Every bound below is derived from float32's unit roundoff and gamma_n (rounding.hpp), operation
+// by operation.
+using testing::gamma;
+using testing::kU;
 
 OpsShape shape_of(const ModelConfig& c, DType type, int max_rows, int slots, int max_seq,
                   int threads) {

@@ -9,18 +9,16 @@
 
 #include "model/decoder/numerics.hpp"
 #include "model/decoder/rope.hpp"
+#include "rounding.hpp"
 
 namespace kvo::model {
 namespace {
 
-// Float32's unit roundoff, and Higham's gamma_n = n u / (1 - n u): the relative error of a sum or
-// dot product of n terms, in any order. The bounds below are derived from them, operation by
-// operation, and do not depend on the machine: libm's expf, sinf, cosf and powf are taken to
+// The bounds below are derived from float32's unit roundoff and gamma_n (rounding.hpp), operation
+// by operation, and do not depend on the machine: libm's expf, sinf, cosf and powf are taken to
 // 2 ulp (4u relative), correctly rounded basic operations to u.
-constexpr double kU = 1.0 / 16777216.0;
-double gamma(int n) {
-  return n * kU / (1 - n * kU);
-}
+using testing::gamma;
+using testing::kU;
 
 // The nearest value of a format with `mantissa` stored bits to x, ties to even, by brute
 // force over the two neighbours (x normal, in range).

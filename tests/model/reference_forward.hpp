@@ -45,10 +45,10 @@
 #include "model/decoder/numerics.hpp"
 #include "model/decoder/rope.hpp"
 #include "model/host/host_linear.hpp"
+#include "rounding.hpp"
 
 namespace kvo::model::testing {
 
-constexpr double kU = 1.0 / 16777216.0;  // float32 unit roundoff, 2^-24
 constexpr int kSamples = 16;
 constexpr double kSigmas = 12;
 
