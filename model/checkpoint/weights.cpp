@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "kvoffload/error.hpp"
 #include "model/checkpoint/ggml_blocks.hpp"
@@ -229,6 +230,16 @@ void load_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint,
     if (e.blocks == blocks::kQ8_0) {  // quantized at load (DecoderOptions::weight_format)
       values.resize(static_cast<std::size_t>(e.elements));
       convert_elements(t.data, t.dtype, values.data(), DType::kF32, values.size());
+      // A scale cannot hold an infinity or a NaN: refused, naming where, before anything is built
+      // from it.
+      const auto bad =
+          std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
+      if (bad != values.end()) {
+        throw Error(ErrorCode::kInvalidArgument, t.file + ": tensor \"" + e.name + "\" element " +
+                                                     std::to_string(bad - values.begin()) + " is " +
+                                                     std::to_string(*bad) +
+                                                     ": weights quantized at load must be finite");
+      }
       quantize_q8_0_matrix(values.data(), e.shape[0], e.shape[1], scales,
                            reinterpret_cast<std::uint8_t*>(staging.data()));
     } else {

@@ -274,6 +274,39 @@ TEST(Safetensors, LoadsBf16CheckpointsAsBf16OrWidened) {
                   .within());
 }
 
+// --weights q8_0 and int8 quantize at load: a weight that is not finite (which no scale can hold)
+// is refused naming the file, the tensor and the element; the same file loads unquantized.
+TEST(Safetensors, WeightsQuantizedAtLoadMustBeFinite) {
+  ModelConfig c = testing::small_config();
+  c.intermediate_size = 128;  // rows of whole 32-element blocks
+  const std::string dir = temp_dir("not_finite");
+  write_file(dir + "/config.json", to_config_json(c));
+  const WeightLayout layout(c, c.dtype);
+  ASSERT_EQ(layout.dtype(), DType::kF32);
+  for (const float bad : {NAN, INFINITY}) {
+    std::vector<TensorToWrite> tensors;
+    for (const auto& e : layout.entries()) {
+      TensorToWrite t{e.name, layout.dtype(), e.shape, {}};
+      t.data.resize(layout.entry_bytes(e));
+      fill_synthetic(layout, e, 3, t.data.data());
+      if (e.name == "model.layers.1.mlp.up_proj.weight") std::memcpy(&t.data[4 * 77], &bad, 4);
+      tensors.push_back(std::move(t));
+    }
+    write_safetensors(dir + "/model.safetensors", tensors);
+    for (const char* format : {"q8_0", "int8"}) {
+      DecoderOptions o = testing::host_options(8);
+      o.weight_format = format;
+      expect_error(
+          [&] {
+            Decoder d(c, WeightSource{dir, 0}, o);
+          },
+          {"model.safetensors", "tensor \"model.layers.1.mlp.up_proj.weight\" element 77",
+           std::isnan(bad) ? "is nan" : "is inf", "must be finite"});
+    }
+    EXPECT_NO_THROW(Decoder(c, WeightSource{dir, 0}, testing::host_options(8)));
+  }
+}
+
 TEST(Safetensors, MalformedFilesGiveErrorsNamingTheTensor) {
   const ModelConfig c = testing::small_config();
   const std::string dir = write_checkpoint("malformed", c, 1, 1);
