@@ -226,30 +226,34 @@ std::size_t panel_bytes(std::uint32_t type, int rows, int in) {
 
 void pack(std::uint32_t type, const void* w, int rows, int in, void* panel) {
   const int S = sub_block(type);
+  const bool offset = has_offset(type);
   const int per_block = blocks::block_elements(type);
+  const int parts_per_block = per_block / 32;
   const std::size_t block_bytes = static_cast<std::size_t>(blocks::block_bytes(type));
   const std::size_t row_bytes = static_cast<std::size_t>(in / per_block) * block_bytes;
+  const std::size_t stride = block_stride(type);
+  const std::size_t groups = group_stride(type, in);
   auto* out = static_cast<std::uint8_t*>(panel);
-  std::memset(out, 0, panel_bytes(type, rows, in));  // the rows that pad the last group: zeros
+  if (rows % kGroup != 0) {  // the rows that pad the last group: zeros
+    std::memset(out + (rows / kGroup) * groups, 0, groups);
+  }
   std::uint8_t u[32];
   float scale[2] = {0.0f, 0.0f};
   float m = 0.0f;
   for (int o = 0; o < rows; ++o) {
-    std::uint8_t* g = out + (o / kGroup) * group_stride(type, in);
-    const int lane = o % kGroup;
+    std::uint8_t* g = out + (o / kGroup) * groups;
+    const std::size_t lane = 4 * static_cast<std::size_t>(o % kGroup);
+    const std::uint8_t* row = bytes_of(w) + static_cast<std::size_t>(o) * row_bytes;
     for (int part = 0; part < in / 32; ++part) {
-      const std::uint8_t* b = bytes_of(w) + static_cast<std::size_t>(o) * row_bytes +
-                              static_cast<std::size_t>(part * 32 / per_block) * block_bytes;
-      blocks::codes_part(type, b, part % (per_block / 32), u, scale, &m);
-      for (int i = 0; i < 32; ++i) {
-        const int e = part * 32 + i;
-        std::uint8_t* blk = g + static_cast<std::size_t>(e / S) * block_stride(type);
-        blk[((e % S) / 4) * 64 + lane * 4 + e % 4] = u[i];
-      }
+      blocks::codes_part(type, row + static_cast<std::size_t>(part / parts_per_block) * block_bytes,
+                         part % parts_per_block, u, scale, &m);
+      // The part's sub-blocks (one, or two of 16): four codes a row at each 64 bytes, then the
+      // row's scale and offset.
       for (int h = 0; h < 32 / S; ++h) {
-        std::uint8_t* blk = g + static_cast<std::size_t>(part * 32 / S + h) * block_stride(type);
-        std::memcpy(blk + S * kGroup + 4 * lane, &scale[h], 4);  // h is 0 but for Q6_K
-        if (has_offset(type)) std::memcpy(blk + S * kGroup + 64 + 4 * lane, &m, 4);
+        std::uint8_t* blk = g + static_cast<std::size_t>(part * (32 / S) + h) * stride;
+        for (int k = 0; k < S / 4; ++k) std::memcpy(blk + 64 * k + lane, u + S * h + 4 * k, 4);
+        std::memcpy(blk + S * kGroup + lane, &scale[h], 4);  // h is 0 but for Q6_K
+        if (offset) std::memcpy(blk + S * kGroup + 64 + lane, &m, 4);
       }
     }
   }
