@@ -115,13 +115,6 @@ constexpr TileFn kTiles[kRows + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4
 
 }  // namespace
 
-bool available() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512bf16");
-}
-
 namespace {
 
 KVO_BF16 void multiply_bf16(const float* x, int rows, int in, std::int64_t ld_x,
@@ -154,10 +147,6 @@ void multiply(const float* x, int rows, int in, std::int64_t ld_x, const std::ui
 }
 
 #else  // no x86-64 AVX-512 intrinsics in this build
-
-bool available() {
-  return false;
-}
 
 void multiply(const float*, int, int, std::int64_t, const std::uint16_t*, int, bool, float*,
               std::int64_t, void*) {}

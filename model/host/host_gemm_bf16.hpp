@@ -21,7 +21,8 @@ namespace kvo::model::bf16_gemm {
 inline constexpr int kCols = 128;
 inline constexpr int kRows = 8;  // rows of x multiplied together
 
-// Whether this CPU runs the kernel (AVX-512 F/BW/VL and AVX512_BF16) and this build has it.
+// Whether this CPU runs the kernel (AVX-512 F/BW/VL/DQ and AVX512_BF16) and this build has it
+// (defined beside the host workspace's layout, which sizes the kernel's scratch by it).
 bool available();
 
 inline constexpr int kChunkPairs = 256;  // pairs of inputs per chunk: a 128 KiB panel

@@ -28,10 +28,6 @@ std::string gemm_library(DType weights, bool f32_gemm) {
   return what;
 }
 
-bool uses_bf16_gemm(DType weights, bool f32_gemm) {
-  return weights == DType::kBF16 && !f32_gemm && bf16_gemm::available();
-}
-
 HostLinear::HostLinear(ThreadPool& pool, DType type, bool f32_gemm, bool blocks,
                        bool q8_activations, HostLinearScratch scratch)
     : pool_(pool),
@@ -48,11 +44,12 @@ HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm, 
                        bool q8_activations, int max_rows)
     : HostLinear(pool, type, f32_gemm, blocks, q8_activations, HostLinearScratch{}) {
   HostCarver count;
-  HostLinearScratch::carve(count, pool.threads(), type, max_in, blocks, q8_activations, max_rows);
+  HostLinearScratch::carve(count, pool.threads(), type, max_in, f32_gemm, blocks, q8_activations,
+                           max_rows);
   own_ = std::make_unique<HostRegion>(count.bytes());
   HostCarver carver(own_->data(), count.bytes());
-  scratch_ = HostLinearScratch::carve(carver, pool.threads(), type, max_in, blocks, q8_activations,
-                                      max_rows);
+  scratch_ = HostLinearScratch::carve(carver, pool.threads(), type, max_in, f32_gemm, blocks,
+                                      q8_activations, max_rows);
 }
 
 void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const void* bias, int out,

@@ -56,7 +56,8 @@ class HostLinear {
   // matrices come in GGUF blocks (their panels are sized for them).
   // q8_activations: decode-sized calls on blocks kernels::q8_activations_serve() serves quantize
   // x to 8 bits and multiply with kernels::linear_row_blocks_q8.
-  // max_rows: the most rows a call multiplies (the q8 GEMM's quantized rows are sized for it).
+  // max_rows: the most rows a call multiplies (the q8 GEMM's quantized rows are sized for it; a
+  // q8 GEMM of more rows throws kvo::Error(kInternal)).
   // scratch: carved for the same arguments and the pool's threads (HostLinearScratch::carve);
   // without it, the object carves a region of its own.
   HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm = false, bool blocks = false,

@@ -13,6 +13,29 @@
 
 namespace kvo::model {
 
+namespace bf16_gemm {
+
+// host_gemm_bf16.cpp builds the kernel under the same condition.
+bool available() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512bf16");
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
+}  // namespace bf16_gemm
+
+bool uses_bf16_gemm(DType weights, bool f32_gemm) {
+  return weights == DType::kBF16 && !f32_gemm && bf16_gemm::available();
+}
+
 void HostCarver::check() const {
   if (base_ != nullptr && offset_ > limit_) {
     throw Error(ErrorCode::kInternal, "the host workspace needs " + std::to_string(offset_) +
@@ -21,15 +44,18 @@ void HostCarver::check() const {
 }
 
 HostLinearScratch HostLinearScratch::carve(HostCarver& carver, int threads, DType type, int max_in,
-                                           bool blocks, bool q8_activations, int max_rows) {
+                                           bool f32_gemm, bool blocks, bool q8_activations,
+                                           int max_rows) {
   HostLinearScratch s;
   const auto in = static_cast<std::size_t>(max_in);
   // f32 weights are read in place, one row at a time is converted otherwise; a GEMM tile's
-  // kGemmColBlock rows are converted or dequantized (f16, bf16 without AVX512_BF16, blocks), or
-  // packed for the bf16 kernel, or repacked for the q8 GEMM (fewer bytes than the f32 panel).
+  // kGemmColBlock rows are converted or dequantized (f16, bf16 without the bf16 kernel, blocks),
+  // or repacked for the q8 GEMM (fewer bytes than the f32 panel); the bf16 kernel packs its own
+  // panel, 136 KiB at any width.
   std::size_t floats = (type == DType::kF32 && !blocks ? 1 : HostLinear::kGemmColBlock) * in;
-  if (type == DType::kBF16) {
-    floats = std::max({floats, bf16_gemm::scratch_bytes(max_in) / sizeof(float), in});
+  if (uses_bf16_gemm(type, f32_gemm)) {
+    floats = std::max(bf16_gemm::scratch_bytes(max_in) / sizeof(float), in);
+    if (blocks) floats = std::max<std::size_t>(floats, HostLinear::kGemmColBlock * in);
   }
   for (int t = 0; t < threads; ++t) s.panels.push_back(carver.take<float>(floats));
   if (q8_activations && blocks) {
@@ -95,8 +121,9 @@ HostWorkspaceLayout::HostWorkspaceLayout(const OpsShape& shape, std::byte* base,
   const ModelConfig& c = shape.config;
   const int threads = std::max(1, shape.threads);
   HostCarver carver(base, limit);
-  linear = HostLinearScratch::carve(carver, threads, shape.weight_dtype, widest_input(c),
-                                    shape.weight_blocks, shape.q8_activations, shape.max_rows);
+  linear =
+      HostLinearScratch::carve(carver, threads, shape.weight_dtype, widest_input(c), shape.f32_gemm,
+                               shape.weight_blocks, shape.q8_activations, shape.max_rows);
   attention =
       HostAttentionScratch::carve(carver, c, shape.kv_dtype, shape.max_decode_rows, threads);
   norm_weight = carver.take<float>(static_cast<std::size_t>(std::max(c.hidden_size, c.head_dim)));

@@ -5,8 +5,8 @@
 // here, sized for the widest input and the longest chunk; so are attention's per-thread tiles and
 // decode partials, the norm weights, the rope angles and the sampler's.
 //
-// The layout depends on the shape alone (OpsShape, threads included), never on the CPU: a panel is
-// sized for the largest kernel any CPU would run.
+// The layout depends on the shape (OpsShape, threads included) and on whether this CPU runs the
+// bf16 GEMM (which needs a panel of 136 KiB where the others convert 128 rows of the widest input).
 #pragma once
 
 #include <cstddef>
@@ -76,10 +76,11 @@ struct HostLinearScratch {
   HostSpan<std::uint8_t> q8_gemm_rows;  // [max_rows] rows quantized for the q8 GEMM
   int q8_gemm_max_rows = 0;
 
-  // type: the weights' dtype; max_in: the widest input; blocks: some matrices in GGUF blocks;
-  // max_rows: the most rows a call multiplies.
+  // type: the weights' dtype; max_in: the widest input; f32_gemm: bf16 weights multiply in f32;
+  // blocks: some matrices in GGUF blocks; max_rows: the most rows a call multiplies. The bf16
+  // GEMM's panel is sized for it where this CPU runs it (uses_bf16_gemm), as HostLinear runs it.
   static HostLinearScratch carve(HostCarver& carver, int threads, DType type, int max_in,
-                                 bool blocks, bool q8_activations, int max_rows);
+                                 bool f32_gemm, bool blocks, bool q8_activations, int max_rows);
 };
 
 // HostAttention's buffers (model/host/host_attention.hpp).
@@ -114,7 +115,7 @@ struct HostWorkspaceLayout {
   HostSpan<float> norm_weight;               // [max(hidden, head_dim)] as f32
   std::vector<HostSpan<float>> rope_angles;  // [threads][head_dim]: cos, sin of a position
   HostSpan<float> sample;                    // [2][vocab]
-  std::uint64_t bytes = 0;  // a multiple of 256, as the cache's regions are
+  std::uint64_t bytes = 0;                   // a multiple of 256, as the cache's regions are
 
   // base: the region (nullptr: only counts); limit: its bytes.
   HostWorkspaceLayout(const OpsShape& shape, std::byte* base = nullptr, std::uint64_t limit = 0);

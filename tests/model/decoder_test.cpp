@@ -146,6 +146,31 @@ TEST(Decoder, SameLogitsForAnyThreadCountResidentOrStreamed) {
   expect_bit_identical(runs);
 }
 
+// Weights quantized at load (q8_0 and int8) with 8-bit activations: the decoder's q8 GEMMs and
+// decode rows, in the workspace the plan reserves, give the same bits for any thread count,
+// resident or streamed (rows of whole 32-element blocks; the chunk is longer than a GEMM's row
+// threshold).
+TEST(Decoder, Q8ActivationsSameLogitsForAnyThreadCount) {
+  ModelConfig c = small_config();
+  c.intermediate_size = 128;
+  const auto prompt = random_prompt(45, c.vocab_size, 14);
+  for (const char* format : {"q8_0", "int8"}) {
+    SCOPED_TRACE(format);
+    std::vector<testing::GreedyRun> runs;
+    for (auto [threads, resident] : {std::pair{1, 3}, {3, 0}, {2, 3}}) {
+      DecoderOptions o = host_options(64);
+      o.chunk = 40;
+      o.threads = threads;
+      o.resident_layers = resident;
+      o.weight_format = format;
+      o.q8_activations = true;
+      Decoder d(c, WeightSource{"", 15}, o);
+      runs.push_back(greedy(d, prompt, 8));
+    }
+    expect_bit_identical(runs);
+  }
+}
+
 // A prompt prefilled in pieces (each a layer-major step attending over the rows before it)
 // computes what one piece does when the pieces are whole chunks: the same chunks meet the same
 // keys, so the bits agree. Each later piece re-reads the rows before it for each streamed layer,
