@@ -39,8 +39,7 @@ WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, DType
     offset += align256(size);
     return at;
   };
-  const std::uint64_t widest = static_cast<std::uint64_t>(
-      std::max({c.hidden_size, c.intermediate_size, static_cast<int>(c.q_dim())}));
+  const auto widest = static_cast<std::uint64_t>(widest_input(c));
   gemm_input = take(weight_dtype == DType::kF32 ? 0 : rows * widest * element);
   sampling = take(i32 * 3 * decode_rows);
   if (weight_blocks && max_rows > kBlockDecodeRows) {  // else every call reads the blocks once
@@ -159,6 +158,16 @@ bool plan_fits(const DecoderMemory& m, std::uint64_t budget) {
 
 }  // namespace
 
+namespace {
+
+// Some matrices are kept in GGUF blocks: a GGUF file's (the decoder's flag) or a format
+// quantized at load.
+bool weights_in_blocks(const DecoderOptions& options) {
+  return options.weights_in_blocks || !options.weight_format.empty();
+}
+
+}  // namespace
+
 OpsShape host_ops_shape(const ModelConfig& config, const DecoderOptions& options,
                         const DecoderMemory& memory) {
   OpsShape shape;
@@ -169,7 +178,7 @@ OpsShape host_ops_shape(const ModelConfig& config, const DecoderOptions& options
   shape.max_decode_rows = options.slots;
   shape.max_seq = options.max_seq;
   shape.f32_gemm = options.f32_gemm;
-  shape.weight_blocks = options.weights_in_blocks || !options.weight_format.empty();
+  shape.weight_blocks = weights_in_blocks(options);
   shape.q8_activations = options.q8_activations && shape.weight_blocks;
   shape.threads = options.threads > 0 ? options.threads : available_cores();
   return shape;
@@ -201,10 +210,9 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
   // decoder hands them to its ops (OpsShape::kernels).
   m.kernels = choose_attention_kernels(config, m.kv_dtype, options.slots, options.max_seq,
                                        m.max_rows, options.builtin_attention);
-  const bool blocks = options.weights_in_blocks || !options.weight_format.empty();
   m.workspace = backend == BackendKind::kCuda
                     ? WorkspaceLayout(config, m.dtype, m.kv_dtype, m.max_rows, options.slots,
-                                      options.max_seq, m.kernels, blocks)
+                                      options.max_seq, m.kernels, weights_in_blocks(options))
                           .bytes
                     : HostWorkspaceLayout(host_ops_shape(config, options, m)).bytes;
 

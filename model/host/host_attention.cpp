@@ -66,11 +66,9 @@ HostAttention::HostAttention(const ModelConfig& config, DType type, ThreadPool& 
 HostAttention::HostAttention(const ModelConfig& config, DType type, int max_decode_rows,
                              ThreadPool& pool)
     : HostAttention(config, type, pool, HostAttentionScratch{}) {
-  HostCarver count;
-  HostAttentionScratch::carve(count, config, type, max_decode_rows, pool.threads());
-  own_ = std::make_unique<HostRegion>(count.bytes());
-  HostCarver carver(own_->data(), count.bytes());
-  scratch_ = HostAttentionScratch::carve(carver, config, type, max_decode_rows, pool.threads());
+  scratch_ = carve_own(&own_, [&](HostCarver& carver) {
+    return HostAttentionScratch::carve(carver, config, type, max_decode_rows, pool.threads());
+  });
 }
 
 HostAttention::Split HostAttention::split(int keys) {

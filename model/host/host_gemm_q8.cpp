@@ -21,8 +21,6 @@ namespace {
 constexpr int kGroup = 16;  // weight rows a group of the panel interleaves
 constexpr int kTokens = 8;  // activation rows the kernel multiplies together
 
-static_assert(blocks::kQ6_K == 14, "sub_block() names Q6_K by its number");
-
 bool has_offset(std::uint32_t type) {
   return type == blocks::kQ4_1 || type == blocks::kQ4_K || type == blocks::kQ5_K;
 }

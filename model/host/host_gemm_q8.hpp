@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "model/checkpoint/ggml_blocks.hpp"
 #include "model/decoder/numerics.hpp"
 
 namespace kvo::model::q8_gemm {
@@ -30,9 +31,9 @@ bool serves(std::uint32_t type);
 // Whether this CPU runs the VNNI kernel (AVX-512 F/BW/VL and AVX512-VNNI) and this build has it.
 bool available();
 
-// Elements a weight scale covers: 16 for Q6_K (ggml type 14), 32 for the others.
+// Elements a weight scale covers: 16 for Q6_K, 32 for the others.
 inline int sub_block(std::uint32_t type) {
-  return type == 14 ? 16 : 32;
+  return type == blocks::kQ6_K ? 16 : 32;
 }
 // Bytes of one quantized activation row of `in` elements for weights of `type`, a multiple of 64:
 // q [in], then per sub-block an int32 and two floats, the group scales [in / 32] and the sums

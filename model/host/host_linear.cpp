@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "kvoffload/error.hpp"
-#include "model/checkpoint/ggml_blocks.hpp"
 #include "model/host/blas.hpp"
 #include "model/host/host_gemm_bf16.hpp"
 #include "model/host/host_gemm_q8.hpp"
@@ -43,13 +42,10 @@ HostLinear::HostLinear(ThreadPool& pool, DType type, bool f32_gemm, bool blocks,
 HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm, bool blocks,
                        bool q8_activations, int max_rows)
     : HostLinear(pool, type, f32_gemm, blocks, q8_activations, HostLinearScratch{}) {
-  HostCarver count;
-  HostLinearScratch::carve(count, pool.threads(), type, max_in, f32_gemm, blocks, q8_activations,
-                           max_rows);
-  own_ = std::make_unique<HostRegion>(count.bytes());
-  HostCarver carver(own_->data(), count.bytes());
-  scratch_ = HostLinearScratch::carve(carver, pool.threads(), type, max_in, f32_gemm, blocks,
-                                      q8_activations, max_rows);
+  scratch_ = carve_own(&own_, [&](HostCarver& carver) {
+    return HostLinearScratch::carve(carver, pool.threads(), type, max_in, f32_gemm, blocks,
+                                    q8_activations, max_rows);
+  });
 }
 
 void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const void* bias, int out,

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/checkpoint/model_config.hpp"
@@ -68,6 +69,17 @@ class HostRegion {
   std::vector<std::byte> storage_;
   std::byte* base_ = nullptr;
 };
+
+// What `carve(HostCarver&)` lays out, in a region of its own made to fit and held by *own (a
+// part made outside the decoder).
+template <class Carve>
+auto carve_own(std::unique_ptr<HostRegion>* own, Carve carve) {
+  HostCarver count;
+  carve(count);
+  *own = std::make_unique<HostRegion>(count.bytes());
+  HostCarver carver((*own)->data(), count.bytes());
+  return carve(carver);
+}
 
 // HostLinear's buffers (model/host/host_linear.hpp).
 struct HostLinearScratch {
