@@ -251,15 +251,15 @@ class AttentionLayer {
     rows.host_slots = host_rows;
     rows.host_positions = host_rows + 1;
     return time_on(stream_, [&] {
-      ops_->attention_decode(static_cast<float*>(q_.ptr), 1, rows, view_,
+      ops_->attention_decode(static_cast<float*>(q_.ptr), 1, rows, config_.sliding_window, view_,
                              static_cast<float*>(out_.ptr));
     });
   }
   // `n` rows at [first, first + n).
   double prefill(int first, int n) {
     return time_on(stream_, [&] {
-      ops_->attention_prefill(static_cast<float*>(q_.ptr), n, 0, first, view_,
-                              static_cast<float*>(out_.ptr));
+      ops_->attention_prefill(static_cast<float*>(q_.ptr), n, 0, first, config_.sliding_window,
+                              view_, static_cast<float*>(out_.ptr));
     });
   }
   const model::ModelConfig& config() const { return config_; }

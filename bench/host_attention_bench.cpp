@@ -104,14 +104,14 @@ void BM_HostDecodeAttention(benchmark::State& state) {
   const std::size_t bytes = 2 * elements * sizeof(std::uint16_t);
   const std::vector<const void*> regions = {k.data(), v.data()};
 
-  attention.decode(q.data(), 1, &slot, &position, view, out.data());  // warm-up
+  attention.decode(q.data(), 1, &slot, &position, 0, view, out.data());  // warm-up
   std::vector<std::uint64_t> evict(4 * last_level_cache_bytes() / sizeof(std::uint64_t), 1);
   double attention_seconds = 0, read_seconds = 0;
   std::uint64_t sink = 0;
   for (auto _ : state) {
     evict_caches(pool, evict);
     const auto start = Clock::now();
-    attention.decode(q.data(), 1, &slot, &position, view, out.data());
+    attention.decode(q.data(), 1, &slot, &position, 0, view, out.data());
     const double seconds = seconds_since(start);
     state.SetIterationTime(seconds);
     attention_seconds += seconds;

@@ -3,8 +3,9 @@
 
 For each architecture (a Llama 3.1 config with llama3 rope scaling, a Mistral config with a
 sliding window, a Qwen2 config with q/k/v biases, a Qwen3 config with its q and k norms, yarn
-and head_dim * heads twice hidden_size, and one config for each other rope scaling: linear,
-dynamic, yarn, longrope, each with a pretraining length shorter than the prompt) this
+and head_dim * heads twice hidden_size, Gemma 2 and Gemma 3 configs with windows shorter than the
+prompt, and one config for each other rope scaling: linear, dynamic, yarn, longrope, each with a
+pretraining length shorter than the prompt) this
 builds a small model with random weights, writes it with save_pretrained (config.json +
 model.safetensors) and runs it on the CPU in float32 over a fixed prompt, as generation runs it:
 the first PREFILL tokens in one forward, then one token a forward over the cache (the tables of
@@ -17,15 +18,21 @@ The gguf_* cases (one per GGUF block type, and Qwen2 twice) write a random model
 (model.gguf) as llama.cpp's converter lays it out, load it with transformers' GGUF loader, and
 save what that loader read (config.json + model.safetensors) with the logits of that model.
 
-usage: hf_reference.py --out DIR [--arch NAME...]
+The made_* cases (with --kvo-make-model) go the other way: kvo-make-model writes a random
+checkpoint of a family (its config.json as kvoffload writes it), and transformers reads those
+files and gives the logits, so that a config we write means to transformers what it means to us.
+
+usage: hf_reference.py --out DIR [--arch NAME...] [--kvo-make-model PATH]
 """
+import subprocess
 import argparse
 import os
 
 import torch
 from safetensors.torch import save_file
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
+                          LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
                           Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
 
@@ -35,7 +42,7 @@ SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_l
 PROMPT_LEN = 24
 PREFILL = 8  # tests/model/hf_reference_test.cpp prefills as many, then decodes one at a time
 ARCHS = ["llama31", "mistral", "qwen2", "llama_linear", "llama_dynamic", "qwen2_yarn",
-         "llama_longrope", "qwen3", "phi3"]
+         "llama_longrope", "qwen3", "phi3", "gemma2", "gemma3"]
 
 
 def build(arch):
@@ -97,6 +104,32 @@ def build(arch):
                                           "short_factor": [1.0 + 0.03 * i for i in range(half)],
                                           "long_factor": [1.0 + 0.8 * i for i in range(half)]})
         return Phi3ForCausalLM, config
+    # Gemma 2: windows of 6 keys on layers 0 and 2, query_pre_attn_scalar unlike head_dim, and
+    # caps low enough that tanh bends the scores and the logits (the released 50 and 30 barely
+    # touch a small random model's).
+    if arch == "gemma2":
+        shape = dict(SHAPE, hidden_act="gelu_pytorch_tanh")
+        config = Gemma2Config(**shape, hidden_activation="gelu_pytorch_tanh", sliding_window=6,
+                              query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                              final_logit_softcapping=4.0, rope_theta=10000.0,
+                              tie_word_embeddings=True)
+        return Gemma2ForCausalLM, config
+    # Gemma 3: q/k norms, windows of 6 keys on all but layer 2, the window layers rotating at
+    # their own base and the full layer with linear scaling.
+    if arch == "gemma3":
+        shape = dict(SHAPE, num_hidden_layers=4, head_dim=32, hidden_act="gelu_pytorch_tanh",
+                     max_position_embeddings=64)
+        config = Gemma3TextConfig(
+            **shape, hidden_activation="gelu_pytorch_tanh", sliding_window=6,
+            query_pre_attn_scalar=32, tie_word_embeddings=True,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                         "sliding_attention"],
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                "rope_theta": 1000000.0},
+                             "sliding_attention": {"rope_type": "default",
+                                                   "rope_theta": 10000.0}})
+        config.architectures = ["Gemma3ForCausalLM"]
+        return Gemma3ForCausalLM, config
     raise SystemExit(f"unknown arch {arch}")
 
 
@@ -104,6 +137,10 @@ def rope_tables(model):
     """The table a forward of each length uses, as the rotary embedding computes it."""
     config = model.config
     params = config.rope_parameters
+    layer_type = None
+    if "full_attention" in params:  # Gemma 3: the full layers' rotation is the scaled one
+        layer_type = "full_attention"
+        params = params[layer_type]
     kind = params.get("rope_type", "default")
     if kind == "default":
         return None
@@ -117,7 +154,7 @@ def rope_tables(model):
             seq = torch.tensor(length) if length > config.max_position_embeddings else None
         else:
             seq = length
-        inv_freq, scale = init(config, None, seq_len=seq)
+        inv_freq, scale = init(config, None, seq_len=seq, layer_type=layer_type)
         rows.append(inv_freq.float())
         scales.append(float(scale))
     return {"lengths": torch.tensor(lengths, dtype=torch.float32),
@@ -284,15 +321,58 @@ def gguf_case(case, index, out_root):
     print(f"{case}: wrote {out} (logits {tuple(logits.shape)})")
 
 
+# kvo-make-model's arguments for each made_* case: Gemma with windows shorter than the prompt
+# (Gemma 3 with six layers, so that one is full, and linear scaling on it).
+MADE_SHAPE = ["--preset", "tiny", "--hidden", "64", "--intermediate", "160", "--heads", "4",
+              "--kv-heads", "2", "--vocab", "512", "--dtype", "f32", "--window", "6"]
+MADE_CASES = {
+    "made_gemma2": ["--arch", "gemma2", "--layers", "3", "--head-dim", "16"],
+    "made_gemma3_text": ["--arch", "gemma3_text", "--layers", "6", "--head-dim", "32", "--rope",
+                         "linear", "--rope-factor", "4"],
+}
+
+
+def made_case(case, index, out_root, make_model):
+    from transformers import AutoModelForCausalLM
+    out = os.path.join(out_root, case)
+    if os.path.isdir(out):
+        import shutil
+        shutil.rmtree(out)
+    subprocess.run([make_model, "--out", out, "--seed", str(index)] + MADE_SHAPE + MADE_CASES[case],
+                   check=True, stdout=subprocess.DEVNULL)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    generator = torch.Generator().manual_seed(1234 + index)
+    write_reference(case, model, out, generator)
+
+
+def write_reference(case, model, out, generator):
+    """The prompt, the logits of every position and the rope tables, beside the checkpoint."""
+    ids = torch.randint(0, model.config.vocab_size, (1, PROMPT_LEN), generator=generator)
+    tables = rope_tables(model)  # before any forward changes the rotary embedding's state
+    logits = generation_logits(model, ids)
+    save_file({"input_ids": ids[0].float().contiguous(), "logits": logits},
+              os.path.join(out, "reference.safetensors"))
+    if tables is not None:
+        save_file(tables, os.path.join(out, "rope.safetensors"))
+    print(f"{case}: wrote {out} (logits {tuple(logits.shape)})")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--arch", nargs="*", default=ARCHS + GGUF_CASES)
+    parser.add_argument("--arch", nargs="*")
+    parser.add_argument("--kvo-make-model")
     args = parser.parse_args()
+    if args.arch is None:
+        args.arch = ARCHS + GGUF_CASES + (list(MADE_CASES) if args.kvo_make_model else [])
     torch.set_num_threads(1)
     for index, arch in enumerate(args.arch):
         if arch.startswith("gguf_"):
             gguf_case(arch, index, args.out)
+            continue
+        if arch.startswith("made_"):
+            made_case(arch, index, args.out, args.kvo_make_model)
             continue
         cls, config = build(arch)
         config.attn_implementation = "eager"
@@ -302,14 +382,7 @@ def main():
         out = os.path.join(args.out, arch)
         os.makedirs(out, exist_ok=True)
         model.save_pretrained(out, safe_serialization=True)
-        ids = torch.randint(0, SHAPE["vocab_size"], (1, PROMPT_LEN), generator=generator)
-        tables = rope_tables(model)  # before any forward changes the rotary embedding's state
-        logits = generation_logits(model, ids)
-        save_file({"input_ids": ids[0].float().contiguous(), "logits": logits},
-                  os.path.join(out, "reference.safetensors"))
-        if tables is not None:
-            save_file(tables, os.path.join(out, "rope.safetensors"))
-        print(f"{arch}: wrote {out} (logits {tuple(logits.shape)})")
+        write_reference(arch, model, out, generator)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ struct Args {
   double rope_factor = 4;
   int rope_original = 4096;
   int tie = 0;
+  int window = 0;
   std::string dtype;
   std::uint64_t seed = 1;
   int shards = 1;
@@ -89,6 +90,10 @@ void declare_options(CLI::App& app, Args& a) {
   add_integer(app, "--rope-original", a.rope_original, 1, L::kPositions, "")
       ->description("the pretraining length of llama3, yarn and longrope (default 4096)");
   add_integer(app, "--tie", a.tie, 0, 1, "")->description("1: tied embeddings; 0 or 1");
+  add_integer(app, "--window", a.window, 1, L::kPositions, "")
+      ->description(
+          "the sliding window, in keys: every layer's for mistral and phi3, the window "
+          "layers' for gemma2 and gemma3_text (default: none, Gemma's own)");
   kvo::cli::add_choice(app, "--dtype", a.dtype, kvo::dtype_names(false),
                        "element type (default: the preset's)");
   app.option_defaults()->group("Files");
@@ -103,8 +108,16 @@ ModelConfig with_rope(const ModelConfig& c, const Args& a) {
   nlohmann::ordered_json config = nlohmann::ordered_json::parse(kvo::model::to_config_json(c));
   config.erase("rope_scaling");
   config.erase("original_max_position_embeddings");
+  // Gemma 3's block is its full layers' entry of rope_parameters.
+  const bool per_type =
+      config.contains("rope_parameters") && config["rope_parameters"].contains("full_attention");
+  if (per_type) {
+    nlohmann::ordered_json& full = config["rope_parameters"]["full_attention"];
+    full = {{"rope_type", "default"}, {"rope_theta", full["rope_theta"]}};
+  }
   if (a.rope != "default") {
-    nlohmann::ordered_json& r = config["rope_scaling"];
+    nlohmann::ordered_json& r =
+        per_type ? config["rope_parameters"]["full_attention"] : config["rope_scaling"];
     r["rope_type"] = a.rope;
     r["factor"] = a.rope_factor;
     if (a.rope == "llama3" || a.rope == "yarn" || a.rope == "longrope") {
@@ -134,10 +147,11 @@ ModelConfig resolve(const Args& a, const CLI::App& app) {
     c.architecture = family.architectures.front();
     c.model_type = family.model_type;
     c.qkv_bias = c.o_bias = false;
-    family.settle(c);
     if (a.arch != "llama") c.rope_scaling = {};  // llama3's rope scaling is Llama's alone
   }
   const auto given = [&](const char* name) { return app.count(name) != 0; };
+  const kvo::model::Family& family =
+      kvo::model::family_of_architecture(c.architecture, "--preset " + a.preset);
   if (given("--layers")) c.layers = a.dims.layers;
   if (given("--hidden")) c.hidden_size = a.dims.hidden_size;
   if (given("--intermediate")) c.intermediate_size = a.dims.intermediate_size;
@@ -147,6 +161,17 @@ ModelConfig resolve(const Args& a, const CLI::App& app) {
   if (given("--vocab")) c.vocab_size = a.dims.vocab_size;
   if (given("--tie")) c.tie_word_embeddings = a.tie != 0;
   if (given("--rope-theta")) c.rope_theta = static_cast<float>(a.rope_theta);
+  if (given("--window")) {
+    const std::string type = family.model_type;
+    if (type != "mistral" && type != "phi3" && type != "gemma2" && type != "gemma3_text") {
+      throw kvo::cli::UsageError("--window: " + type +
+                                 " has no sliding window (mistral, phi3, gemma2 and gemma3_text "
+                                 "have)");
+    }
+    c.sliding_window = a.window;
+  }
+  // What the family's models have, for the dimensions now set (Gemma's window layers).
+  family.settle(c);
   if (!a.dtype.empty()) c.dtype = kvo::parse_dtype(a.dtype);
   if (!a.rope.empty()) c = with_rope(c, a);
   try {

@@ -62,8 +62,13 @@ void parse_rope(const JsonField& f, ModelConfig& c, const Family& family) {
           .error("only 1 (every dimension rotated) is supported");
     }
   }
-  if (!scaling) return;
-  const JsonField& s = *scaling;
+  if (scaling) read_rope_scaling(f, *scaling, c, family);
+}
+
+}  // namespace
+
+void read_rope_scaling(const JsonField& f, const JsonField& s, ModelConfig& c,
+                       const Family& family) {
   s.require_object();
   c.rope_theta = static_cast<float>(s.real_or("rope_theta", c.rope_theta));
   std::string type = "default";
@@ -128,6 +133,28 @@ void parse_rope(const JsonField& f, ModelConfig& c, const Family& family) {
   }
 }
 
+namespace {}  // namespace
+
+Activation parse_activation(const JsonField& f, const char* key) {
+  const std::string act = f.text_or(key, "silu");
+  if (act == "silu") return Activation::kSilu;
+  if (act == "gelu_pytorch_tanh") return Activation::kGeluTanh;
+  throw f.at(key).error("\"" + printable(act) +
+                        "\" is not supported (supported: silu, gelu_pytorch_tanh)");
+}
+
+const char* activation_name(Activation act) {
+  return act == Activation::kGeluTanh ? "gelu_pytorch_tanh" : "silu";
+}
+
+double ModelConfig::attention_scale() const {
+  const double scalar = query_pre_attn_scalar > 0 ? static_cast<double>(query_pre_attn_scalar)
+                                                 : static_cast<double>(head_dim);
+  return 1.0 / std::sqrt(scalar);
+}
+
+namespace {
+
 // The shortest decimal that reads back as `value`, so that 1e-5f is written "1e-05" and not
 // "9.99999975e-06".
 double shortest(float value) {
@@ -172,10 +199,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     c.architecture = family->architectures.front();
   }
   c.model_type = family->model_type;
-  const std::string act = f.text_or("hidden_act", "silu");
-  if (act != "silu") {
-    throw f.at("hidden_act").error("\"" + printable(act) + "\" is not supported (supported: silu)");
-  }
+  c.hidden_act = parse_activation(f, "hidden_act");
   if (f.boolean_or("mlp_bias", false)) throw f.at("mlp_bias").error("true is not supported");
   const auto required = [&](const char* key, int min, int max) {
     return static_cast<int>(f.at(key).integer(min, max));
@@ -242,6 +266,28 @@ void validate(const ModelConfig& c) {
   }
   if (c.head_dim % 2 != 0)
     throw invalid("head_dim must be even, got " + std::to_string(c.head_dim));
+  if (!c.sliding_layers.empty() && static_cast<int>(c.sliding_layers.size()) != c.layers) {
+    throw invalid("layer_types has " + std::to_string(c.sliding_layers.size()) + " entries for " +
+                  std::to_string(c.layers) + " layers");
+  }
+  if (!c.sliding_layers.empty() && c.sliding_window == 0) {
+    for (const std::uint8_t sliding : c.sliding_layers) {
+      if (sliding != 0) throw invalid("layer_types names sliding layers without a sliding_window");
+    }
+  }
+  const struct {
+    const char* name;
+    float value;
+  } reals[] = {{"attn_logit_softcapping", c.attn_softcap},
+               {"final_logit_softcapping", c.final_softcap},
+               {"query_pre_attn_scalar", c.query_pre_attn_scalar},
+               {"rope_local_base_freq", c.rope_local_theta}};
+  for (const auto& r : reals) {
+    if (!(r.value >= 0) || !std::isfinite(r.value)) {
+      throw invalid(std::string(r.name) + " must be positive and finite, got " +
+                    std::to_string(r.value));
+    }
+  }
   if (!(c.rms_norm_eps > 0) || !(c.rope_theta > 0) || !std::isfinite(c.rms_norm_eps) ||
       !std::isfinite(c.rope_theta)) {
     throw invalid("rms_norm_eps and rope_theta must be positive and finite");
@@ -383,6 +429,33 @@ ModelConfig preset(const std::string& name) {
       r.short_factor.push_back(1.0 + 0.02 * i);
       r.long_factor.push_back(1.0 + 0.6 * i);
     }
+  } else if (name == "gemma3-12b") {
+    // Gemma 3 12B's text model at 128K: 48 layers, one full layer in six (the others windows of
+    // 1024 keys rotating at base 10000), head_dim 256, linear rope scaling 8 on the full layers.
+    c.architecture = "Gemma3ForCausalLM";
+    c.model_type = "gemma3_text";
+    c.vocab_size = 262208;
+    c.hidden_size = 3840;
+    c.intermediate_size = 15360;
+    c.layers = 48;
+    c.heads = 16;
+    c.kv_heads = 8;
+    c.head_dim = 256;
+    c.rms_norm_eps = 1e-6f;
+    c.rope_theta = 1000000.0f;
+    c.rope_scaling.type = RopeType::kLinear;
+    c.rope_scaling.factor = 8;
+    c.max_position_embeddings = 131072;
+    c.tie_word_embeddings = true;
+    c.hidden_act = Activation::kGeluTanh;
+    c.query_pre_attn_scalar = 256;
+    c.norm_offset = 1;
+    c.embed_scaled = true;
+    c.post_norms = true;
+    c.rope_local_theta = 10000.0f;
+    c.sliding_window = 1024;
+    c.sliding_layers.assign(48, 1);
+    for (int i = 5; i < 48; i += 6) c.sliding_layers[static_cast<std::size_t>(i)] = 0;
   } else if (name == "qwen2.5-7b") {
     c.architecture = "Qwen2ForCausalLM";
     c.model_type = "qwen2";
@@ -406,8 +479,8 @@ ModelConfig preset(const std::string& name) {
 }
 
 std::vector<std::string> preset_names() {
-  return {"tiny",     "llama3-8b",        "mistral-7b",    "qwen2.5-7b",
-          "qwen3-8b", "mistral-nemo-12b", "phi3-mini-128k"};
+  return {"tiny",     "llama3-8b",        "mistral-7b",     "qwen2.5-7b",
+          "qwen3-8b", "mistral-nemo-12b", "phi3-mini-128k", "gemma3-12b"};
 }
 
 std::string to_config_json(const ModelConfig& c) {
@@ -421,7 +494,7 @@ std::string to_config_json(const ModelConfig& c) {
   o["num_attention_heads"] = c.heads;
   o["num_key_value_heads"] = c.kv_heads;
   o["head_dim"] = c.head_dim;
-  o["hidden_act"] = "silu";
+  o["hidden_act"] = activation_name(c.hidden_act);
   o["rms_norm_eps"] = shortest(c.rms_norm_eps);
   o["rope_theta"] = shortest(c.rope_theta);
   o["max_position_embeddings"] = c.max_position_embeddings;
@@ -462,6 +535,7 @@ std::int64_t parameter_count(const ModelConfig& c) {
   const std::int64_t h = c.hidden_size;
   std::int64_t per_layer = 2 * h + h * c.q_dim() + 2 * h * c.kv_dim() + c.q_dim() * h +
                            3 * h * static_cast<std::int64_t>(c.intermediate_size);
+  if (c.post_norms) per_layer += 2 * h;
   if (c.qkv_bias) per_layer += c.q_dim() + 2 * c.kv_dim();
   if (c.o_bias) per_layer += h;
   const std::int64_t embed = static_cast<std::int64_t>(c.vocab_size) * h;

@@ -1,5 +1,5 @@
-// The shape of a Llama-family decoder as Hugging Face's config.json describes it (Llama 2/3/3.1,
-// Mistral, Qwen2, Qwen3, Phi-3), and the built-in presets.
+// The shape of a decoder as Hugging Face's config.json describes it (Llama 2/3/3.1, Mistral,
+// Qwen2, Qwen3, Phi-3, Gemma 2 and 3), and the built-in presets.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,10 @@
 #include "model/decoder/rope.hpp"
 
 namespace kvo::model {
+
+// The MLP's gate activation: silu (SwiGLU) or GeLU with the tanh approximation (Gemma's
+// gelu_pytorch_tanh).
+enum class Activation { kSilu, kGeluTanh };
 
 struct ModelConfig {
   std::string architecture = "LlamaForCausalLM";  // architectures[0]
@@ -26,13 +30,44 @@ struct ModelConfig {
   RopeScaling rope_scaling;  // rope_scaling / rope_parameters: its type and parameters
   int max_position_embeddings = 4096;
   int sliding_window = 0;  // Mistral: attend to the last N keys; 0: full attention
-  bool qkv_bias = false;   // Qwen2, or Llama's attention_bias
-  bool o_bias = false;     // Llama's attention_bias
+  // Gemma: which layers attend through the window (layer_types' "sliding_attention"); empty:
+  // every layer does when sliding_window is set.
+  std::vector<std::uint8_t> sliding_layers;
+  Activation hidden_act = Activation::kSilu;
+  float attn_softcap = 0;   // Gemma 2: scores become cap * tanh(score / cap); 0: none
+  float final_softcap = 0;  // Gemma 2: the same on the logits
+  // Gemma: the scores are scaled by query_pre_attn_scalar^-1/2; 0: head_dim^-1/2.
+  float query_pre_attn_scalar = 0;
+  // Gemma: every RMSNorm multiplies by (norm_offset + weight) and the embeddings are scaled by
+  // sqrt(hidden_size) (rounded to the weights' dtype, as transformers rounds it).
+  float norm_offset = 0;
+  bool embed_scaled = false;
+  bool post_norms = false;  // Gemma: the attention's and the MLP's outputs are normed too
+  // Gemma 3: the window layers rotate with this base and no scaling (the full layers with
+  // rope_theta and rope_scaling); 0: every layer rotates alike.
+  float rope_local_theta = 0;
+  bool qkv_bias = false;  // Qwen2, or Llama's attention_bias
+  bool o_bias = false;    // Llama's attention_bias
   bool tie_word_embeddings = false;
   DType dtype = DType::kBF16;  // torch_dtype / dtype of the checkpoint
 
   std::int64_t q_dim() const { return static_cast<std::int64_t>(heads) * head_dim; }
   std::int64_t kv_dim() const { return static_cast<std::int64_t>(kv_heads) * head_dim; }
+  // The window of `layer`'s attention (its last N keys), 0 for full attention.
+  int window(int layer) const {
+    if (sliding_layers.empty()) return sliding_window;
+    return sliding_layers[static_cast<std::size_t>(layer)] != 0 ? sliding_window : 0;
+  }
+  bool windowed() const {
+    for (int l = 0; l < layers; ++l) {
+      if (window(l) > 0) return true;
+    }
+    return false;
+  }
+  // Whether `layer` rotates with the local table (rope_local_theta).
+  bool local_rope(int layer) const { return rope_local_theta > 0 && window(layer) > 0; }
+  // The factor on q . k.
+  double attention_scale() const;
 };
 
 // The largest value each dimension may take, stated so that every size derived from a config
@@ -48,6 +83,9 @@ struct ModelLimits {
   static constexpr int kHeadDim = 1024;
   static constexpr int kPositions = 1 << 30;  // max_position_embeddings, sliding_window
 };
+
+// "silu", "gelu_pytorch_tanh": as config.json names them.
+const char* activation_name(Activation act);
 
 // Reads config.json (its text, `source` names it in errors). Throws kvo::Error(kInvalidArgument)
 // for malformed JSON, a missing or out-of-range field, or an unsupported architecture, naming it.
@@ -67,7 +105,7 @@ ModelConfig load_model_config(const std::string& path);
 void validate(const ModelConfig& config);
 
 // Built-in shapes by name: tiny, llama3-8b, mistral-7b, qwen2.5-7b, qwen3-8b, mistral-nemo-12b,
-// phi3-mini-128k.
+// phi3-mini-128k, gemma3-12b.
 // Throws for an unknown name, listing the known ones.
 ModelConfig preset(const std::string& name);
 std::vector<std::string> preset_names();

@@ -62,9 +62,12 @@ struct LayerWeights {
   const void* q_norm = nullptr;    // [head_dim] or null: RMSNorm of each query head (Qwen3)
   const void* k_norm = nullptr;    // [head_dim] or null: and of each key head
   const void* mlp_norm = nullptr;  // [hidden]
-  WeightRef w_gate;                // [intermediate][hidden]
-  WeightRef w_up;                  // [intermediate][hidden]
-  WeightRef w_down;                // [hidden][intermediate]
+  // Gemma: the norms of the attention's output and of the MLP's output, or null.
+  const void* attn_post_norm = nullptr;  // [hidden]
+  const void* mlp_post_norm = nullptr;   // [hidden]
+  WeightRef w_gate;                      // [intermediate][hidden]
+  WeightRef w_up;                        // [intermediate][hidden]
+  WeightRef w_down;                      // [hidden][intermediate]
 };
 
 struct ModelWeights {

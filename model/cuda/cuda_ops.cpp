@@ -62,12 +62,16 @@ class CudaOps final : public Ops {
     const int hidden = shape_.config.hidden_size;
     if (table.in_blocks()) {
       cuda::embed_blocks(tokens, n, table.data, table.blocks, hidden, out, stream_);
-      return;
+    } else {
+      cuda::embed(tokens, n, table.data, elem_, hidden, out, stream_);
     }
-    cuda::embed(tokens, n, table.data, elem_, hidden, out, stream_);
+    if (shape_.embed_scale != 1.0f) {
+      cuda::scale(out, static_cast<std::int64_t>(n) * hidden, shape_.embed_scale, stream_);
+    }
   }
   void rms_norm(const float* x, int n, int width, const void* weight, float* out) override {
-    cuda::rms_norm(x, n, width, weight, elem_, shape_.config.rms_norm_eps, out, stream_);
+    cuda::rms_norm(x, n, width, weight, elem_, shape_.config.rms_norm_eps,
+                   shape_.config.norm_offset, out, stream_);
   }
   void linear(const float* x, int n, int in, WeightRef w, const void* bias, int out, float* y,
               bool accumulate) override {
@@ -140,9 +144,11 @@ class CudaOps final : public Ops {
         handle_, CUBLAS_OP_T, CUBLAS_OP_N, cols, n, in, &alpha, w, type, in, input, type, in, &beta,
         y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
-  void rope(float* q, float* k, int n, const std::int32_t* positions, int first_position) override {
+  void rope(float* q, float* k, int n, const std::int32_t* positions, int first_position,
+            bool local) override {
     const ModelConfig& c = shape_.config;
-    cuda::rope(q, k, n, c.heads, c.kv_heads, c.head_dim, shape_.inv_freq, shape_.rope_scale,
+    cuda::rope(q, k, n, c.heads, c.kv_heads, c.head_dim,
+               local ? shape_.inv_freq_local : shape_.inv_freq, local ? 1.0f : shape_.rope_scale,
                positions, first_position, stream_);
   }
   void to_cache_rows(const float* x, int n, void* out) override {
@@ -157,15 +163,15 @@ class CudaOps final : public Ops {
   }
   // Attention goes through FlashInfer where it serves the shape: the f32 queries are converted to
   // the cache's type, FlashInfer reads the staged K/V in place, and its output is widened back.
-  void attention_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
-                         float* out) override {
+  void attention_prefill(const float* q, int n, int slot, int first_position, int window,
+                         const LayerView& view, float* out) override {
     if (n == 0) return;
     if (layout_.kernels.dequant_tiles) {
-      tiled_prefill(q, n, slot, first_position, view, out);
+      tiled_prefill(q, n, slot, first_position, window, view, out);
       return;
     }
     if (!layout_.kernels.flashinfer_prefill) {
-      builtin_prefill(q, n, slot, first_position, view, out);
+      builtin_prefill(q, n, slot, first_position, window, view, out);
       return;
     }
     const ModelConfig& c = shape_.config;
@@ -178,22 +184,22 @@ class CudaOps final : public Ops {
     call.heads = c.heads;
     call.slot = slot;
     call.first_position = first_position;
-    call.window_left = window_left();
+    call.window_left = window_left(window);
     call.sm_scale = sm_scale();
     call.tmp = prefill_tmp_;
     call.tmp_bytes = layout_.prefill_tmp_bytes;
     flashinfer_ops::prefill(kv_layer(view), call, stream_);
     cuda::widen(attn_out_, count, kv_elem_, out, stream_);
   }
-  void attention_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
-                        float* out) override {
+  void attention_decode(const float* q, int n, const DecodeRows& rows, int window,
+                        const LayerView& view, float* out) override {
     if (n == 0) return;
     if (layout_.kernels.dequant_tiles) {
-      tiled_decode(q, n, rows, view, out);
+      tiled_decode(q, n, rows, window, view, out);
       return;
     }
     if (!layout_.kernels.flashinfer_decode) {
-      builtin_decode(q, n, rows, view, out);
+      builtin_decode(q, n, rows, window, view, out);
       return;
     }
     if (n > shape_.max_decode_rows) {
@@ -210,13 +216,20 @@ class CudaOps final : public Ops {
     call.heads = c.heads;
     call.slots = rows.host_slots;
     call.kv_lens = kv_lens_.data();
-    call.window_left = window_left();
+    call.window_left = window_left(window);
     call.sm_scale = sm_scale();
     flashinfer_ops::decode(kv_layer(view), call, decode_ws_, stream_);
     cuda::widen(attn_out_, count, kv_elem_, out, stream_);
   }
-  void swiglu(float* gate, const float* up, std::int64_t count) override {
-    cuda::swiglu(gate, up, count, stream_);
+  void gated_activation(float* gate, const float* up, std::int64_t count) override {
+    cuda::gated_activation(gate, up, count, shape_.config.hidden_act == Activation::kGeluTanh,
+                           stream_);
+  }
+  void add(float* x, const float* y, std::int64_t count) override {
+    cuda::add(x, y, count, stream_);
+  }
+  void soft_cap(float* x, std::int64_t count, float cap) override {
+    cuda::soft_cap(x, count, cap, stream_);
   }
   void synchronize() override { KVO_MODEL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
   void fill_synthetic(const WeightLayout& layout, const WeightEntry& entry, std::uint64_t seed,
@@ -251,14 +264,14 @@ class CudaOps final : public Ops {
   // in bf16, then per tile of keys (key_tiles): the tile dequantized into bf16, FlashInfer's
   // prefill kernel over it (causal for the queries' own tile, unmasked before it) with its
   // log-sum-exp, and its output merged into `out` in f32. A decode row is a chunk of one.
-  void tiled_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
-                     float* out) {
+  void tiled_prefill(const float* q, int n, int slot, int first_position, int window,
+                     const LayerView& view, float* out) {
     const ModelConfig& c = shape_.config;
     cuda::convert(q, static_cast<std::int64_t>(n) * c.q_dim(), attn_q_, DType::kBF16, stream_);
-    attend_tiles(attn_q_, n, slot, first_position, view, out);
+    attend_tiles(attn_q_, n, slot, first_position, window, view, out);
   }
-  void tiled_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
-                    float* out) {
+  void tiled_decode(const float* q, int n, const DecodeRows& rows, int window,
+                    const LayerView& view, float* out) {
     if (n > shape_.max_decode_rows) {
       throw Error(ErrorCode::kInternal, "attention_decode: more rows than the plan's slots");
     }
@@ -266,12 +279,12 @@ class CudaOps final : public Ops {
     const std::int64_t q_dim = static_cast<std::int64_t>(c.q_dim());
     cuda::convert(q, n * q_dim, attn_q_, DType::kBF16, stream_);
     for (int i = 0; i < n; ++i) {
-      attend_tiles(attn_q_ + i * q_dim * 2, 1, rows.host_slots[i], rows.host_positions[i], view,
-                   out + i * q_dim);
+      attend_tiles(attn_q_ + i * q_dim * 2, 1, rows.host_slots[i], rows.host_positions[i], window,
+                   view, out + i * q_dim);
     }
   }
   // Rows [first_position, first_position + n) of `slot`, queries q_bf16 [n][heads][d].
-  void attend_tiles(const std::byte* q_bf16, int n, int slot, int first_position,
+  void attend_tiles(const std::byte* q_bf16, int n, int slot, int first_position, int window,
                     const LayerView& view, float* out) {
     const ModelConfig& c = shape_.config;
     const int d = c.head_dim;
@@ -291,7 +304,7 @@ class CudaOps final : public Ops {
     tile.head_dim = d;
     tile.max_seq = tile_keys;
     const std::vector<KeyTile> tiles =
-        key_tiles(first_key(c, first_position), first_position, n, tile_keys);
+        key_tiles(first_key(window, first_position), first_position, n, tile_keys);
     for (std::size_t i = 0; i < tiles.size(); ++i) {
       const KeyTile& t = tiles[i];
       const int keys = t.end - t.begin;
@@ -310,7 +323,7 @@ class CudaOps final : public Ops {
       call.lse = tile_lse;
       if (t.causal) {
         call.first_position = first_position - t.begin;
-        call.window_left = window_left();
+        call.window_left = window_left(window);
         flashinfer_ops::prefill(tile, call, stream_);
       } else {
         call.keys = keys;
@@ -328,14 +341,14 @@ class CudaOps final : public Ops {
   // (cuBLAS); then out /= the running sums. Per kv head g, one strided-batched GEMM covers its
   // `group` query heads: the K/V block is shared (stride 0), the heads' Q and out columns are d
   // apart.
-  void builtin_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
-                       float* out) {
+  void builtin_prefill(const float* q, int n, int slot, int first_position, int window,
+                       const LayerView& view, float* out) {
     const ModelConfig& c = shape_.config;
     const int d = c.head_dim;
     const int group = c.heads / c.kv_heads;
     const int B = kPrefillKeyBlock;
     const int last = first_position + n - 1;
-    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+    const float scale = sm_scale();
     const float one = 1.0f;
     const float zero = 0.0f;
     const std::int64_t score_stride = static_cast<std::int64_t>(n) * B;  // one head's [n][B]
@@ -346,9 +359,10 @@ class CudaOps final : public Ops {
     block.heads = c.heads;
     block.head_dim = d;
     block.first_position = first_position;
-    block.sliding_window = c.sliding_window;
+    block.sliding_window = window;
+    block.softcap = c.attn_softcap;
     block.key_stride = B;
-    const int begin = first_key(c, first_position);
+    const int begin = first_key(window, first_position);
     for (int k0 = begin; k0 <= last; k0 += B) {
       const int keys = std::min(B, last + 1 - k0);
       const std::int64_t offset = slot * view.slot_stride + k0 * view.token_stride;
@@ -397,9 +411,9 @@ class CudaOps final : public Ops {
     cuda::prefill_normalize(n, c.heads, d, stats_, out, stream_);
   }
   // Decode: split-sequence over key ranges, merged after.
-  void builtin_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
-                      float* out) {
-    cuda::AttentionArgs a = args(q, n, view, out);
+  void builtin_decode(const float* q, int n, const DecodeRows& rows, int window,
+                      const LayerView& view, float* out) {
+    cuda::AttentionArgs a = args(q, n, window, view, out);
     a.slots = rows.slots;
     a.positions = rows.positions;
     // Enough key ranges to fill the GPU when few rows decode over long prefixes.
@@ -467,13 +481,10 @@ class CudaOps final : public Ops {
     return kv;
   }
   // FlashInfer counts the window's keys to the left of the query's own.
-  int window_left() const {
-    return shape_.config.sliding_window > 0 ? shape_.config.sliding_window - 1 : -1;
-  }
-  float sm_scale() const {
-    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(shape_.config.head_dim)));
-  }
-  cuda::AttentionArgs args(const float* q, int n, const LayerView& view, float* out) const {
+  static int window_left(int window) { return window > 0 ? window - 1 : -1; }
+  float sm_scale() const { return static_cast<float>(shape_.config.attention_scale()); }
+  cuda::AttentionArgs args(const float* q, int n, int window, const LayerView& view,
+                           float* out) const {
     cuda::AttentionArgs a;
     a.q = q;
     a.out = out;
@@ -481,7 +492,9 @@ class CudaOps final : public Ops {
     a.heads = shape_.config.heads;
     a.kv_heads = shape_.config.kv_heads;
     a.head_dim = shape_.config.head_dim;
-    a.sliding_window = shape_.config.sliding_window;
+    a.sliding_window = window;
+    a.scale = sm_scale();
+    a.softcap = shape_.config.attn_softcap;
     a.k = view.k;
     a.v = view.v;
     a.type = view.layout.dtype;

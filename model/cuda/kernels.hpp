@@ -14,9 +14,9 @@ namespace kvo::model::cuda {
 // out [n][hidden] f32 = table [vocab][hidden] (type) rows tokens[n].
 void embed(const std::int32_t* tokens, int n, const void* table, DType type, int hidden, float* out,
            cudaStream_t stream);
-// out [n][hidden] = x * rsqrt(mean(x^2) + eps) * weight.
+// out [n][hidden] = x * rsqrt(mean(x^2) + eps) * (offset + weight).
 void rms_norm(const float* x, int n, int hidden, const void* weight, DType type, float eps,
-              float* out, cudaStream_t stream);
+              float offset, float* out, cudaStream_t stream);
 // q [n][heads][head_dim], k [n][kv_heads][head_dim] rotated in place; row i at positions[i], or
 // at first_position + i when positions is null. inv_freq [head_dim / 2].
 void rope(float* q, float* k, int n, int heads, int kv_heads, int head_dim, const float* inv_freq,
@@ -31,8 +31,15 @@ void quantize_rows(const float* x, int n, int kv_heads, int dim, DType type, std
 void widen(const void* x, std::int64_t count, DType type, float* out, cudaStream_t stream);
 // y [n][out] += bias [out].
 void add_bias(float* y, int n, int out, const void* bias, DType type, cudaStream_t stream);
-// gate [count] = silu(gate) * up.
-void swiglu(float* gate, const float* up, std::int64_t count, cudaStream_t stream);
+// gate [count] = act(gate) * up: silu, or with `gelu` gelu_tanh (numerics.hpp).
+void gated_activation(float* gate, const float* up, std::int64_t count, bool gelu,
+                      cudaStream_t stream);
+// x [count] += y.
+void add(float* x, const float* y, std::int64_t count, cudaStream_t stream);
+// x [count] = soft_cap_value(x, cap).
+void soft_cap(float* x, std::int64_t count, float cap, cudaStream_t stream);
+// x [count] *= factor.
+void scale(float* x, std::int64_t count, float factor, cudaStream_t stream);
 
 // ---- kernels_blocks.cu: matrices in GGUF blocks (model/checkpoint/ggml_blocks.hpp) ----
 // Rows of a decode step up to this many go through linear_blocks; more through a tile.
@@ -58,6 +65,8 @@ struct AttentionArgs {
   int kv_heads = 0;
   int head_dim = 0;
   int sliding_window = 0;  // 0: none
+  float scale = 0;         // on q . k
+  float softcap = 0;       // 0: none; else the scores become soft_cap_value(score, softcap)
   // K and V of one layer: [slot][token][kv_head][head_dim] with these element strides.
   const void* k = nullptr;
   const void* v = nullptr;
@@ -86,6 +95,7 @@ struct PrefillBlock {
   int head_dim = 0;
   int first_position = 0;
   int sliding_window = 0;  // 0: none
+  float softcap = 0;       // 0: none; else the scores are soft-capped first
   int key_begin = 0;       // the block's keys: [key_begin, key_begin + keys)
   int keys = 0;
   int key_stride = 0;  // B: row stride of the scores

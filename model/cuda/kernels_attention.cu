@@ -45,7 +45,7 @@ __global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
   const int begin = first + split * per_split;
   const int end = min(pos + 1, begin + per_split);  // exclusive
   const int kv_head = head / (a.heads / a.kv_heads);
-  const float scale = rsqrtf(static_cast<float>(a.head_dim));
+  const float scale = a.scale;
 
   const float* q_row = a.q + (static_cast<std::int64_t>(row) * a.heads + head) * a.head_dim;
   for (int e = threadIdx.x; e < a.head_dim; e += kThreads) q[e] = q_row[e];
@@ -67,6 +67,7 @@ __global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
       for (int e = 0; e < a.head_dim; ++e) dot += q[e] * load_elem(a.k, at + e, a.type);
       if (quantized) dot *= kv_scale(a.k, row, a.k_scale_offset, kv_head);
       score = dot * scale;
+      if (a.softcap > 0) score = soft_cap_value(score, a.softcap);
     }
     SoftmaxState tile_state;
     tile_state.max = block_reduce(score, reduce, true);
@@ -180,6 +181,10 @@ __global__ void prefill_softmax_kernel(PrefillBlock b, float* scores, float* sta
   float* s = scores + (static_cast<std::int64_t>(head) * b.n + row) * b.key_stride;
   float* max_of = stats + static_cast<std::int64_t>(head) * b.n + row;
   float* sum_of = max_of + static_cast<std::int64_t>(b.heads) * b.n;
+  if (b.softcap > 0) {
+    for (int j = lo + threadIdx.x; j < hi; j += kThreads) s[j] = soft_cap_value(s[j], b.softcap);
+    __syncthreads();
+  }
 
   float local = -INFINITY;
   for (int j = lo + threadIdx.x; j < hi; j += kThreads) local = fmaxf(local, s[j]);

@@ -38,7 +38,7 @@ __device__ float block_sum(float value, float* shared) {
 }
 
 __global__ void rms_norm_kernel(const float* x, int hidden, const void* weight, DType type,
-                                float eps, float* out) {
+                                float eps, float offset, float* out) {
   __shared__ float shared[32];
   const float* xi = x + static_cast<std::int64_t>(blockIdx.x) * hidden;
   float sum = 0;
@@ -47,7 +47,7 @@ __global__ void rms_norm_kernel(const float* x, int hidden, const void* weight, 
   const float scale = rsqrtf(sum / hidden + eps);
   float* oi = out + static_cast<std::int64_t>(blockIdx.x) * hidden;
   for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
-    oi[j] = load_elem(weight, j, type) * (xi[j] * scale);
+    oi[j] = (offset + load_elem(weight, j, type)) * (xi[j] * scale);
   }
 }
 
@@ -99,11 +99,33 @@ __global__ void add_bias_kernel(float* y, std::int64_t count, int out, const voi
   }
 }
 
-__global__ void swiglu_kernel(float* gate, const float* up, std::int64_t count) {
+__global__ void gated_activation_kernel(float* gate, const float* up, std::int64_t count,
+                                        bool gelu) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const float g = gate[i];
-    gate[i] = g / (1.0f + expf(-g)) * up[i];
+    gate[i] = (gelu ? gelu_tanh(g) : g / (1.0f + expf(-g))) * up[i];
+  }
+}
+
+__global__ void add_kernel(float* x, const float* y, std::int64_t count) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    x[i] += y[i];
+  }
+}
+
+__global__ void soft_cap_kernel(float* x, std::int64_t count, float cap) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    x[i] = soft_cap_value(x[i], cap);
+  }
+}
+
+__global__ void scale_kernel(float* x, std::int64_t count, float factor) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    x[i] *= factor;
   }
 }
 
@@ -156,9 +178,9 @@ void embed(const std::int32_t* tokens, int n, const void* table, DType type, int
 }
 
 void rms_norm(const float* x, int n, int hidden, const void* weight, DType type, float eps,
-              float* out, cudaStream_t stream) {
+              float offset, float* out, cudaStream_t stream) {
   if (n == 0) return;
-  rms_norm_kernel<<<n, kThreads, 0, stream>>>(x, hidden, weight, type, eps, out);
+  rms_norm_kernel<<<n, kThreads, 0, stream>>>(x, hidden, weight, type, eps, offset, out);
   KVO_MODEL_LAUNCH_CHECK();
 }
 
@@ -202,9 +224,28 @@ void add_bias(float* y, int n, int out, const void* bias, DType type, cudaStream
   KVO_MODEL_LAUNCH_CHECK();
 }
 
-void swiglu(float* gate, const float* up, std::int64_t count, cudaStream_t stream) {
+void gated_activation(float* gate, const float* up, std::int64_t count, bool gelu,
+                      cudaStream_t stream) {
   if (count == 0) return;
-  swiglu_kernel<<<grid_for(count), kThreads, 0, stream>>>(gate, up, count);
+  gated_activation_kernel<<<grid_for(count), kThreads, 0, stream>>>(gate, up, count, gelu);
+  KVO_MODEL_LAUNCH_CHECK();
+}
+
+void add(float* x, const float* y, std::int64_t count, cudaStream_t stream) {
+  if (count == 0) return;
+  add_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, y, count);
+  KVO_MODEL_LAUNCH_CHECK();
+}
+
+void soft_cap(float* x, std::int64_t count, float cap, cudaStream_t stream) {
+  if (count == 0) return;
+  soft_cap_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, cap);
+  KVO_MODEL_LAUNCH_CHECK();
+}
+
+void scale(float* x, std::int64_t count, float factor, cudaStream_t stream) {
+  if (count == 0) return;
+  scale_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, count, factor);
   KVO_MODEL_LAUNCH_CHECK();
 }
 

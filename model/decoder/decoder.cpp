@@ -1,6 +1,7 @@
 #include "model/decoder/decoder.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -113,6 +114,20 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
                          rope.inv_freq.size() * sizeof(float));
   shape.rope_scale = rope.scale;
   shape.inv_freq = act_->inv_freq;
+  if (config_.rope_local_theta > 0) {  // Gemma 3's window layers: the default rope, own base
+    const RopeTable local = rope_table(RopeScaling{}, config_.rope_local_theta, config_.head_dim,
+                                       config_.max_position_embeddings, 1);
+    cache_->copy_to_device(act_->inv_freq_local, local.inv_freq.data(),
+                           local.inv_freq.size() * sizeof(float));
+    shape.inv_freq_local = act_->inv_freq_local;
+  }
+  if (config_.embed_scaled) {
+    // sqrt(hidden) in the weights' dtype, as transformers multiplies the embeddings by it.
+    float scale = std::sqrt(static_cast<float>(config_.hidden_size));
+    if (layout_.dtype() == DType::kBF16) scale = bf16_to_float(float_to_bf16(scale));
+    if (layout_.dtype() == DType::kF16) scale = f16_to_float(float_to_f16(scale));
+    shape.embed_scale = scale;
+  }
 
   auto* weights = static_cast<std::byte*>(cache_->reserved("weights"));
   if (cache_->backend() == BackendKind::kCuda) {
@@ -213,7 +228,8 @@ void Decoder::check_tokens(const std::vector<std::int32_t>& tokens) const {
 }
 
 LayerContext Decoder::layer_context(int layer) {
-  return {*ops_, config_, weights_.layers[static_cast<std::size_t>(layer)], *act_, layout_.dtype()};
+  return {*ops_, config_,         weights_.layers[static_cast<std::size_t>(layer)],
+          *act_, layout_.dtype(), config_.local_rope(layer)};
 }
 
 void Decoder::prefill_attention(int layer, const LayerView& view, float* x, int n, int slot,
@@ -224,7 +240,7 @@ void Decoder::prefill_attention(int layer, const LayerView& view, float* x, int 
   ops_->to_cache_rows(a.k, n, a.k_rows);
   ops_->to_cache_rows(a.v, n, a.v_rows);
   cache_->append(layer, slot, a.k_rows, a.v_rows, n, stream_);
-  ops_->attention_prefill(a.q, n, slot, first_position, view, a.attn);
+  ops_->attention_prefill(a.q, n, slot, first_position, config_.window(layer), view, a.attn);
   family_.attention_output(l, x, n);
 }
 
@@ -247,7 +263,7 @@ void Decoder::decode_attention(int layer, const LayerView& view) {
     cache_->append(layer, batch_.slots()[i], static_cast<std::byte*>(a.k_rows) + i * row_bytes,
                    static_cast<std::byte*>(a.v_rows) + i * row_bytes, 1, stream_);
   }
-  ops_->attention_decode(a.q, n, rows, view, a.attn);
+  ops_->attention_decode(a.q, n, rows, config_.window(layer), view, a.attn);
   family_.attention_output(l, a.residual, n);
 }
 
@@ -255,6 +271,10 @@ void Decoder::head(const float* rows, int n) {
   ops_->rms_norm(rows, n, config_.hidden_size, weights_.final_norm, act_->xnorm);
   ops_->linear(act_->xnorm, n, config_.hidden_size, weights_.lm_head, nullptr, config_.vocab_size,
                act_->logits, false);
+  if (config_.final_softcap > 0) {
+    ops_->soft_cap(act_->logits, static_cast<std::int64_t>(n) * config_.vocab_size,
+                   config_.final_softcap);
+  }
 }
 
 void Decoder::logits_of(const float* rows, int n, float* host_logits) {

@@ -111,6 +111,9 @@ std::uint64_t ActivationLayout::carve(std::byte* base, const ModelConfig& c, DTy
   tokens = reinterpret_cast<std::int32_t*>(take(4 * static_cast<std::uint64_t>(P)));
   rows = reinterpret_cast<std::int32_t*>(take(4 * 3 * static_cast<std::uint64_t>(slots)));
   inv_freq = reinterpret_cast<float*>(take(f * static_cast<std::uint64_t>(c.head_dim / 2)));
+  if (c.rope_local_theta > 0) {
+    inv_freq_local = reinterpret_cast<float*>(take(f * static_cast<std::uint64_t>(c.head_dim / 2)));
+  }
   return offset;
 }
 

@@ -95,20 +95,21 @@ struct WorkspaceLayout {
 // The activations region, carved into buffers. R = rows of the largest chunk or decode batch,
 // P = longest prompt (the residual stream of a layer-major prefill holds all of it).
 struct ActivationLayout {
-  float* residual = nullptr;       // [P][hidden]
-  float* xnorm = nullptr;          // [R][hidden]
-  float* q = nullptr;              // [R][heads][head_dim]
-  float* k = nullptr;              // [R][kv_heads][head_dim]
-  float* v = nullptr;              // [R][kv_heads][head_dim]
-  float* attn = nullptr;           // [R][heads][head_dim]
-  float* gate = nullptr;           // [R][intermediate]
-  float* up = nullptr;             // [R][intermediate]
-  void* k_rows = nullptr;          // [R] rows in the cache's format (kv_row_bytes)
-  void* v_rows = nullptr;          // same
-  float* logits = nullptr;         // [max(slots, logit rows)][vocab]
-  std::int32_t* tokens = nullptr;  // [P]
-  std::int32_t* rows = nullptr;    // [3][slots]: tokens, slots, positions of a decode step
-  float* inv_freq = nullptr;       // [head_dim / 2]
+  float* residual = nullptr;        // [P][hidden]
+  float* xnorm = nullptr;           // [R][hidden]
+  float* q = nullptr;               // [R][heads][head_dim]
+  float* k = nullptr;               // [R][kv_heads][head_dim]
+  float* v = nullptr;               // [R][kv_heads][head_dim]
+  float* attn = nullptr;            // [R][heads][head_dim]
+  float* gate = nullptr;            // [R][intermediate]
+  float* up = nullptr;              // [R][intermediate]
+  void* k_rows = nullptr;           // [R] rows in the cache's format (kv_row_bytes)
+  void* v_rows = nullptr;           // same
+  float* logits = nullptr;          // [max(slots, logit rows)][vocab]
+  std::int32_t* tokens = nullptr;   // [P]
+  std::int32_t* rows = nullptr;     // [3][slots]: tokens, slots, positions of a decode step
+  float* inv_freq = nullptr;        // [head_dim / 2]
+  float* inv_freq_local = nullptr;  // [head_dim / 2]: the window layers' (Gemma 3), or none
 
   // Lays the buffers out from `base` (nullptr: only counts). Returns the bytes used.
   std::uint64_t carve(std::byte* base, const ModelConfig& c, DType kv_dtype, int R, int P,

@@ -125,6 +125,21 @@ KVO_HD void rope_rotate(float* x, int head_dim, const float* inv_freq, int posit
   }
 }
 
+// ---- Gemma's nonlinearities ------------------------------------------------------------------
+
+// GeLU with the tanh approximation, as torch's gelu(approximate="tanh") evaluates it in float32:
+// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+KVO_HD float gelu_tanh(float x) {
+  const float beta = 0.7978845608028654f;  // sqrt(2 / pi)
+  const float inner = beta * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+// Soft-capping (Gemma 2's scores and logits): cap * tanh(x / cap).
+KVO_HD float soft_cap_value(float x, float cap) {
+  return tanhf(x / cap) * cap;
+}
+
 // ---- online softmax ---------------------------------------------------------------------------
 
 // The state of a softmax-weighted sum over a range of keys: max score, sum of exp(score - max);

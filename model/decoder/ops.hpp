@@ -46,10 +46,11 @@ class Ops {
   virtual void sample(const float* logits, int n, const SampleRows& rows,
                       const SamplingParams& params, std::uint64_t seed, std::int32_t* tokens) = 0;
 
-  // out [n][hidden] = embed[tokens[i]] (tokens [n] int32, device).
+  // out [n][hidden] = embed[tokens[i]] * OpsShape::embed_scale (tokens [n] int32, device).
   virtual void embed(const std::int32_t* tokens, int n, WeightRef table, float* out) = 0;
-  // out [n][width] = x / sqrt(mean(x^2) + eps) * weight, row by row: x [n][width], weight
-  // [width] (hidden for the model's norms, head_dim for Qwen3's per-head ones). out may be x.
+  // out [n][width] = x / sqrt(mean(x^2) + eps) * (norm_offset + weight), row by row: x
+  // [n][width], weight [width] (hidden for the model's norms, head_dim for the per-head ones of
+  // Qwen3 and Gemma 3). out may be x.
   virtual void rms_norm(const float* x, int n, int width, const void* weight, float* out) = 0;
   // y [n][out] = x [n][in] W^T + bias (W [out][in] in the model dtype or in GGUF blocks, which
   // only the host path multiplies; bias [out] or null); with `accumulate`, y += instead (the
@@ -74,22 +75,29 @@ class Ops {
     }
   }
   // Rotates q [n][heads][head_dim] and k [n][kv_heads][head_dim] in place; row i is at
-  // positions[i] (device), or at first_position + i when positions is null.
-  virtual void rope(float* q, float* k, int n, const std::int32_t* positions,
-                    int first_position) = 0;
+  // positions[i] (device), or at first_position + i when positions is null. `local`: with the
+  // window layers' table (OpsShape::inv_freq_local), else the model's.
+  virtual void rope(float* q, float* k, int n, const std::int32_t* positions, int first_position,
+                    bool local) = 0;
   // out = n rows in the cache's format (kv_row_bytes(kv_dtype, kv_heads, head_dim) each) of
   // x [n][kv_heads][head_dim] f32: converted, or quantized (kvoffload/quant.hpp).
   virtual void to_cache_rows(const float* x, int n, void* out) = 0;
   // Causal attention of one slot's new rows: q [n][heads][head_dim], row i at position
-  // first_position + i, over that slot's keys of `view` up to its own position (the new rows are
-  // appended already). out [n][heads][head_dim].
-  virtual void attention_prefill(const float* q, int n, int slot, int first_position,
+  // first_position + i, over that slot's keys of `view` from first_key(window, position) up to
+  // its own position (the new rows are appended already). out [n][heads][head_dim]. The scores
+  // are scaled by the config's attention_scale() and soft-capped by its attn_softcap.
+  virtual void attention_prefill(const float* q, int n, int slot, int first_position, int window,
                                  const LayerView& view, float* out) = 0;
-  // One query row per decoding slot: row i attends keys [0, positions[i]] of slots[i].
-  virtual void attention_decode(const float* q, int n, const DecodeRows& rows,
+  // One query row per decoding slot: row i attends keys [first_key(window, positions[i]),
+  // positions[i]] of slots[i].
+  virtual void attention_decode(const float* q, int n, const DecodeRows& rows, int window,
                                 const LayerView& view, float* out) = 0;
-  // gate [count] = silu(gate) * up.
-  virtual void swiglu(float* gate, const float* up, std::int64_t count) = 0;
+  // gate [count] = act(gate) * up, act the config's hidden_act (silu or GeLU-tanh).
+  virtual void gated_activation(float* gate, const float* up, std::int64_t count) = 0;
+  // x [count] += y.
+  virtual void add(float* x, const float* y, std::int64_t count) = 0;
+  // x [count] = cap * tanh(x / cap): Gemma 2's final logits.
+  virtual void soft_cap(float* x, std::int64_t count, float cap) = 0;
 };
 
 // Shape facts every implementation needs.
@@ -103,6 +111,8 @@ struct OpsShape {
   int threads = 1;                  // host path: threads of its pool
   const float* inv_freq = nullptr;  // [head_dim / 2], device; the decoder updates it (rope.hpp)
   float rope_scale = 1;             // on cos and sin (yarn's and longrope's attention factor)
+  const float* inv_freq_local = nullptr;  // [head_dim / 2], device: the window layers' (Gemma 3)
+  float embed_scale = 1;                  // on the embeddings (Gemma: sqrt(hidden))
   // CUDA: the attention kernels, chosen once with the plan (plan_decoder_memory) and sized in
   // its workspace; the ops run what it says.
   AttentionKernels kernels;
@@ -111,11 +121,10 @@ struct OpsShape {
   bool q8_activations = false;  // host: decode rows of blocks multiply 8-bit activations
 };
 
-// Keys a query at `position` attends: [first_key(position), position].
-inline int first_key(const ModelConfig& c, int position) {
-  return c.sliding_window > 0 && position - c.sliding_window + 1 > 0
-             ? position - c.sliding_window + 1
-             : 0;
+// Keys a query at `position` attends through a window of `window` keys (0: none):
+// [first_key(window, position), position].
+inline int first_key(int window, int position) {
+  return window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
 }
 
 }  // namespace kvo::model

@@ -11,11 +11,13 @@ extern const Family kMistralFamily;
 extern const Family kQwen2Family;
 extern const Family kQwen3Family;
 extern const Family kPhi3Family;
+extern const Family kGemma2Family;
+extern const Family kGemma3Family;
 
 namespace {
 
 const Family* const kFamilies[] = {&kLlamaFamily, &kMistralFamily, &kQwen2Family, &kQwen3Family,
-                                   &kPhi3Family};
+                                   &kPhi3Family,  &kGemma2Family,  &kGemma3Family};
 
 }  // namespace
 

@@ -48,13 +48,16 @@ struct LayerContext {
   const ModelConfig& config;
   const LayerWeights& w;
   ActivationLayout& a;
-  DType weight_dtype;  // of w's tensors (a fused tensor's parts lie at offsets of it)
+  DType weight_dtype;       // of w's tensors (a fused tensor's parts lie at offsets of it)
+  bool local_rope = false;  // the layer rotates with the window layers' table (Gemma 3)
 };
 
 struct Family {
   const char* model_type = "";             // config.json's model_type, e.g. "llama"
   std::vector<const char*> architectures;  // config.json's architectures, e.g. "LlamaForCausalLM"
-  // What every model of the family has whatever config.json says (Qwen2: q, k and v biases).
+  // What every model of the family has whatever config.json says (Qwen2: q, k and v biases;
+  // Gemma: its norms, activation and window layers for c.layers), for a config made without
+  // config.json (kvo-make-model, once its dimensions are set). Keeps a window c already has.
   void (*settle)(ModelConfig& c) = nullptr;
   // The family's own config.json fields, read into c after the shared ones; errors name the
   // field (strict_json.hpp).
@@ -78,6 +81,15 @@ struct Family {
   // original_max_position_embeddings (Phi-3: 4096, over the scaling block's); 0: none.
   int original_max_position = 0;
 };
+
+// config.json's hidden_act (or Gemma's hidden_activation, `key`): silu or gelu_pytorch_tanh;
+// anything else is refused naming the field.
+Activation parse_activation(const JsonField& config, const char* key);
+// A rope block (rope_scaling, rope_parameters, or one layer type's entry of Gemma 3's
+// rope_parameters) into c.rope_theta and c.rope_scaling, with transformers' defaults. Needs
+// max_position_embeddings and head_dim read.
+void read_rope_scaling(const JsonField& config, const JsonField& block, ModelConfig& c,
+                       const Family& family);
 
 // The family serving an architecture (config.json's architectures[0]), or a model_type (when
 // config.json names no architecture). Throw kvo::Error(kInvalidArgument) "<source>: ..." naming

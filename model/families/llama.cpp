@@ -6,11 +6,10 @@
 namespace kvo::model {
 namespace llama {
 
-std::vector<LayerTensor> layer_tensors(const ModelConfig& c) {
+std::vector<LayerTensor> attention_tensors(const ModelConfig& c) {
   using K = WeightKind;
   using W = LayerWeights;
   const std::int64_t h = c.hidden_size;
-  const std::int64_t ff = c.intermediate_size;
   std::vector<LayerTensor> t = {{"input_layernorm.weight", {h}, K::kNorm, &W::attn_norm},
                                 {"self_attn.q_proj.weight", {c.q_dim(), h}, K::kMatrix, &W::wq},
                                 {"self_attn.k_proj.weight", {c.kv_dim(), h}, K::kMatrix, &W::wk},
@@ -22,10 +21,26 @@ std::vector<LayerTensor> layer_tensors(const ModelConfig& c) {
     t.push_back({"self_attn.v_proj.bias", {c.kv_dim()}, K::kBias, &W::bv});
   }
   if (c.o_bias) t.push_back({"self_attn.o_proj.bias", {h}, K::kBias, &W::bo});
-  t.push_back({"post_attention_layernorm.weight", {h}, K::kNorm, &W::mlp_norm});
+  return t;
+}
+
+void mlp_tensors(const ModelConfig& c, std::vector<LayerTensor>& t) {
+  using K = WeightKind;
+  using W = LayerWeights;
+  const std::int64_t h = c.hidden_size;
+  const std::int64_t ff = c.intermediate_size;
   t.push_back({"mlp.gate_proj.weight", {ff, h}, K::kMatrix, &W::w_gate});
   t.push_back({"mlp.up_proj.weight", {ff, h}, K::kMatrix, &W::w_up});
   t.push_back({"mlp.down_proj.weight", {h, ff}, K::kMatrix, &W::w_down});
+}
+
+std::vector<LayerTensor> layer_tensors(const ModelConfig& c) {
+  std::vector<LayerTensor> t = attention_tensors(c);
+  t.push_back({"post_attention_layernorm.weight",
+               {c.hidden_size},
+               WeightKind::kNorm,
+               &LayerWeights::mlp_norm});
+  mlp_tensors(c, t);
   return t;
 }
 
@@ -48,7 +63,7 @@ void project_qkv(const LayerContext& l, const float* x, int n) {
 void attention_inputs(const LayerContext& l, const float* x, int n, const std::int32_t* positions,
                       int first_position) {
   project_qkv(l, x, n);
-  l.ops.rope(l.a.q, l.a.k, n, positions, first_position);
+  l.ops.rope(l.a.q, l.a.k, n, positions, first_position, l.local_rope);
 }
 
 void attention_output(const LayerContext& l, float* x, int n) {
@@ -69,7 +84,7 @@ void mlp(const LayerContext& l, float* x, int n, WeightRef w_up) {
   const Ops::Projection gate_up[2] = {{l.w.w_gate, nullptr, ff, a.gate, false},
                                       {w_up, nullptr, ff, a.up, false}};
   l.ops.linear_many(a.xnorm, n, h, gate_up, 2);
-  l.ops.swiglu(a.gate, a.up, static_cast<std::int64_t>(n) * ff);
+  l.ops.gated_activation(a.gate, a.up, static_cast<std::int64_t>(n) * ff);
   l.ops.linear(a.gate, n, ff, l.w.w_down, nullptr, h, x, true);
 }
 

@@ -12,6 +12,10 @@
 namespace kvo::model::llama {
 
 std::vector<LayerTensor> layer_tensors(const ModelConfig& c);
+// Its parts: the input norm and the attention's projections (with their biases), and the
+// MLP's three matrices, appended to t.
+std::vector<LayerTensor> attention_tensors(const ModelConfig& c);
+void mlp_tensors(const ModelConfig& c, std::vector<LayerTensor>& t);
 // a.q, a.k and a.v of x, before the rotation: the input norm and the projections; with wk and wv
 // given, those in place of the layer's (parts of a fused tensor).
 void project_qkv(const LayerContext& l, const float* x, int n);

@@ -39,7 +39,7 @@ void attention_inputs(const LayerContext& l, const float* x, int n, const std::i
   const std::int64_t qd = c.q_dim();
   llama::project_qkv(l, x, n, rows_of(l, l.w.wq, qd, c.hidden_size),
                      rows_of(l, l.w.wq, qd + c.kv_dim(), c.hidden_size));
-  l.ops.rope(l.a.q, l.a.k, n, positions, first_position);
+  l.ops.rope(l.a.q, l.a.k, n, positions, first_position, l.local_rope);
 }
 
 void mlp(const LayerContext& l, float* x, int n) {

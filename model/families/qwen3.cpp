@@ -1,20 +1,25 @@
 // Qwen3 (Qwen3ForCausalLM): the Llama block with an RMSNorm over each query and key head
 // (q_norm, k_norm: [head_dim] weights shared by the heads) between the projections and the
 // rotation, and an explicit head_dim (heads * head_dim need not be hidden_size).
+#include "model/families/qwen3.hpp"
+
 #include "model/decoder/memory_plan.hpp"
 #include "model/families/llama.hpp"
 
 namespace kvo::model {
 namespace qwen3 {
 
-std::vector<LayerTensor> layer_tensors(const ModelConfig& c) {
-  std::vector<LayerTensor> t = llama::layer_tensors(c);
+std::vector<LayerTensor> with_head_norms(std::vector<LayerTensor> t, const ModelConfig& c) {
   // After the attention's projections, as the checkpoint lists a layer's tensors.
   const auto at = t.begin() + (c.qkv_bias ? 8 : 5);
   t.insert(at,
            {{"self_attn.q_norm.weight", {c.head_dim}, WeightKind::kNorm, &LayerWeights::q_norm},
             {"self_attn.k_norm.weight", {c.head_dim}, WeightKind::kNorm, &LayerWeights::k_norm}});
   return t;
+}
+
+std::vector<LayerTensor> layer_tensors(const ModelConfig& c) {
+  return with_head_norms(llama::layer_tensors(c), c);
 }
 
 void attention_inputs(const LayerContext& l, const float* x, int n, const std::int32_t* positions,
@@ -24,7 +29,7 @@ void attention_inputs(const LayerContext& l, const float* x, int n, const std::i
   llama::project_qkv(l, x, n);
   l.ops.rms_norm(a.q, n * c.heads, c.head_dim, l.w.q_norm, a.q);
   l.ops.rms_norm(a.k, n * c.kv_heads, c.head_dim, l.w.k_norm, a.k);
-  l.ops.rope(a.q, a.k, n, positions, first_position);
+  l.ops.rope(a.q, a.k, n, positions, first_position, l.local_rope);
 }
 
 }  // namespace qwen3

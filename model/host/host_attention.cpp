@@ -59,7 +59,8 @@ HostAttention::HostAttention(const ModelConfig& config, DType type, ThreadPool& 
       type_(type),
       pool_(pool),
       group_(config.heads / config.kv_heads),
-      scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)))),
+      scale_(static_cast<float>(config.attention_scale())),
+      softcap_(config.attn_softcap),
       avx512_(kernels::have_avx512() && config.head_dim % 16 == 0),
       scratch_(std::move(scratch)) {}
 
@@ -79,18 +80,19 @@ HostAttention::Split HostAttention::split(int keys) {
   return s;
 }
 
-void HostAttention::prefill(const float* q, int n, int slot, int first_position,
+void HostAttention::prefill(const float* q, int n, int slot, int first_position, int window,
                             const LayerView& view, float* out) {
   const int blocks = (n + kQueryBlock - 1) / kQueryBlock;
   const int kv_heads = config_.kv_heads;
   // The last query blocks see the most keys: hand them out first.
   pool_.run(blocks * kv_heads, [&](int task, int thread) {
-    prefill_block(q, n, slot, first_position, view, task % kv_heads, blocks - 1 - task / kv_heads,
-                  scratch_.prefill[static_cast<std::size_t>(thread)], out);
+    prefill_block(q, n, slot, first_position, window, view, task % kv_heads,
+                  blocks - 1 - task / kv_heads, scratch_.prefill[static_cast<std::size_t>(thread)],
+                  out);
   });
 }
 
-void HostAttention::prefill_block(const float* q, int n, int slot, int first_position,
+void HostAttention::prefill_block(const float* q, int n, int slot, int first_position, int window,
                                   const LayerView& view, int kv_head, int block, PrefillScratch& s,
                                   float* out) {
   const int d = config_.head_dim;
@@ -105,13 +107,13 @@ void HostAttention::prefill_block(const float* q, int n, int slot, int first_pos
       const int i = t * group_ + r;
       const float* src = q + (static_cast<std::int64_t>(t0 + t) * heads + kv_head * group_ + r) * d;
       std::copy(src, src + d, s.q.data() + static_cast<std::int64_t>(i) * d);
-      s.first[static_cast<std::size_t>(i)] = first_key(config_, pos);
+      s.first[static_cast<std::size_t>(i)] = first_key(window, pos);
       s.last[static_cast<std::size_t>(i)] = pos;
       s.state[static_cast<std::size_t>(i)] = SoftmaxState{};
     }
   }
   std::fill(s.out.begin(), s.out.begin() + static_cast<std::int64_t>(rows) * d, 0.0f);
-  const int key_begin = first_key(config_, first_position + t0);
+  const int key_begin = first_key(window, first_position + t0);
   const int key_end = first_position + t0 + tokens;  // exclusive
   const std::int64_t bytes = elem_bytes(type_);
   for (int key0 = key_begin; key0 < key_end; key0 += kPrefillKeyBlock) {
@@ -128,6 +130,12 @@ void HostAttention::prefill_block(const float* q, int n, int slot, int first_pos
     const float* k = key_block(k_rows, keys, d, type_, s.k.data(), &ldk);
     blas::sgemm(true, rows, keys, d, scale_, s.q.data(), d, k, ldk, 0.0f, s.scores.data(),
                 kPrefillKeyBlock);
+    if (softcap_ > 0) {
+      for (int i = 0; i < rows; ++i) {
+        kernels::soft_cap(s.scores.data() + static_cast<std::int64_t>(i) * kPrefillKeyBlock, keys,
+                          softcap_);
+      }
+    }
     kernels::softmax_block(s.scores.data(), rows, keys, kPrefillKeyBlock, key0, s.first.data(),
                            s.last.data(), s.state.data(), s.out.data(), d);
     int ldv = 0;
@@ -147,13 +155,14 @@ void HostAttention::prefill_block(const float* q, int n, int slot, int first_pos
 }
 
 void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
-                           const std::int32_t* positions, const LayerView& view, float* out) {
+                           const std::int32_t* positions, int window, const LayerView& view,
+                           float* out) {
   const int d = config_.head_dim;
   const int heads = config_.heads;
   const int kv_heads = config_.kv_heads;
   scratch_.first_task[0] = 0;
   for (int i = 0; i < n; ++i) {
-    const int keys = positions[i] - first_key(config_, positions[i]) + 1;
+    const int keys = positions[i] - first_key(window, positions[i]) + 1;
     scratch_.first_task[static_cast<std::size_t>(i) + 1] =
         scratch_.first_task[static_cast<std::size_t>(i)] + split(keys).parts;
   }
@@ -166,7 +175,7 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
     const int i = static_cast<int>(
         std::upper_bound(scratch_.first_task.begin(), scratch_.first_task.begin() + n + 1, task) -
         scratch_.first_task.begin() - 1);
-    const int first = first_key(config_, positions[i]);
+    const int first = first_key(window, positions[i]);
     const int keys = positions[i] - first + 1;
     const Split sp = split(keys);
     const int p = task - scratch_.first_task[static_cast<std::size_t>(i)];
@@ -188,7 +197,7 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
       const kernels::KeyRows k{k_first, view.token_stride, view.head_stride, type_};
       const kernels::KeyRows v{v_first, view.token_stride, view.head_stride, type_};
       attend(s.q.data(), kv_heads, group_, d, k, v, part_keys, state, values, s.kv.data(),
-             s.scores.data());
+             s.scores.data(), softcap_);
       return;
     }
     // Quantized rows: blocks of keys dequantized, every head at once, then attended as f32.
@@ -204,14 +213,14 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
         dequantize_row(v_first + from, kv_heads, d, dtype, s.v.data() + j * row);
       }
       attend(s.q.data(), kv_heads, group_, d, k, v, block, state, values, s.kv.data(),
-             s.scores.data());
+             s.scores.data(), softcap_);
     }
   });
   // 2. Each (row, kv head): merge its parts in order, normalize.
   pool_.run(n * kv_heads, [&](int task, int) {
     const int i = task / kv_heads;
     const int g = task % kv_heads;
-    const int keys = positions[i] - first_key(config_, positions[i]) + 1;
+    const int keys = positions[i] - first_key(window, positions[i]) + 1;
     const int parts = split(keys).parts;
     for (int h = g * group_; h < (g + 1) * group_; ++h) {
       SoftmaxState state = scratch_.part_state[part_index(i, 0) * heads + h];

@@ -45,13 +45,14 @@ class HostAttention {
                 HostAttentionScratch scratch);
 
   // q [n][heads][head_dim], row i at position first_position + i, over the keys of `slot` up to
-  // its own position (sliding window honoured). out [n][heads][head_dim].
-  void prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
-               float* out);
+  // its own position, the last `window` of them (0: all). out [n][heads][head_dim]. Scores are
+  // scaled by the config's attention_scale() and soft-capped by its attn_softcap.
+  void prefill(const float* q, int n, int slot, int first_position, int window,
+               const LayerView& view, float* out);
   // Row i: q [heads][head_dim] of slots[i] at positions[i] (host arrays), over keys
-  // [first_key(positions[i]), positions[i]]. out [n][heads][head_dim].
+  // [first_key(window, positions[i]), positions[i]]. out [n][heads][head_dim].
   void decode(const float* q, int n, const std::int32_t* slots, const std::int32_t* positions,
-              const LayerView& view, float* out);
+              int window, const LayerView& view, float* out);
 
   // How decode splits `keys` keys: parts of part_keys keys (the last may be shorter).
   struct Split {
@@ -64,14 +65,15 @@ class HostAttention {
   using PrefillScratch = HostAttentionScratch::Prefill;
   using DecodeScratch = HostAttentionScratch::Decode;
 
-  void prefill_block(const float* q, int n, int slot, int first_position, const LayerView& view,
-                     int kv_head, int block, PrefillScratch& s, float* out);
+  void prefill_block(const float* q, int n, int slot, int first_position, int window,
+                     const LayerView& view, int kv_head, int block, PrefillScratch& s, float* out);
 
   ModelConfig config_;
   DType type_;
   ThreadPool& pool_;
   int group_;
   float scale_;
+  float softcap_;                    // 0: none
   bool avx512_;                      // decode through kernels::attend_keys_avx512
   std::unique_ptr<HostRegion> own_;  // the region without a given scratch
   HostAttentionScratch scratch_;

@@ -179,7 +179,7 @@ KVO_AVX512_INLINE void accumulate_values(const float* p, int rows, const KeyRows
 // K and V are read straight from the cache rows, each element converted once per pass.
 template <DType T>
 KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const KeyRows& k,
-                       const KeyRows& v, int keys, SoftmaxState* state, float* acc) {
+                       const KeyRows& v, int keys, SoftmaxState* state, float* acc, float softcap) {
   for (int j0 = 0; j0 < keys; j0 += kKeyBlock) {
     const int nb = std::min(kKeyBlock, keys - j0);
     const __mmask16 valid = static_cast<__mmask16>((1u << nb) - 1);
@@ -199,6 +199,14 @@ KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const Key
         }
         __m512 scores[kRows];
         block_scores<T>(qs, k, g, d, j0, nb, fetch, scores);
+        if (softcap > 0) {  // scalar tanh, as attend_keys takes it
+          alignas(64) float capped[kKeyBlock];
+          for (int r = 0; r < rows; ++r) {
+            _mm512_store_ps(capped, scores[r]);
+            for (int j = 0; j < nb; ++j) capped[j] = soft_cap_value(capped[j], softcap);
+            scores[r] = _mm512_load_ps(capped);
+          }
+        }
         alignas(64) float s[kRows * kKeyBlock];  // the weights, for the values' broadcasts
         for (int r = 0; r < rows; ++r) {
           SoftmaxState& st = state[g * group + r0 + r];
@@ -230,14 +238,14 @@ KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const Key
 
 KVO_AVX512 void attend_keys_avx512(const float* q, int kv_heads, int group, int d, KeyRows k,
                                    KeyRows v, int keys, SoftmaxState* state, float* acc, float*,
-                                   float*) {
+                                   float*, float softcap) {
   switch (k.type) {
     case DType::kF32:
-      return attend<DType::kF32>(q, kv_heads, group, d, k, v, keys, state, acc);
+      return attend<DType::kF32>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
     case DType::kF16:
-      return attend<DType::kF16>(q, kv_heads, group, d, k, v, keys, state, acc);
+      return attend<DType::kF16>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
     default:
-      return attend<DType::kBF16>(q, kv_heads, group, d, k, v, keys, state, acc);
+      return attend<DType::kBF16>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
   }
 }
 
@@ -255,7 +263,7 @@ namespace kvo::model::kernels {
 
 // Not built for this machine: have_avx512() says so, and nothing calls the kernel.
 void attend_keys_avx512(const float*, int, int, int, KeyRows, KeyRows, int, SoftmaxState*, float*,
-                        float*, float*) {}
+                        float*, float*, float) {}
 
 bool have_avx512() {
   return false;

@@ -163,12 +163,24 @@ void from_f32(const float* src, std::int64_t count, DType type, void* dst) {
 }
 
 KVO_VECTOR_CLONES
-KVO_VECTOR_CLONES
 void swiglu(float* gate, const float* up, std::int64_t count) {
   for (std::int64_t i = 0; i < count; ++i) {
     const float g = gate[i];
     gate[i] = g / (1.0f + exp_value(-g)) * up[i];
   }
+}
+
+void geglu_tanh(float* gate, const float* up, std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i) gate[i] = gelu_tanh(gate[i]) * up[i];
+}
+
+KVO_VECTOR_CLONES
+void add(float* x, const float* y, std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i) x[i] += y[i];
+}
+
+void soft_cap(float* x, std::int64_t count, float cap) {
+  for (std::int64_t i = 0; i < count; ++i) x[i] = soft_cap_value(x[i], cap);
 }
 
 KVO_VECTOR_CLONES
@@ -276,7 +288,8 @@ void linear_rows_blocks(const float* x, int rows, std::int64_t ldx, int in, cons
 
 KVO_VECTOR_CLONES
 void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
-                 int keys, SoftmaxState* state, float* acc, float* kv, float* scores) {
+                 int keys, SoftmaxState* state, float* acc, float* kv, float* scores,
+                 float softcap) {
   const int d = head_dim;
   const int rows = kv_heads * group;
   const std::int64_t elem = k.type == DType::kF32 ? 4 : 2;
@@ -299,6 +312,9 @@ void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows 
       for (int j = 0; j < nb; ++j) {
         s[j] = dot(q + static_cast<std::int64_t>(row) * d,
                    kv + (static_cast<std::int64_t>(j) * kv_heads + g) * d, d);
+      }
+      if (softcap > 0) {
+        for (int j = 0; j < nb; ++j) s[j] = soft_cap_value(s[j], softcap);
       }
       const float factor = softmax_block_rescale(state[row], max_of(s, nb));
       if (factor != 1.0f) {

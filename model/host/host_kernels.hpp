@@ -21,6 +21,12 @@ void from_f32(const float* src, std::int64_t count, DType type, void* dst);
 
 // gate [count] = silu(gate) * up.
 void swiglu(float* gate, const float* up, std::int64_t count);
+// gate [count] = gelu_tanh(gate) * up (numerics.hpp).
+void geglu_tanh(float* gate, const float* up, std::int64_t count);
+// x [count] += y.
+void add(float* x, const float* y, std::int64_t count);
+// x [count] = soft_cap_value(x, cap) (numerics.hpp).
+void soft_cap(float* x, std::int64_t count, float cap);
 // out [rows][h] = x / sqrt(mean(x^2) + eps) * w, the mean of squares summed in double.
 void rms_norm_rows(const float* x, int rows, int h, const float* w, float eps, float* out);
 
@@ -102,21 +108,25 @@ constexpr int kKeyBlock = 16;  // keys per step of attend_keys
 // return state[row] holds the max score and the sum of exp(score - max), and acc [row][head_dim]
 // the values weighted by the same exponentials. Both start from "nothing seen" (state default,
 // acc zero) and may continue a previous call. A block of keys is converted for all heads at once,
-// so K and V are read front to back. Scratch: kv [kKeyBlock][kv_heads][head_dim],
-// scores [kv_heads * group][kKeyBlock].
+// so K and V are read front to back. softcap > 0: each score becomes soft_cap_value(score,
+// softcap) first. Scratch: kv [kKeyBlock][kv_heads][head_dim], scores [kv_heads * group]
+// [kKeyBlock].
 void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
-                 int keys, SoftmaxState* state, float* acc, float* kv, float* scores);
+                 int keys, SoftmaxState* state, float* acc, float* kv, float* scores,
+                 float softcap);
 
 // attend_keys with AVX-512 intrinsics (model/host/host_attention_avx512.cpp), the same results up
 // to rounding. REQUIRES: have_avx512(), head_dim a multiple of 16.
 void attend_keys_avx512(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
-                        int keys, SoftmaxState* state, float* acc, float* kv, float* scores);
+                        int keys, SoftmaxState* state, float* acc, float* kv, float* scores,
+                        float softcap);
 bool have_avx512();
 // AVX-512 with VNNI (vpdpbusd), where this build has code for it (the q8 activation kernels).
 bool have_avx512_vnni();
 
-// One key block of the blocked prefill attention: s [rows][lds] holds the (scaled) scores of
-// `rows` query rows against keys [key0, key0 + keys); row i sees keys [first[i], last[i]]. The
+// One key block of the blocked prefill attention: s [rows][lds] holds the (scaled, and
+// soft-capped where the model caps) scores of `rows` query rows against keys [key0, key0 + keys);
+// row i sees keys [first[i], last[i]]. The
 // visible scores become exp(score - running max) and the others 0; state[i] moves on, and o [rows]
 // [head_dim], the row's accumulated values, is rescaled to the new max.
 void softmax_block(float* s, int rows, int keys, std::int64_t lds, int key0, const int* first,

@@ -64,6 +64,9 @@ void HostOps::embed(const std::int32_t* tokens, int n, WeightRef table, float* o
       } else {
         kernels::to_f32(row, elem_, h, dst);
       }
+      if (shape_.embed_scale != 1.0f) {
+        for (int e = 0; e < h; ++e) dst[e] *= shape_.embed_scale;
+      }
     }
   });
 }
@@ -75,6 +78,9 @@ void HostOps::rms_norm(const float* x, int n, int width, const void* weight, flo
                                           std::to_string(layout_.norm_weight.size()));
   }
   kernels::to_f32(weight, elem_, h, layout_.norm_weight.data());
+  if (const float offset = shape_.config.norm_offset; offset != 0) {
+    for (int i = 0; i < h; ++i) layout_.norm_weight[static_cast<std::size_t>(i)] += offset;
+  }
   pool_.run(blocks_of(n, kRowBlock), [&](int b, int) {
     const int t0 = b * kRowBlock;
     const std::int64_t at = static_cast<std::int64_t>(t0) * h;
@@ -89,18 +95,21 @@ void HostOps::linear(const float* x, int n, int in, WeightRef w, const void* bia
 }
 
 // The rotation of rope_rotate, with each position's angles computed once for all its heads.
-void HostOps::rope(float* q, float* k, int n, const std::int32_t* positions, int first_position) {
+void HostOps::rope(float* q, float* k, int n, const std::int32_t* positions, int first_position,
+                   bool local) {
   const ModelConfig& c = shape_.config;
   const int d = c.head_dim;
   const int half = d / 2;
+  const float* inv_freq = local ? shape_.inv_freq_local : shape_.inv_freq;
+  const float scale = local ? 1.0f : shape_.rope_scale;
   pool_.run(blocks_of(n, kRowBlock), [&](int b, int thread) {
     float* cos_sin = layout_.rope_angles[static_cast<std::size_t>(thread)].data();
     for (int i = b * kRowBlock; i < std::min(n, (b + 1) * kRowBlock); ++i) {
       const int pos = positions != nullptr ? positions[i] : first_position + i;
       for (int e = 0; e < half; ++e) {
-        const float angle = static_cast<float>(pos) * shape_.inv_freq[e];
-        cos_sin[e] = cosf(angle) * shape_.rope_scale;
-        cos_sin[half + e] = sinf(angle) * shape_.rope_scale;
+        const float angle = static_cast<float>(pos) * inv_freq[e];
+        cos_sin[e] = cosf(angle) * scale;
+        cos_sin[half + e] = sinf(angle) * scale;
       }
       auto rotate = [&](float* x) {
         for (int e = 0; e < half; ++e) {
@@ -140,20 +149,40 @@ void HostOps::to_cache_rows(const float* x, int n, void* out) {
   });
 }
 
-void HostOps::attention_prefill(const float* q, int n, int slot, int first_position,
+void HostOps::attention_prefill(const float* q, int n, int slot, int first_position, int window,
                                 const LayerView& view, float* out) {
-  attention_.prefill(q, n, slot, first_position, view, out);
+  attention_.prefill(q, n, slot, first_position, window, view, out);
 }
 
-void HostOps::attention_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
-                               float* out) {
-  attention_.decode(q, n, rows.host_slots, rows.host_positions, view, out);
+void HostOps::attention_decode(const float* q, int n, const DecodeRows& rows, int window,
+                               const LayerView& view, float* out) {
+  attention_.decode(q, n, rows.host_slots, rows.host_positions, window, view, out);
 }
 
-void HostOps::swiglu(float* gate, const float* up, std::int64_t count) {
+void HostOps::gated_activation(float* gate, const float* up, std::int64_t count) {
+  const bool gelu = shape_.config.hidden_act == Activation::kGeluTanh;
   pool_.run(blocks_of(count, kElemBlock), [&](int b, int) {
     const std::int64_t at = b * kElemBlock;
-    kernels::swiglu(gate + at, up + at, std::min(kElemBlock, count - at));
+    const std::int64_t m = std::min(kElemBlock, count - at);
+    if (gelu) {
+      kernels::geglu_tanh(gate + at, up + at, m);
+    } else {
+      kernels::swiglu(gate + at, up + at, m);
+    }
+  });
+}
+
+void HostOps::add(float* x, const float* y, std::int64_t count) {
+  pool_.run(blocks_of(count, kElemBlock), [&](int b, int) {
+    const std::int64_t at = b * kElemBlock;
+    kernels::add(x + at, y + at, std::min(kElemBlock, count - at));
+  });
+}
+
+void HostOps::soft_cap(float* x, std::int64_t count, float cap) {
+  pool_.run(blocks_of(count, kElemBlock), [&](int b, int) {
+    const std::int64_t at = b * kElemBlock;
+    kernels::soft_cap(x + at, std::min(kElemBlock, count - at), cap);
   });
 }
 

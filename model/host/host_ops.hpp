@@ -36,13 +36,16 @@ class HostOps final : public Ops {
   void rms_norm(const float* x, int n, int width, const void* weight, float* out) override;
   void linear(const float* x, int n, int in, WeightRef w, const void* bias, int out, float* y,
               bool accumulate) override;
-  void rope(float* q, float* k, int n, const std::int32_t* positions, int first_position) override;
+  void rope(float* q, float* k, int n, const std::int32_t* positions, int first_position,
+            bool local) override;
   void to_cache_rows(const float* x, int n, void* out) override;
-  void attention_prefill(const float* q, int n, int slot, int first_position, const LayerView& view,
-                         float* out) override;
-  void attention_decode(const float* q, int n, const DecodeRows& rows, const LayerView& view,
-                        float* out) override;
-  void swiglu(float* gate, const float* up, std::int64_t count) override;
+  void attention_prefill(const float* q, int n, int slot, int first_position, int window,
+                         const LayerView& view, float* out) override;
+  void attention_decode(const float* q, int n, const DecodeRows& rows, int window,
+                        const LayerView& view, float* out) override;
+  void gated_activation(float* gate, const float* up, std::int64_t count) override;
+  void add(float* x, const float* y, std::int64_t count) override;
+  void soft_cap(float* x, std::int64_t count, float cap) override;
 
   int threads() const { return pool_.threads(); }
 

@@ -172,7 +172,7 @@ class AttentionRig {
     float* dq = static_cast<float*>(cache_->reserved("q"));
     float* dout = static_cast<float*>(cache_->reserved("out"));
     cache_->copy_to_device(dq, q.data(), q.size() * sizeof(float));
-    ops_->attention_prefill(dq, n, slot, first, view, dout);
+    ops_->attention_prefill(dq, n, slot, first, config_.sliding_window, view, dout);
     cache_->release(0, stream_);
     cache_->end_step();
     cache_->synchronize_stream(stream_);
@@ -210,7 +210,7 @@ class AttentionRig {
     decode_rows.positions = rows + n;
     decode_rows.host_slots = host_rows.data();
     decode_rows.host_positions = host_rows.data() + n;
-    ops_->attention_decode(dq, n, decode_rows, view, dout);
+    ops_->attention_decode(dq, n, decode_rows, config_.sliding_window, view, dout);
     cache_->release(0, stream_);
     cache_->end_step();
     cache_->synchronize_stream(stream_);

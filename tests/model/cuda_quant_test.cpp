@@ -150,13 +150,14 @@ class QuantRig {
     const LayerView view = cache_->acquire(0, stream_);
     append(slot, n, first);
     auto [dq, dout] = upload(q);
-    ops_->attention_prefill(dq, n, slot, first, view, dout);
+    ops_->attention_prefill(dq, n, slot, first, config_.sliding_window, view, dout);
     cache_->release(0, stream_);
     cache_->end_step();
     std::vector<float> host;
     if (s_.builtin) {  // the host path's attention, which the built-in kernels are held to
       host.resize(q.size());
-      host_ops_->attention_prefill(q.data(), n, slot, first, host_view(view), host.data());
+      host_ops_->attention_prefill(q.data(), n, slot, first, config_.sliding_window,
+                                   host_view(view), host.data());
     }
     return {download(dout, q.size()), host};
   }
@@ -186,13 +187,14 @@ class QuantRig {
     decode_rows.positions = rows + n;
     decode_rows.host_slots = host_rows.data();
     decode_rows.host_positions = host_rows.data() + n;
-    ops_->attention_decode(dq, n, decode_rows, view, dout);
+    ops_->attention_decode(dq, n, decode_rows, config_.sliding_window, view, dout);
     cache_->release(0, stream_);
     cache_->end_step();
     std::vector<float> host;
     if (s_.builtin) {
       host.resize(q.size());
-      host_ops_->attention_decode(q.data(), n, decode_rows, host_view(view), host.data());
+      host_ops_->attention_decode(q.data(), n, decode_rows, config_.sliding_window, host_view(view),
+                                  host.data());
     }
     return {download(dout, q.size()), host};
   }

@@ -45,11 +45,14 @@ DecoderOptions streamed_f32(int tokens) {
 // bounds of `model` (the double-precision reference of the same weights, tests/model/
 // reference_forward.hpp, modelling RMSNorm's mean as a float32 sum too, as transformers takes
 // it): both evaluations must lie within them.
+// `resident`: every layer kept on the device (else every layer streamed).
 void check_positions(const char* name, const ModelConfig& c, const WeightSource& source,
-                     testing::ReferenceModel& model, const Reference& ref) {
+                     testing::ReferenceModel& model, const Reference& ref, bool resident = false) {
   ASSERT_EQ(ref.vocab, c.vocab_size);
   const int n = static_cast<int>(ref.ids.size());
-  Decoder d(c, source, streamed_f32(n));
+  DecoderOptions options = streamed_f32(n);
+  if (resident) options.resident_layers = c.layers;
+  Decoder d(c, source, options);
   model.round_mean_square(true);
   model.prefill_forward(
       kFirst);  // the forwards below, which dynamic's and longrope's tables follow
@@ -87,6 +90,8 @@ TEST_P(HfReference, LogitsMatchTransformers) {
   const int n = static_cast<int>(ids.size());
   testing::ReferenceModel model(c, dir, DType::kF32);
   check_positions(GetParam(), c, WeightSource{dir, 0}, model, ref);
+  check_positions((std::string(GetParam()) + " resident").c_str(), c, WeightSource{dir, 0}, model,
+                  ref, /*resident=*/true);
 
   // The whole prompt in one prefill gives the last position too (in one forward, whose rope
   // table dynamic and longrope choose by its whole length).
@@ -198,7 +203,11 @@ INSTANTIATE_TEST_SUITE_P(BlockTypes, GgufReference,
 INSTANTIATE_TEST_SUITE_P(Architectures, HfReference,
                          ::testing::Values("llama31", "mistral", "qwen2", "llama_linear",
                                            "llama_dynamic", "qwen2_yarn", "llama_longrope", "qwen3",
-                                           "phi3"));
+                                           "phi3", "gemma2", "gemma3"));
+
+// Checkpoints kvo-make-model wrote (tools/hf_reference.py's made_* cases), transformers'
+// logits computed from those files: our config.json means to transformers what it means here.
+INSTANTIATE_TEST_SUITE_P(Made, HfReference, ::testing::Values("made_gemma2", "made_gemma3_text"));
 
 }  // namespace
 }  // namespace kvo::model

@@ -671,7 +671,7 @@ Attended reference_attention(const ModelConfig& c, const Layer& l, const float* 
                              int pos, bool dequantized = false) {
   const int d = c.head_dim, group = c.heads / c.kv_heads;
   Attended out;
-  const int first = first_key(c, pos);
+  const int first = first_key(c.sliding_window, pos);
   const double scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   for (int h = 0; h < c.heads; ++h) {
     const int g = h / group;
@@ -717,7 +717,8 @@ TEST(HostAttention, PrefillMatchesFloat64) {
       HostOps ops(shape_of(c, type, n, slots, max_seq, 2));
       const std::vector<float> q = random_floats(static_cast<std::size_t>(n) * c.q_dim(), rng);
       std::vector<float> out(q.size());
-      ops.attention_prefill(q.data(), n, slot, first_position, l.view, out.data());
+      ops.attention_prefill(q.data(), n, slot, first_position, c.sliding_window, l.view,
+                            out.data());
       for (int i = 0; i < n; i += 7) {
         const auto want =
             reference_attention(c, l, q.data() + i * c.q_dim(), slot, first_position + i);
@@ -747,7 +748,7 @@ TEST(HostAttention, DecodeMatchesFloat64) {
       DecodeRows rows;
       rows.host_slots = row_slots.data();
       rows.host_positions = positions.data();
-      ops.attention_decode(q.data(), 4, rows, l.view, out.data());
+      ops.attention_decode(q.data(), 4, rows, c.sliding_window, l.view, out.data());
       for (int i = 0; i < 4; ++i) {
         const auto want =
             reference_attention(c, l, q.data() + i * c.q_dim(), row_slots[i], positions[i]);
@@ -810,7 +811,7 @@ TEST(HostAttention, QuantizedRowsAttendAsTheirValues) {
       const int n = 160, first_position = 300;
       const std::vector<float> q = random_floats(static_cast<std::size_t>(n) * c.q_dim(), rng);
       std::vector<float> out(q.size());
-      ops.attention_prefill(q.data(), n, 1, first_position, l.view, out.data());
+      ops.attention_prefill(q.data(), n, 1, first_position, c.sliding_window, l.view, out.data());
       for (int i = 0; i < n; i += 9) {
         expect_near(
             out.data() + i * c.q_dim(),
@@ -824,7 +825,7 @@ TEST(HostAttention, QuantizedRowsAttendAsTheirValues) {
       rows.host_slots = row_slots.data();
       rows.host_positions = positions.data();
       std::vector<float> dout(3 * static_cast<std::size_t>(c.q_dim()));
-      ops.attention_decode(q.data(), 3, rows, l.view, dout.data());
+      ops.attention_decode(q.data(), 3, rows, c.sliding_window, l.view, dout.data());
       for (int i = 0; i < 3; ++i) {
         expect_near(
             dout.data() + i * c.q_dim(),
@@ -860,53 +861,60 @@ TEST(HostOps, QuantizedCacheRowsAreQuantizeRowsBytes) {
 TEST(HostAttention, DecodeKernelsAgree) {
   std::mt19937 rng(6);
   const int kv_heads = 2, group = 3, d = 32, keys = 45;
-  for (DType type : kTypes) {
-    const Values k = random_values(static_cast<std::size_t>(keys) * kv_heads * d, type, 1.5f, rng);
-    const Values v = random_values(k.exact.size(), type, 1.0f, rng);
-    const std::vector<float> q = random_floats(static_cast<std::size_t>(kv_heads) * group * d, rng);
-    const kernels::KeyRows kr{k.bytes.data(), kv_heads * d, d, type};
-    const kernels::KeyRows vr{v.bytes.data(), kv_heads * d, d, type};
-    std::vector<float> kv(kernels::kKeyBlock * kv_heads * d), scores(kv_heads * group * 16);
-    auto run = [&](auto kernel) {
-      std::vector<SoftmaxState> state(kv_heads * group);
-      std::vector<float> acc(q.size(), 0.0f);
-      kernel(q.data(), kv_heads, group, d, kr, vr, 20, state.data(), acc.data(), kv.data(),
-             scores.data());
-      const std::size_t rest = static_cast<std::size_t>(20) * kv_heads * d;
-      const kernels::KeyRows k2{k.bytes.data() + rest * elem_size(type), kv_heads * d, d, type};
-      const kernels::KeyRows v2{v.bytes.data() + rest * elem_size(type), kv_heads * d, d, type};
-      kernel(q.data(), kv_heads, group, d, k2, v2, keys - 20, state.data(), acc.data(), kv.data(),
-             scores.data());
-      for (std::size_t row = 0; row < state.size(); ++row) {
-        for (int e = 0; e < d; ++e) acc[row * d + e] /= state[row].sum;
-      }
-      return acc;
-    };
-    // float64: softmax(q k^T) v per row, with its float32 bound (the keys' scale is 1 here).
-    Attended want;
-    for (int row = 0; row < kv_heads * group; ++row) {
-      const int g = row / group;
-      std::vector<double> dots(keys), errors(keys), value_errors(keys, 0);
-      std::vector<const float*> values(keys);
-      for (int j = 0; j < keys; ++j) {
-        double magnitude = 0;
-        for (int e = 0; e < d; ++e) {
-          const double term =
-              static_cast<double>(q[row * d + e]) * k.exact[(j * kv_heads + g) * d + e];
-          dots[j] += term;
-          magnitude += std::fabs(term);
+  for (const float cap : {0.0f, 2.0f})
+    for (DType type : kTypes) {
+      const Values k =
+          random_values(static_cast<std::size_t>(keys) * kv_heads * d, type, 1.5f, rng);
+      const Values v = random_values(k.exact.size(), type, 1.0f, rng);
+      const std::vector<float> q =
+          random_floats(static_cast<std::size_t>(kv_heads) * group * d, rng);
+      const kernels::KeyRows kr{k.bytes.data(), kv_heads * d, d, type};
+      const kernels::KeyRows vr{v.bytes.data(), kv_heads * d, d, type};
+      std::vector<float> kv(kernels::kKeyBlock * kv_heads * d), scores(kv_heads * group * 16);
+      auto run = [&](auto kernel) {
+        std::vector<SoftmaxState> state(kv_heads * group);
+        std::vector<float> acc(q.size(), 0.0f);
+        kernel(q.data(), kv_heads, group, d, kr, vr, 20, state.data(), acc.data(), kv.data(),
+               scores.data(), cap);
+        const std::size_t rest = static_cast<std::size_t>(20) * kv_heads * d;
+        const kernels::KeyRows k2{k.bytes.data() + rest * elem_size(type), kv_heads * d, d, type};
+        const kernels::KeyRows v2{v.bytes.data() + rest * elem_size(type), kv_heads * d, d, type};
+        kernel(q.data(), kv_heads, group, d, k2, v2, keys - 20, state.data(), acc.data(), kv.data(),
+               scores.data(), cap);
+        for (std::size_t row = 0; row < state.size(); ++row) {
+          for (int e = 0; e < d; ++e) acc[row * d + e] /= state[row].sum;
         }
-        errors[j] = gamma(d) * magnitude;
-        values[j] = v.exact.data() + (j * kv_heads + g) * d;
+        return acc;
+      };
+      // float64: softmax(q k^T) v per row, with its float32 bound (the keys' scale is 1 here).
+      Attended want;
+      for (int row = 0; row < kv_heads * group; ++row) {
+        const int g = row / group;
+        std::vector<double> dots(keys), errors(keys), value_errors(keys, 0);
+        std::vector<const float*> values(keys);
+        for (int j = 0; j < keys; ++j) {
+          double magnitude = 0;
+          for (int e = 0; e < d; ++e) {
+            const double term =
+                static_cast<double>(q[row * d + e]) * k.exact[(j * kv_heads + g) * d + e];
+            dots[j] += term;
+            magnitude += std::fabs(term);
+          }
+          errors[j] = gamma(d) * magnitude;
+          if (cap > 0) {  // tanh's slope is at most 1; its own rounding a few ulp of the cap
+            dots[j] = cap * std::tanh(dots[j] / cap);
+            errors[j] += 4 * kU * cap;
+          }
+          values[j] = v.exact.data() + (j * kv_heads + g) * d;
+        }
+        const Attended a = softmax_weighted(dots, errors, 1.0, values, value_errors, d);
+        want.value.insert(want.value.end(), a.value.begin(), a.value.end());
+        want.bound.insert(want.bound.end(), a.bound.begin(), a.bound.end());
       }
-      const Attended a = softmax_weighted(dots, errors, 1.0, values, value_errors, d);
-      want.value.insert(want.value.end(), a.value.begin(), a.value.end());
-      want.bound.insert(want.bound.end(), a.bound.begin(), a.bound.end());
+      expect_near(run(kernels::attend_keys).data(), want, "portable");
+      if (kernels::have_avx512())
+        expect_near(run(kernels::attend_keys_avx512).data(), want, "avx512");
     }
-    expect_near(run(kernels::attend_keys).data(), want, "portable");
-    if (kernels::have_avx512())
-      expect_near(run(kernels::attend_keys_avx512).data(), want, "avx512");
-  }
 }
 
 TEST(HostAttention, SplitsKeysByCountAlone) {
@@ -939,11 +947,11 @@ TEST(HostOps, SameBitsForAnyThreadCount) {
       std::vector<float> y(static_cast<std::size_t>(n) * out);
       std::vector<float> prefill(q.size()), decode(2 * static_cast<std::size_t>(c.q_dim()));
       ops.linear(x.data(), n, in, WeightRef{w.bytes.data()}, nullptr, out, y.data(), false);
-      ops.attention_prefill(q.data(), n, 1, 1000, l.view, prefill.data());
+      ops.attention_prefill(q.data(), n, 1, 1000, 0, l.view, prefill.data());
       DecodeRows rows;
       rows.host_slots = row_slots.data();
       rows.host_positions = positions.data();
-      ops.attention_decode(q.data(), 2, rows, l.view, decode.data());
+      ops.attention_decode(q.data(), 2, rows, 0, l.view, decode.data());
       std::vector<float> all = y;
       all.insert(all.end(), prefill.begin(), prefill.end());
       all.insert(all.end(), decode.begin(), decode.end());

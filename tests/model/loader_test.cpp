@@ -105,6 +105,92 @@ TEST(ModelConfig, ParsesHuggingFaceFields) {
   EXPECT_EQ(back.dtype, t.dtype);
 }
 
+// Gemma 2 and 3's fields, as transformers' classes read them: the defaults of each class where
+// config.json is silent (soft-caps 50 and 30 for Gemma 2, none for Gemma 3; every other layer
+// windowed, or five in six; head_dim 256; tied embeddings); Gemma 3's two rotations from
+// rope_parameters keyed by layer type or from the older rope_theta, rope_scaling and
+// rope_local_base_freq, the same either way; what cannot be served refused by name; and the
+// gemma3-12b preset written by to_config_json and read back the same.
+TEST(ModelConfig, GemmaFieldsReadAsTransformersReadsThem) {
+  const std::string shape = R"("vocab_size": 10, "hidden_size": 64, "intermediate_size": 100,
+      "num_hidden_layers": 12, "num_attention_heads": 4, "num_key_value_heads": 2)";
+  const auto gemma2 = [&](const std::string& extra) {
+    return parse_model_config(R"({"architectures": ["Gemma2ForCausalLM"], )" + shape + extra + "}",
+                              "g2.json");
+  };
+  const ModelConfig g2 = gemma2("");
+  EXPECT_EQ(g2.head_dim, 256);
+  EXPECT_FLOAT_EQ(g2.attn_softcap, 50);
+  EXPECT_FLOAT_EQ(g2.final_softcap, 30);
+  EXPECT_FLOAT_EQ(g2.query_pre_attn_scalar, 256);
+  EXPECT_EQ(g2.hidden_act, Activation::kGeluTanh);
+  EXPECT_TRUE(g2.tie_word_embeddings);
+  EXPECT_FLOAT_EQ(g2.norm_offset, 1);
+  EXPECT_TRUE(g2.embed_scaled && g2.post_norms);
+  for (int l = 0; l < 12; ++l) EXPECT_EQ(g2.window(l), l % 2 == 0 ? 4096 : 0) << l;
+  // null: no cap; layer_types listed: as listed.
+  const ModelConfig uncapped = gemma2(R"(, "attn_logit_softcapping": null,
+      "final_logit_softcapping": null, "sliding_window": 8, "layer_types": ["full_attention",
+      "full_attention", "full_attention", "full_attention", "full_attention", "full_attention",
+      "full_attention", "full_attention", "full_attention", "full_attention", "full_attention",
+      "sliding_attention"])");
+  EXPECT_EQ(uncapped.attn_softcap, 0);
+  EXPECT_EQ(uncapped.final_softcap, 0);
+  EXPECT_EQ(uncapped.window(0), 0);
+  EXPECT_EQ(uncapped.window(11), 8);
+  expect_error([&] { gemma2(R"(, "layer_types": ["full_attention"])"); },
+               {"g2.json", "layer_types", "1 entries for 12 layers"});
+  std::string types;
+  for (int l = 0; l < 11; ++l) types += R"("full_attention", )";
+  expect_error([&] { gemma2(R"(, "layer_types": [)" + types + R"("chunked_attention"])"); },
+               {"g2.json", "layer_types[11]", "sliding_attention"});
+  expect_error([&] { gemma2(R"(, "hidden_activation": "relu")"); },
+               {"hidden_activation", "relu", "gelu_pytorch_tanh"});
+  expect_error([&] { gemma2(R"(, "attn_logit_softcapping": -1)"); },
+               {"attn_logit_softcapping", "positive"});
+  expect_error([&] { gemma2(R"(, "use_bidirectional_attention": true)"); },
+               {"use_bidirectional_attention"});
+
+  const auto gemma3 = [&](const std::string& extra) {
+    return parse_model_config(R"({"architectures": ["Gemma3ForCausalLM"], )" + shape + extra + "}",
+                              "g3.json");
+  };
+  const ModelConfig newer = gemma3(R"(, "rope_parameters": {"full_attention": {"rope_type":
+      "linear", "factor": 8.0, "rope_theta": 1000000.0}, "sliding_attention": {"rope_type":
+      "default", "rope_theta": 10000.0}}, "sliding_window": 1024)");
+  const ModelConfig older = gemma3(R"(, "rope_theta": 1000000.0, "rope_scaling": {"rope_type":
+      "linear", "factor": 8.0}, "rope_local_base_freq": 10000.0, "sliding_window": 1024,
+      "sliding_window_pattern": 6)");
+  for (const ModelConfig& c : {newer, older}) {
+    EXPECT_EQ(c.attn_softcap, 0);
+    EXPECT_EQ(c.final_softcap, 0);
+    EXPECT_EQ(c.rope_scaling.type, RopeType::kLinear);
+    EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8);
+    EXPECT_FLOAT_EQ(c.rope_theta, 1e6f);
+    EXPECT_FLOAT_EQ(c.rope_local_theta, 1e4f);
+    for (int l = 0; l < 12; ++l) {
+      EXPECT_EQ(c.window(l), (l + 1) % 6 == 0 ? 0 : 1024) << l;
+      EXPECT_EQ(c.local_rope(l), (l + 1) % 6 != 0) << l;
+    }
+  }
+  expect_error([&] { gemma3(R"(, "rope_parameters": {"full_attention": {"rope_type": "default"},
+      "sliding_attention": {"rope_type": "yarn", "factor": 2.0}})"); },
+               {"g3.json", "sliding_attention", "yarn"});
+  expect_error([&] { gemma3(R"(, "rope_parameters": {"full_attention": {"rope_type": "ntk"}})"); },
+               {"g3.json", "ntk"});
+
+  const ModelConfig p = preset("gemma3-12b");
+  const ModelConfig back = parse_model_config(to_config_json(p), "round trip");
+  EXPECT_EQ(back.sliding_layers, p.sliding_layers);
+  EXPECT_EQ(back.sliding_window, 1024);
+  EXPECT_EQ(back.hidden_act, Activation::kGeluTanh);
+  EXPECT_FLOAT_EQ(back.query_pre_attn_scalar, 256);
+  EXPECT_FLOAT_EQ(back.rope_local_theta, 1e4f);
+  EXPECT_EQ(describe(back.rope_scaling), describe(p.rope_scaling));
+  EXPECT_EQ(back.norm_offset, 1);
+  EXPECT_EQ(parameter_count(p), parameter_count(back));
+}
+
 // Every rope scaling type, read with transformers' defaults and derivations, written back by
 // to_config_json unchanged; and what it cannot serve refused by name.
 TEST(ModelConfig, RopeScalingsReadAsTransformersReadsThem) {

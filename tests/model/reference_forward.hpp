@@ -169,13 +169,17 @@ class ReferenceModel {
     const int n = static_cast<int>(tokens.size());
     const int h = c_.hidden_size;
     Rows x(static_cast<std::size_t>(n) * h);
+    const double embed_scale = embed_scale_of();
     for (int t = 0; t < n; ++t) {
-      for (int i = 0; i < h; ++i)
+      for (int i = 0; i < h; ++i) {
         x[t * h + i] = weight(w_.embed.data, std::int64_t{tokens[t]} * h + i);
+        if (embed_scale != 1) x[t * h + i] = r(x[t * h + i] * embed_scale);
+      }
     }
     const int qd = static_cast<int>(c_.q_dim());
     const int kvd = static_cast<int>(c_.kv_dim());
-    for (const LayerWeights& w : w_.layers) {
+    for (int layer = 0; layer < c_.layers; ++layer) {
+      const LayerWeights& w = w_.layers[static_cast<std::size_t>(layer)];
       const Rows xn = rms_norm(x, n, w.attn_norm, r);
       // Phi-3's fused q, k, v (and gate, up): each part the rows at an offset of the tensor.
       const void* wk = w.wk.data != nullptr ? w.wk.data : rows_of(w.wq.data, qd, h);
@@ -187,11 +191,20 @@ class ReferenceModel {
         q = rms_norm(q, n * c_.heads, w.q_norm, r, c_.head_dim);
         k = rms_norm(k, n * c_.kv_heads, w.k_norm, r, c_.head_dim);
       }
-      rope(q, n, c_.heads, r);
-      rope(k, n, c_.kv_heads, r);
+      const bool local = c_.local_rope(layer);
+      rope(q, n, c_.heads, local, r);
+      rope(k, n, c_.kv_heads, local, r);
       store(k, n, kv.dtype, r);
       store(v, n, kv.dtype, r);
-      x = linear(attention(q, k, v, n, r), n, qd, w.wo.data, w.bo, h, &x, r);
+      const Rows attended = attention(q, k, v, n, c_.window(layer), r);
+      if (w.attn_post_norm != nullptr) {  // Gemma: the branch normed before it joins
+        add(x,
+            rms_norm(linear(attended, n, qd, w.wo.data, w.bo, h, nullptr, r), n, w.attn_post_norm,
+                     r),
+            r);
+      } else {
+        x = linear(attended, n, qd, w.wo.data, w.bo, h, &x, r);
+      }
       const Rows xm = rms_norm(x, n, w.mlp_norm, r);
       Rows gate = linear(xm, n, h, w.w_gate.data, nullptr, c_.intermediate_size, nullptr, r);
       const void* w_up =
@@ -199,13 +212,49 @@ class ReferenceModel {
       const Rows up = linear(xm, n, h, w_up, nullptr, c_.intermediate_size, nullptr, r);
       for (std::size_t i = 0; i < gate.size(); ++i) {
         const double g = gate[i];
-        const double denominator = r(1 + r(std::exp(-g), 2));
-        gate[i] = r(r(g / denominator) * up[i]);
+        if (c_.hidden_act == Activation::kGeluTanh) {
+          // 0.5 g (1 + tanh(beta (g + 0.044715 g^3))), each operation rounded.
+          const double cube = r(r(r(0.044715f * g) * g) * g);
+          const double inner = r(static_cast<double>(0.7978845608028654f) * r(g + cube));
+          gate[i] = r(r(r(0.5 * g) * r(1 + r(std::tanh(inner), 2))) * up[i]);
+        } else {
+          const double denominator = r(1 + r(std::exp(-g), 2));
+          gate[i] = r(r(g / denominator) * up[i]);
+        }
       }
-      x = linear(gate, n, c_.intermediate_size, w.w_down.data, nullptr, h, &x, r);
+      if (w.mlp_post_norm != nullptr) {
+        add(x,
+            rms_norm(linear(gate, n, c_.intermediate_size, w.w_down.data, nullptr, h, nullptr, r),
+                     n, w.mlp_post_norm, r),
+            r);
+      } else {
+        x = linear(gate, n, c_.intermediate_size, w.w_down.data, nullptr, h, &x, r);
+      }
     }
-    return linear(rms_norm(x, n, w_.final_norm, r), n, h, w_.lm_head.data, nullptr, c_.vocab_size,
-                  nullptr, r);
+    Rows logits = linear(rms_norm(x, n, w_.final_norm, r), n, h, w_.lm_head.data, nullptr,
+                         c_.vocab_size, nullptr, r);
+    if (c_.final_softcap > 0) {
+      for (double& l : logits) l = soft_cap(l, c_.final_softcap, r);
+    }
+    return logits;
+  }
+
+  // The decoder's factor on the embeddings: sqrt(hidden) in the weights' dtype (Gemma), else 1.
+  double embed_scale_of() const {
+    if (!c_.embed_scaled) return 1;
+    float scale = std::sqrt(static_cast<float>(c_.hidden_size));
+    if (layout_.dtype() == DType::kBF16) scale = bf16_to_float(float_to_bf16(scale));
+    if (layout_.dtype() == DType::kF16) scale = f16_to_float(float_to_f16(scale));
+    return scale;
+  }
+
+  // cap tanh(x / cap), each operation rounded (tanh to 2 ulp, as exp).
+  static double soft_cap(double x, double cap, Rounding& r) {
+    return r(r(std::tanh(r(x / cap)), 2) * cap);
+  }
+
+  static void add(Rows& x, const Rows& y, Rounding& r) {
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = r(x[i] + y[i]);
   }
 
   // y [n][out] = x W^T + bias, added to *residual when given (the GEMM accumulates into it).
@@ -242,7 +291,13 @@ class ReferenceModel {
         ms = float_mean_square_ ? r(ms + r(square)) : ms + square;
       }
       const double scale = r(1 / std::sqrt(ms / h + static_cast<double>(c_.rms_norm_eps)));
-      for (int i = 0; i < h; ++i) y[t * h + i] = r(weight(w, i) * r(x[t * h + i] * scale));
+      for (int i = 0; i < h; ++i) {
+        // Gemma's (1 + w), in float32 as transformers takes it.
+        const double wi = c_.norm_offset != 0
+                              ? r(weight(w, i) + static_cast<double>(c_.norm_offset))
+                              : weight(w, i);
+        y[t * h + i] = r(wi * r(x[t * h + i] * scale));
+      }
     }
     return y;
   }
@@ -262,12 +317,15 @@ class ReferenceModel {
 
   // Row t at position t; the angle is the float32 product the host path and the kernels take,
   // cos and sin then scaled (yarn, longrope) in float32.
-  void rope(Rows& x, int n, int heads, Rounding& r) const {
+  // `local`: the window layers' table (Gemma 3: the default rope at rope_local_theta).
+  void rope(Rows& x, int n, int heads, bool local, Rounding& r) const {
     const int d = c_.head_dim;
     const int half = d / 2;
     const std::vector<RopeTable> tables = rope_tables(n);
+    const RopeTable local_table =
+        rope_table(RopeScaling{}, c_.rope_local_theta, d, c_.max_position_embeddings, 1);
     for (int t = 0; t < n; ++t) {
-      const RopeTable& table = tables[static_cast<std::size_t>(t)];
+      const RopeTable& table = local ? local_table : tables[static_cast<std::size_t>(t)];
       for (int head = 0; head < heads; ++head) {
         double* v = x.data() + (static_cast<std::size_t>(t) * heads + head) * d;
         for (int i = 0; i < half; ++i) {
@@ -324,15 +382,17 @@ class ReferenceModel {
     }
   }
 
-  Rows attention(const Rows& q, const Rows& k, const Rows& v, int n, Rounding& r) const {
+  // Over the last `window` keys (0: all), scores scaled and soft-capped as the config says.
+  Rows attention(const Rows& q, const Rows& k, const Rows& v, int n, int window,
+                 Rounding& r) const {
     const int d = c_.head_dim;
     const int group = c_.heads / c_.kv_heads;
     const int kvd = c_.kv_heads * d;
-    const double scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+    const double scale = static_cast<float>(c_.attention_scale());
     Rows out(static_cast<std::size_t>(n) * c_.heads * d);
     std::vector<double> p;
     for (int t = 0; t < n; ++t) {
-      const int first = c_.sliding_window > 0 ? std::max(0, t - c_.sliding_window + 1) : 0;
+      const int first = window > 0 ? std::max(0, t - window + 1) : 0;
       for (int head = 0; head < c_.heads; ++head) {
         const int g = head / group;
         const double* qv = q.data() + (static_cast<std::size_t>(t) * c_.heads + head) * d;
@@ -342,6 +402,7 @@ class ReferenceModel {
           double dot = 0;
           for (int i = 0; i < d; ++i) dot = r(dot + r(qv[i] * k[j * kvd + g * d + i]));
           p[j - first] = r(scale * dot);
+          if (c_.attn_softcap > 0) p[j - first] = soft_cap(p[j - first], c_.attn_softcap, r);
           m = std::max(m, p[j - first]);
         }
         double sum = 0;

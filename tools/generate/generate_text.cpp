@@ -275,6 +275,23 @@ std::string TextSession::fingerprint(const model::Decoder& decoder,
       << "\ntie_word_embeddings=" << c.tie_word_embeddings << "\ndtype=" << dtype_name(dtype)
       << "\nweights="
       << (source.checkpoint.empty() ? "seed " + std::to_string(source.seed) : "checkpoint");
+  // What Gemma adds, only where a model has it (the lines of other models stay as they were).
+  if (!c.sliding_layers.empty()) {
+    out << "\nwindow_layers=";
+    for (const std::uint8_t sliding : c.sliding_layers) out << (sliding != 0 ? 'w' : 'f');
+  }
+  if (c.hidden_act != model::Activation::kSilu) {
+    out << "\nhidden_act=" << model::activation_name(c.hidden_act);
+  }
+  if (c.norm_offset != 0 || c.embed_scaled || c.post_norms) {
+    out << "\nnorm_offset=" << c.norm_offset << "\nembed_scaled=" << c.embed_scaled
+        << "\npost_norms=" << c.post_norms;
+  }
+  if (c.attn_softcap > 0 || c.final_softcap > 0) {
+    out << "\nsoftcaps=" << c.attn_softcap << "," << c.final_softcap;
+  }
+  if (c.query_pre_attn_scalar > 0) out << "\nquery_pre_attn_scalar=" << c.query_pre_attn_scalar;
+  if (c.rope_local_theta > 0) out << "\nrope_local_theta=" << c.rope_local_theta;
   if (!source.checkpoint.empty()) {
     // The weights' and the tokenizer's bytes: another model of the same shape is refused.
     if (model::is_gguf_model(source.checkpoint)) {  // the tokenizer is inside the file
