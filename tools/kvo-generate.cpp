@@ -70,10 +70,21 @@ int run(const kvo::cli::GenerateRun& o) {
       o.model_name.c_str(), c.architecture.c_str(), c.layers, c.hidden_size, c.heads, c.kv_heads,
       c.vocab_size, decoder.weights_text().c_str(), kvo::dtype_name(decoder.cache().config().dtype),
       kvo::backend_name(decoder.backend()));
+  if (plan.window_layers > 0 && (text.saves() || text.loads())) {
+    throw kvo::cli::UsageError(
+        std::string(text.saves() ? "--save-context" : "--load-context") + ": this model's " +
+        std::to_string(plan.window_layers) +
+        " window layers keep their last rows alone, which saved contexts do not hold yet; "
+        "give --window-layers full to keep every row");
+  }
+  const std::string windows =
+      plan.window_layers > 0 ? " + " + std::to_string(plan.window_layers) + " window layers (" +
+                                   kvo::format_bytes(plan.window_bytes) + ")"
+                             : "";
   std::printf(
-      "  plan            %d resident + %d streamed layers, ring %d; device %s "
+      "  plan            %d resident + %d streamed layers%s, ring %d; device %s "
       "(weights %s, activations %s), host %s\n",
-      plan.resident_layers, plan.streamed_layers, plan.ring_depth,
+      plan.resident_layers, plan.streamed_layers, windows.c_str(), plan.ring_depth,
       kvo::format_bytes(plan.device_bytes).c_str(),
       kvo::format_bytes(decoder.weight_bytes()).c_str(),
       kvo::format_bytes(decoder.activation_bytes()).c_str(),
@@ -224,6 +235,8 @@ int run(const kvo::cli::GenerateRun& o) {
     j["activation_bytes"] = decoder.activation_bytes();
     j["resident_layers"] = plan.resident_layers;
     j["streamed_layers"] = plan.streamed_layers;
+    j["window_layers"] = plan.window_layers;
+    j["window_bytes"] = plan.window_bytes;
     j["ring_depth"] = plan.ring_depth;
     j["backend"] = kvo::backend_name(decoder.backend());
     j["weight_dtype"] = kvo::dtype_name(decoder.weight_dtype());

@@ -211,17 +211,20 @@ int run(const Args& a, const CLI::App& app) {
       q.override_kv_dtype ? (std::string(", K/V ") + kvo::dtype_name(q.kv_dtype)).c_str() : "",
       q.weights.empty() ? "" : (", weights " + q.weights).c_str());
   std::printf(
-      "| context | strategy | weights_bytes | kv_device_bytes | activation_bytes | "
+      "| context | strategy | weights_bytes | kv_device_bytes | of it windows | activation_bytes | "
       "workspace_bytes | total_bytes | host_bytes | fits |%s\n",
       do_measure ? " measured_bytes |" : "");
-  std::printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |%s\n",
+  std::printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |%s\n",
               do_measure ? " ---: |" : "");
   for (const Row& r : rows) {
     const kvo::MemoryPlan& p = r.plan;
     std::string fits = p.fits ? "yes" : "no";
     if (p.strategy == kvo::Strategy::kKvoffload && p.fits) {
-      fits += " (" + std::to_string(p.resident_layers) + "/" + std::to_string(p.layers) +
-              " layers resident";
+      fits += " (" + std::to_string(p.resident_layers) + "/" +
+              std::to_string(p.layers - p.window_layers) +
+              (p.window_layers > 0
+                   ? " full layers resident, " + std::to_string(p.window_layers) + " window layers"
+                   : std::string(" layers resident"));
       if (p.prefill_piece < r.context) {
         fits += "; prefill in pieces of " + context_label(p.prefill_piece) + ", +" +
                 gib(p.piece_reread_bytes) + " H2D";
@@ -229,9 +232,10 @@ int run(const Args& a, const CLI::App& app) {
       fits += ")";
     }
     if (!p.host_fits) fits += ", host memory short";
-    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |", context_label(r.context).c_str(),
-                kvo::strategy_name(p.strategy), gib(p.weights_bytes).c_str(),
-                gib(p.kv_device_bytes).c_str(), gib(p.activation_bytes).c_str(),
+    std::printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |",
+                context_label(r.context).c_str(), kvo::strategy_name(p.strategy),
+                gib(p.weights_bytes).c_str(), gib(p.kv_device_bytes).c_str(),
+                gib(p.kv_window_bytes).c_str(), gib(p.activation_bytes).c_str(),
                 gib(p.workspace_bytes).c_str(), gib(p.total_bytes).c_str(),
                 gib(p.host_bytes).c_str(), fits.c_str());
     if (do_measure) {
@@ -248,7 +252,8 @@ int run(const Args& a, const CLI::App& app) {
   if (csv_given) {
     std::ostringstream csv;
     csv << "context,strategy,weights_bytes,kv_device_bytes,activation_bytes,workspace_bytes,"
-           "total_bytes,host_bytes,fits,resident_layers,host_fits,prefill_piece,piece_reread_bytes"
+           "total_bytes,host_bytes,fits,resident_layers,host_fits,prefill_piece,piece_reread_bytes,"
+           "window_layers,kv_window_bytes"
         << (do_measure ? ",measured_bytes" : "") << "\n";
     for (const Row& r : rows) {
       const kvo::MemoryPlan& p = r.plan;
@@ -256,7 +261,7 @@ int run(const Args& a, const CLI::App& app) {
           << p.kv_device_bytes << ',' << p.activation_bytes << ',' << p.workspace_bytes << ','
           << p.total_bytes << ',' << p.host_bytes << ',' << (p.fits ? "yes" : "no") << ','
           << p.resident_layers << ',' << (p.host_fits ? "yes" : "no") << ',' << p.prefill_piece
-          << ',' << p.piece_reread_bytes;
+          << ',' << p.piece_reread_bytes << ',' << p.window_layers << ',' << p.kv_window_bytes;
       if (do_measure) csv << ',' << (r.measured < 0 ? std::string() : std::to_string(r.measured));
       csv << "\n";
     }

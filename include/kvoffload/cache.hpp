@@ -16,6 +16,8 @@
 // Nothing here blocks the host on the CUDA backend: acquire makes `stream` wait on an event,
 // release records one. Copies run on the cache's own H2D and D2H streams. Only the valid prefix
 // of each streamed layer moves host->device, and only the rows appended in the step move back.
+// A window layer (CacheConfig::layer_windows) never moves: its rows stay on the device, the last
+// ones of each window alone (LayerView::first_positions says where they start).
 //
 // Threading: one thread at a time calls into one cache. Streams: `stream` is a cudaStream_t on
 // the CUDA backend (nullptr is the legacy default stream); on the host backend it is nullptr
@@ -60,6 +62,13 @@ struct LayerView {
   // Host arrays of `layout.slots` entries, owned by the cache, valid until end_step:
   const std::int32_t* lengths = nullptr;     // rows valid before this step
   const std::int32_t* new_tokens = nullptr;  // rows this step appends
+  // A window layer (CacheConfig::layer_windows): the keys its attention sees, and per slot the
+  // position of its row 0 (host array, which append updates: read it after the slot's appends).
+  // Its rows are positions [first_positions[s], lengths[s] + new_tokens[s]) in order, in a
+  // buffer of layout.max_seq (window_rows) rows per slot; attend over a row's window there. A
+  // full layer: window 0 and first_positions null (row r is position r).
+  int window = 0;
+  const std::int32_t* first_positions = nullptr;
 
   // A view of `k` and `v` laid out as `layout` says, strides included: what acquire returns.
   KVO_API static LayerView of(const KvLayout& layout, void* k, void* v);
@@ -180,7 +189,9 @@ class KVO_API OffloadedStaticCache {
   // REQUIRES: `stream` is the stream the held layer was acquired and appended on.
   void abort_step(void* stream = nullptr);
 
-  // Between steps only. A change of length makes the next begin_step issue again what the
+  // Between steps only. truncate_slot refuses a length whose window rows a window layer no
+  // longer holds (it keeps the last rows of each window), unless to 0. A change of length makes
+  // the next begin_step issue again what the
   // previous step prefetched for it (its first ring_depth streamed layers, at the old length),
   // so the next step moves exactly its new prefixes; stats().prefetch_reissues counts them.
   void reset_slot(int slot);                 // length 0
@@ -197,7 +208,8 @@ class KVO_API OffloadedStaticCache {
   int length(int slot) const;
   bool in_step() const;
 
-  // Saved contexts, between steps only. A saved context is a slot's rows of every layer (from
+  // Saved contexts, between steps only; not of a cache with window layers (refused, naming
+  // them). A saved context is a slot's rows of every layer (from
   // the host store and the resident layers), its length, its SlotContext and the cache's shape
   // (layers, kv_heads, head_dim, K/V dtype, max_seq); each layer's rows carry an XXH3 checksum.
   // Both calls first wait until every copy in flight and the work on the callers' streams have

@@ -48,9 +48,21 @@ struct CacheConfig {
   int slots = 1;       // sequences decoded together (the batch)
   DType dtype = DType::kBF16;
 
-  // Layers [0, resident_layers) stay whole on the device and never move; the rest are streamed
+  // Sliding-window layers (Gemma's local layers, Mistral's): per layer, the keys its attention
+  // sees (the last N, its own included), 0 for a full layer; empty: every layer is full. A layer
+  // whose window buffer (window_rows) is shorter than max_seq is kept as a window layer: only the
+  // rows its window can still need, in window_rows(window, max_append) rows per slot on the
+  // device, resident, never streamed and never copied back. Such a layer's LayerView says where
+  // its rows start (LayerView::first_positions). At least one layer must stay full.
+  std::vector<int> layer_windows;
+  // The most rows one append gives one slot of a window layer (a prefill chunk); needed (>= 1)
+  // when a layer is kept as a window.
+  int max_append = 0;
+
+  // The full layers [0, resident_layers) (counted among full layers alone: window layers are
+  // always on the device) stay whole on the device and never move; the rest are streamed
   // through ring_depth staging buffers. kAutoResidentLayers: as many as device_budget holds.
-  // When the streamed layers are no more than ring_depth, every layer is kept resident.
+  // When the streamed layers are no more than ring_depth, every full layer is kept resident.
   int resident_layers = kAutoResidentLayers;
   int ring_depth = 2;
 

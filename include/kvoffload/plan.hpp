@@ -58,10 +58,23 @@ KVO_API std::uint64_t kv_row_bytes(DType dtype, int kv_heads, int dim);
 // REQUIRES: validate(config) passes.
 KVO_API KvLayout kv_layout(const CacheConfig& config);
 
+// Rows per slot of a window layer's buffer: a window of `window` keys needs the window - 1 rows
+// before a step's first new row and the rows appended; kept in order, the rows past the window
+// move to the front once the buffer is full, and 2 (window - 1) + max_append rows make that move
+// never overlap itself (it happens at most once per window - 1 + max_append rows appended).
+// Rounded up to 64 rows (whole pages of the attention kernels' paged view).
+KVO_API std::int64_t window_rows(int window, int max_append);
+// Whether layer `layer` of the config is kept as a window layer (CacheConfig::layer_windows).
+// REQUIRES: validate(config) passes.
+KVO_API bool is_window_layer(const CacheConfig& config, int layer);
+// The reserved region that holds the window layers' buffers (a config may not reserve the name).
+inline constexpr const char* kWindowRegion = "kv windows";
+
 struct CachePlan {
-  int layers = 0;
-  int resident_layers = 0;  // effective: equals `layers` when nothing is streamed
-  int streamed_layers = 0;  // layers - resident_layers
+  int layers = 0;           // every layer: resident + streamed + window
+  int resident_layers = 0;  // full layers on the device: all of them when nothing is streamed
+  int streamed_layers = 0;  // full layers streamed
+  int window_layers = 0;    // layers kept as windows (always on the device)
   int ring_depth = 0;       // staging buffers actually allocated (0 when nothing is streamed)
 
   KvLayout layout;                 // where each row lives in a layer-sized buffer
@@ -71,7 +84,8 @@ struct CachePlan {
   std::uint64_t resident_bytes = 0;
   std::uint64_t staging_bytes = 0;
   std::uint64_t reserved_bytes = 0;  // caller regions, each rounded up to 256 bytes
-  std::uint64_t device_bytes = 0;    // resident + staging + reserved: one arena
+  std::uint64_t window_bytes = 0;    // K and V of the window layers' buffers
+  std::uint64_t device_bytes = 0;    // resident + staging + window + reserved: one arena
   std::uint64_t host_bytes = 0;      // pinned host store: K and V of the streamed layers
   std::uint64_t budget = 0;          // the budget the plan was made against (0: none)
 };

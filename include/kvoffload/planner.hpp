@@ -44,9 +44,11 @@ struct MemoryQuery {
 };
 
 enum class Strategy {
-  kAllOnDevice,        // a plain static cache: every layer's full K/V on the device
+  kAllOnDevice,        // a plain static cache: every layer's full K/V on the device (a
+                       // sliding-window layer's window alone, as transformers' StaticCache)
   kHfOffloadedStatic,  // transformers' OffloadedStaticCache: layer 0 and two full-length
-                       // one-layer buffers on the device, the other layers on the host
+                       // one-layer buffers on the device, the other layers on the host (its
+                       // sliding-window layers' windows on the device, never offloaded)
   kKvoffload,          // resident layers that fit the budget, a ring of staging buffers
 };
 
@@ -56,12 +58,16 @@ KVO_API const char* strategy_name(
 struct MemoryPlan {
   Strategy strategy = Strategy::kKvoffload;
   std::uint64_t weights_bytes = 0;
-  std::uint64_t kv_device_bytes = 0;  // K/V on the device: resident layers + buffers
+  std::uint64_t kv_device_bytes = 0;  // K/V on the device: resident layers + buffers + windows
+  // Of kv_device_bytes, the window layers' (sliding-window layers keeping their last rows alone:
+  // kvoffload's window buffers, transformers' window-long static layers).
+  std::uint64_t kv_window_bytes = 0;
+  int window_layers = 0;
   std::uint64_t activation_bytes = 0;
   std::uint64_t workspace_bytes = 0;  // library workspaces (cuBLAS, attention partials)
   std::uint64_t total_bytes = 0;      // all of the above
   std::uint64_t host_bytes = 0;       // pinned host K/V
-  int resident_layers = 0;            // layers whose K/V stays on the device
+  int resident_layers = 0;            // full layers whose K/V stays on the device
   int layers = 0;
   bool fits = false;                       // total_bytes <= budget (always true without a budget)
   std::uint64_t host_available_bytes = 0;  // this machine's available memory

@@ -240,7 +240,11 @@ void Decoder::prefill_attention(int layer, const LayerView& view, float* x, int 
   ops_->to_cache_rows(a.k, n, a.k_rows);
   ops_->to_cache_rows(a.v, n, a.v_rows);
   cache_->append(layer, slot, a.k_rows, a.v_rows, n, stream_);
-  ops_->attention_prefill(a.q, n, slot, first_position, config_.window(layer), view, a.attn);
+  // A window layer's rows start at its first position (read after the append, which may move
+  // them): the attention takes positions in its rows.
+  const int first_row = view.first_positions != nullptr ? view.first_positions[slot] : 0;
+  ops_->attention_prefill(a.q, n, slot, first_position - first_row, config_.window(layer), view,
+                          a.attn);
   family_.attention_output(l, x, n);
 }
 
@@ -262,6 +266,18 @@ void Decoder::decode_attention(int layer, const LayerView& view) {
   for (int i = 0; i < n; ++i) {
     cache_->append(layer, batch_.slots()[i], static_cast<std::byte*>(a.k_rows) + i * row_bytes,
                    static_cast<std::byte*>(a.v_rows) + i * row_bytes, 1, stream_);
+  }
+  if (view.first_positions != nullptr) {  // a window layer: positions in its rows
+    std::vector<std::int32_t>& rel = window_positions_;
+    rel.resize(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      rel[static_cast<std::size_t>(i)] =
+          batch_.positions()[i] - view.first_positions[batch_.slots()[i]];
+    }
+    std::int32_t* device = a.window_positions + static_cast<std::int64_t>(layer) * slots;
+    cache_->copy_to_device(device, rel.data(), rel.size() * sizeof(std::int32_t));
+    rows.positions = device;
+    rows.host_positions = rel.data();
   }
   ops_->attention_decode(a.q, n, rows, config_.window(layer), view, a.attn);
   family_.attention_output(l, a.residual, n);

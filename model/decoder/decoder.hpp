@@ -50,8 +50,13 @@ struct DecoderOptions {
   // before it.
   bool fit_prompt = false;
   int logit_rows = 0;  // prefill_scored: rows of logits computed at once (at least slots)
-  int resident_layers = kAutoResidentLayers;  // or 0..layers
+  // Full layers kept on the device (window layers always are; more than the full layers keeps
+  // them all), or kAutoResidentLayers.
+  int resident_layers = kAutoResidentLayers;
   int ring_depth = 2;
+  // Sliding-window layers kept as windows in the cache (their last rows alone, on the device:
+  // CacheConfig::layer_windows); false: full length, like the other layers (to compare).
+  bool window_layers = true;
   std::uint64_t device_budget = 0;  // 0: the device's free memory (CUDA), unlimited (host)
   BackendKind backend = BackendKind::kAuto;
   // CUDA: attend with the built-in kernels even where FlashInfer serves the shape (to compare).
@@ -228,10 +233,11 @@ class Decoder {
   std::vector<std::uint32_t> draws_;     // [slots]: draws taken by each slot
   std::vector<std::int32_t> draw_rows_;  // [slots]: the draw number of each sampled row
   std::uint64_t activation_bytes_ = 0;
-  std::size_t kv_row_bytes_ = 0;      // one token of K (or V) in the cache
-  int logit_rows_ = 1;                // rows act_->logits holds
-  DecodeBatch batch_;                 // the rows of the decode step in progress
-  std::vector<float> decode_logits_;  // [slots][vocab], host
+  std::size_t kv_row_bytes_ = 0;                // one token of K (or V) in the cache
+  int logit_rows_ = 1;                          // rows act_->logits holds
+  DecodeBatch batch_;                           // the rows of the decode step in progress
+  std::vector<float> decode_logits_;            // [slots][vocab], host
+  std::vector<std::int32_t> window_positions_;  // a decode step's rows in a window layer, host
 };
 
 }  // namespace kvo::model

@@ -111,6 +111,10 @@ std::uint64_t ActivationLayout::carve(std::byte* base, const ModelConfig& c, DTy
   tokens = reinterpret_cast<std::int32_t*>(take(4 * static_cast<std::uint64_t>(P)));
   rows = reinterpret_cast<std::int32_t*>(take(4 * 3 * static_cast<std::uint64_t>(slots)));
   inv_freq = reinterpret_cast<float*>(take(f * static_cast<std::uint64_t>(c.head_dim / 2)));
+  if (c.windowed()) {
+    window_positions = reinterpret_cast<std::int32_t*>(
+        take(4 * static_cast<std::uint64_t>(c.layers) * static_cast<std::uint64_t>(slots)));
+  }
   if (c.rope_local_theta > 0) {
     inv_freq_local = reinterpret_cast<float*>(take(f * static_cast<std::uint64_t>(c.head_dim / 2)));
   }
@@ -142,6 +146,27 @@ void size_prompt(DecoderMemory& m, const ModelConfig& config, const DecoderOptio
   for (ReservedRegion& r : m.cache.reserved) {
     if (r.name == "activations") r.bytes = m.activations;
   }
+  // A window layer takes at most a chunk of rows per append (a decode step one).
+  if (!m.cache.layer_windows.empty()) m.cache.max_append = m.max_rows;
+}
+
+// The layers the cache keeps as windows: each windowed layer whose window buffer is shorter
+// than max_seq, while at least one layer stays full (the cache needs one); none when the
+// options keep every layer full.
+std::vector<int> cache_windows(const ModelConfig& config, const DecoderOptions& options,
+                               int max_rows) {
+  if (!options.window_layers || !config.windowed()) return {};
+  std::vector<int> windows(static_cast<std::size_t>(config.layers));
+  bool full = false;
+  for (int l = 0; l < config.layers; ++l) {
+    const int w = config.window(l);
+    if (w > 0 && window_rows(w, max_rows) < options.max_seq) {
+      windows[static_cast<std::size_t>(l)] = w;
+    } else {
+      full = true;
+    }
+  }
+  return full ? windows : std::vector<int>{};
 }
 
 // Whether the cache's plan, its reserved regions included, fits `budget` with any number of
@@ -234,6 +259,19 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
   cc.reserved.push_back({"weights", m.weights});
   cc.reserved.push_back({"activations", m.activations});
   if (m.workspace > 0) cc.reserved.push_back({"workspace", m.workspace});
+  // Window buffers sized for the largest chunk asked for (a smaller piece below only shrinks
+  // them, and max_append follows it in size_prompt).
+  cc.layer_windows = cache_windows(config, options, m.max_rows);
+  if (!cc.layer_windows.empty()) {
+    cc.max_append = m.max_rows;
+    // resident_layers counts the full layers (window layers are always on the device): asking
+    // for more than there are (--resident all) keeps all of them.
+    const auto full =
+        static_cast<int>(std::count(cc.layer_windows.begin(), cc.layer_windows.end(), 0));
+    if (cc.resident_layers != kAutoResidentLayers) {
+      cc.resident_layers = std::min(cc.resident_layers, full);
+    }
+  }
   if (options.fit_prompt && options.device_budget > 0 && !plan_fits(m, options.device_budget)) {
     // The largest piece of whole chunks, no smaller than one, whose activations fit beside the
     // weights and the ring (the plan's other reserved regions do not depend on it). Where even a

@@ -110,6 +110,8 @@ struct ActivationLayout {
   std::int32_t* rows = nullptr;     // [3][slots]: tokens, slots, positions of a decode step
   float* inv_freq = nullptr;        // [head_dim / 2]
   float* inv_freq_local = nullptr;  // [head_dim / 2]: the window layers' (Gemma 3), or none
+  // [layers][slots]: a decode step's positions in each window layer's rows (windowed models)
+  std::int32_t* window_positions = nullptr;
 
   // Lays the buffers out from `base` (nullptr: only counts). Returns the bytes used.
   std::uint64_t carve(std::byte* base, const ModelConfig& c, DType kv_dtype, int R, int P,

@@ -56,7 +56,9 @@ MemoryPlan kvoffload_plan(const model::DecoderMemory& m, int layers, std::uint64
   MemoryPlan p = base_plan(Strategy::kKvoffload, m, layers);
   model::require_weights_fit(m, budget);
   const CachePlan cache = plan_cache(m.cache, budget);
-  p.kv_device_bytes = cache.resident_bytes + cache.staging_bytes;
+  p.kv_device_bytes = cache.resident_bytes + cache.staging_bytes + cache.window_bytes;
+  p.kv_window_bytes = cache.window_bytes;
+  p.window_layers = cache.window_layers;
   p.host_bytes = cache.host_bytes;
   p.resident_layers = cache.resident_layers;
   p.prefill_piece = m.max_prompt;
@@ -103,21 +105,39 @@ std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query) {
   const model::ModelConfig config = model::resolve_model(query.model);
   const model::DecoderMemory m = decoder_memory(query, config);
   const std::uint64_t layer = plain_layer_bytes(m);
-  const auto layers = static_cast<std::uint64_t>(config.layers);
+  // transformers' static caches keep a sliding-window layer's window alone (min(window,
+  // max_seq) rows), on the device: its StaticSlidingWindowLayer, which offloading skips.
+  std::uint64_t full_layers = 0;
+  std::uint64_t window_bytes = 0;
+  int windows = 0;
+  for (int l = 0; l < config.layers; ++l) {
+    const int w = config.window(l);
+    if (w > 0 && w < m.cache.max_seq) {
+      window_bytes +=
+          layer / static_cast<std::uint64_t>(m.cache.max_seq) * static_cast<std::uint64_t>(w);
+      ++windows;
+    } else {
+      ++full_layers;
+    }
+  }
   std::vector<MemoryPlan> plans;
 
   MemoryPlan all = base_plan(Strategy::kAllOnDevice, m, config.layers);
-  all.kv_device_bytes = layers * layer;
-  all.resident_layers = config.layers;
+  all.kv_device_bytes = full_layers * layer + window_bytes;
+  all.kv_window_bytes = window_bytes;
+  all.window_layers = windows;
+  all.resident_layers = static_cast<int>(full_layers);
   finish(all, query.budget, query.backend);
   plans.push_back(all);
 
-  // transformers' OffloadedStaticCache: layer 0's K/V stays on the device, two device buffers of
-  // one full-length layer each take the prefetched layer and the one being computed, and the
-  // other layers live in pinned host memory.
+  // transformers' OffloadedStaticCache: the first full layer's K/V stays on the device, two
+  // device buffers of one full-length layer each take the prefetched layer and the one being
+  // computed, and the other full layers live in pinned host memory.
   MemoryPlan hf = base_plan(Strategy::kHfOffloadedStatic, m, config.layers);
-  hf.kv_device_bytes = (layers > 1 ? 3 : 1) * layer;
-  hf.host_bytes = (layers - 1) * layer;
+  hf.kv_device_bytes = (full_layers > 1 ? 3 : 1) * layer + window_bytes;
+  hf.kv_window_bytes = window_bytes;
+  hf.window_layers = windows;
+  hf.host_bytes = (full_layers - 1) * layer;
   hf.resident_layers = 1;
   finish(hf, query.budget, query.backend);
   plans.push_back(hf);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kvoffload/error.hpp"
+#include "offload/store/window_layers.hpp"
 #include "offload/util/checked_math.hpp"
 
 namespace kvo {
@@ -87,7 +88,98 @@ KvLayout kv_layout(const CacheConfig& config) {
   return layout;
 }
 
+std::int64_t window_rows(int window, int max_append) {
+  const std::int64_t rows = 2 * (static_cast<std::int64_t>(window) - 1) + max_append;
+  return (rows + 63) / 64 * 64;
+}
+
+bool is_window_layer(const CacheConfig& config, int layer) {
+  if (config.layer_windows.empty()) return false;
+  const int window = config.layer_windows[static_cast<std::size_t>(layer)];
+  return window > 0 && window_rows(window, config.max_append) < config.max_seq;
+}
+
+namespace offload {
+
+WindowPlan plan_windows(const CacheConfig& config) {
+  WindowPlan p;
+  p.full = config;
+  p.full.layer_windows.clear();
+  p.full_index.assign(static_cast<std::size_t>(config.layers), -1);
+  p.window_index.assign(static_cast<std::size_t>(config.layers), -1);
+  int full = 0;
+  for (int l = 0; l < config.layers; ++l) {
+    if (!is_window_layer(config, l)) {
+      p.full_index[static_cast<std::size_t>(l)] = full++;
+      continue;
+    }
+    WindowPlan::Window w;
+    w.layer = l;
+    w.window = config.layer_windows[static_cast<std::size_t>(l)];
+    CacheConfig shape = p.full;
+    shape.max_seq = static_cast<int>(window_rows(w.window, config.max_append));
+    w.layout = kv_layout(shape);
+    w.offset = p.bytes;
+    p.bytes = checked_add(p.bytes, w.layout.layer_bytes(), "window bytes");
+    p.window_index[static_cast<std::size_t>(l)] = static_cast<int>(p.windows.size());
+    p.windows.push_back(w);
+  }
+  p.full.layers = full;
+  if (!p.windows.empty()) p.full.reserved.push_back({kWindowRegion, p.bytes});
+  return p;
+}
+
+}  // namespace offload
+
+namespace {
+
+void validate_full(const CacheConfig& config);
+
+}  // namespace
+
 void validate(const CacheConfig& config) {
+  validate_full(config);
+  for (const ReservedRegion& region : config.reserved) {
+    if (region.name == kWindowRegion) {
+      throw invalid(std::string("the reserved device region name '") + kWindowRegion +
+                    "' is the cache's own (its window layers)");
+    }
+  }
+  if (config.layer_windows.empty()) return;
+  if (static_cast<int>(config.layer_windows.size()) != config.layers) {
+    throw invalid("CacheConfig.layer_windows has " + std::to_string(config.layer_windows.size()) +
+                  " entries for " + std::to_string(config.layers) + " layers");
+  }
+  bool windowed = false;
+  for (std::size_t l = 0; l < config.layer_windows.size(); ++l) {
+    const int w = config.layer_windows[l];
+    if (w < 0) {
+      throw invalid("CacheConfig.layer_windows[" + std::to_string(l) +
+                    "] must be 0 (full) or a window of keys, got " + std::to_string(w));
+    }
+    windowed = windowed || w > 0;
+  }
+  if (windowed && (config.max_append < 1 || config.max_append > config.max_seq)) {
+    throw invalid("CacheConfig.max_append must be from 1 to max_seq (" +
+                  std::to_string(config.max_seq) + ") with window layers, got " +
+                  std::to_string(config.max_append));
+  }
+  int full = 0;
+  for (int l = 0; l < config.layers; ++l) full += is_window_layer(config, l) ? 0 : 1;
+  if (full == 0) {
+    throw invalid(
+        "every layer of this config would be a window layer; at least one must stay full "
+        "(a cache of window layers alone is not built)");
+  }
+  if (config.resident_layers != kAutoResidentLayers && config.resident_layers > full) {
+    throw invalid("CacheConfig.resident_layers counts full layers: at most " +
+                  std::to_string(full) + " here, got " + std::to_string(config.resident_layers));
+  }
+}
+
+namespace {
+
+void validate_full(const CacheConfig& config) {
   require_positive(config.layers, "layers");
   require_positive(config.kv_heads, "kv_heads");
   require_positive(config.head_dim, "head_dim");
@@ -120,7 +212,8 @@ void validate(const CacheConfig& config) {
   (void)reserved_bytes(config);
 }
 
-std::uint64_t plan_device_bytes(const CacheConfig& config, int resident_layers) {
+// The device bytes of a config of full layers alone (windows a reserved region already).
+std::uint64_t full_device_bytes(const CacheConfig& config, int resident_layers) {
   const int resident = effective_resident(config, resident_layers);
   const int buffers = resident == config.layers ? config.layers : resident + config.ring_depth;
   const std::uint64_t layer = layer_bytes(config);
@@ -129,16 +222,17 @@ std::uint64_t plan_device_bytes(const CacheConfig& config, int resident_layers) 
       reserved_bytes(config), "device bytes");
 }
 
-CachePlan plan_cache(const CacheConfig& config, std::uint64_t budget) {
-  validate(config);
+// The plan of a config of full layers alone.
+CachePlan plan_full(const CacheConfig& config, std::uint64_t budget) {
+  validate_full(config);
   int resident = config.resident_layers;
   if (resident == kAutoResidentLayers) {
     resident = config.layers;
     if (budget != 0) {
-      while (resident > 0 && plan_device_bytes(config, resident) > budget) --resident;
+      while (resident > 0 && full_device_bytes(config, resident) > budget) --resident;
     }
   }
-  const std::uint64_t need = plan_device_bytes(config, resident);
+  const std::uint64_t need = full_device_bytes(config, resident);
   if (budget != 0 && need > budget) {
     throw Error(ErrorCode::kOutOfMemory,
                 "the cache needs " + format_bytes(need) + " of device memory (" +
@@ -169,6 +263,26 @@ CachePlan plan_cache(const CacheConfig& config, std::uint64_t budget) {
   plan.budget = budget;
   if (plan.resident_bytes + plan.staging_bytes + plan.reserved_bytes != plan.device_bytes) {
     throw Error(ErrorCode::kInternal, "device plan does not add up");
+  }
+  return plan;
+}
+
+}  // namespace
+
+std::uint64_t plan_device_bytes(const CacheConfig& config, int resident_layers) {
+  const offload::WindowPlan windows = offload::plan_windows(config);
+  return full_device_bytes(windows.full, resident_layers);
+}
+
+CachePlan plan_cache(const CacheConfig& config, std::uint64_t budget) {
+  validate(config);
+  const offload::WindowPlan windows = offload::plan_windows(config);
+  CachePlan plan = plan_full(windows.full, budget);
+  plan.layers = config.layers;
+  plan.window_layers = static_cast<int>(windows.windows.size());
+  if (plan.window_layers > 0) {
+    plan.window_bytes = offload::align_up(windows.bytes, offload::kDeviceAlignment);
+    plan.reserved_bytes -= plan.window_bytes;
   }
   return plan;
 }

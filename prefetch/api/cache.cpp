@@ -13,6 +13,7 @@
 #include "offload/store/device_arena.hpp"
 #include "offload/store/host_memory.hpp"
 #include "offload/store/host_store.hpp"
+#include "offload/store/window_layers.hpp"
 #include "offload/util/byte_io.hpp"
 #include "prefetch/backend/backend.hpp"
 #include "prefetch/ring/staging_ring.hpp"
@@ -46,15 +47,24 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
       }
     }
     plan = plan_cache(config, budget);
+    // The full layers are planned, stored and streamed as a cache of their own; the window
+    // layers' buffers are a region of its arena.
+    windows = offload::plan_windows(config);
     offload::require_host_memory(plan, backend->kind(), host_available_bytes());
     store = std::make_unique<offload::HostStore>(*backend, plan);
-    arena = std::make_unique<offload::DeviceArena>(*backend, plan, config.reserved);
+    arena = std::make_unique<offload::DeviceArena>(*backend, plan, windows.full.reserved);
     lengths.assign(static_cast<std::size_t>(config.slots), 0);
     if (plan.streamed_layers > 0) {
       ring =
           std::make_unique<prefetch::StagingRing>(*backend, *store, *arena, plan, lengths.data());
     }
     for (int l = 0; l < plan.resident_layers; ++l) resident_released.emplace_back(*backend);
+    if (!windows.windows.empty()) window_base = arena->reserved(kWindowRegion);
+    for (std::size_t w = 0; w < windows.windows.size(); ++w) {
+      window_released.emplace_back(*backend);
+      window_first.emplace_back(static_cast<std::size_t>(config.slots), 0);
+    }
+    window_lost.assign(static_cast<std::size_t>(config.slots), 0);
     new_tokens.assign(static_cast<std::size_t>(config.slots), 0);
     appended.assign(static_cast<std::size_t>(config.slots), 0);
   }
@@ -95,7 +105,30 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
                      std::to_string(held_layer) + " is the one acquired");
     }
   }
-  bool is_resident(int layer) const { return layer < plan.resident_layers; }
+  // Of a layer of the config: its index among the full layers (-1 for a window layer), and
+  // whether it is a full layer kept on the device.
+  int full(int layer) const { return windows.full_index[static_cast<std::size_t>(layer)]; }
+  int window(int layer) const { return windows.window_index[static_cast<std::size_t>(layer)]; }
+  bool is_resident(int layer) const {
+    const int f = full(layer);
+    return f >= 0 && f < plan.resident_layers;
+  }
+  // A window layer's K (kv 0) or V rows of `slot`, from its first row.
+  std::byte* window_slot_rows(int w, int slot, int kv) const {
+    const offload::WindowPlan::Window& win = windows.windows[static_cast<std::size_t>(w)];
+    const KvLayout& l = win.layout;
+    return window_base + win.offset +
+           (kv == 0 ? l.k_offset(slot, 0) : l.v_begin() + l.v_offset(slot, 0));
+  }
+  void check_no_windows(const char* call) const {
+    if (!windows.windows.empty()) {
+      throw invalid(std::string(call) +
+                    ": saved contexts hold every layer's rows from the "
+                    "first; this cache keeps " +
+                    std::to_string(windows.windows.size()) +
+                    " window layers (their last rows alone), which they do not hold yet");
+    }
+  }
   void check_slots(const std::vector<int>& slots, const char* call) const {
     check_between_steps(call);
     for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -118,6 +151,56 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
     return {config.layers,  config.kv_heads, config.head_dim,
             config.max_seq, config.dtype,    plan.row_bytes};
   }
+  // A window layer's rows of one append: after the slot's held rows, in order. When they would
+  // pass the buffer, the window - 1 rows before the first new one (all its window needs) move
+  // to the front first, on the caller's stream: the buffer's 2 (window - 1) + max_append rows
+  // make that move never overlap itself.
+  void window_append(int w, int slot, const void* k_rows, const void* v_rows, int count,
+                     void* stream) {
+    const offload::WindowPlan::Window& win = windows.windows[static_cast<std::size_t>(w)];
+    const KvLayout& l = win.layout;
+    const auto s = static_cast<std::size_t>(slot);
+    std::int32_t& first = window_first[static_cast<std::size_t>(w)][s];
+    const int position = lengths[s] + appended[s];  // of the first new row
+    int held = position - first;
+    if (held + count > l.max_seq) {
+      const int keep = std::min(held, win.window - 1);
+      const int from = held - keep;
+      backend->copy_async(window_slot_rows(w, slot, 0),
+                          window_slot_rows(w, slot, 0) + l.k_bytes(from), l.k_bytes(keep), stream);
+      backend->copy_async(window_slot_rows(w, slot, 1),
+                          window_slot_rows(w, slot, 1) + l.v_bytes(from), l.v_bytes(keep), stream);
+      first = position - keep;
+      held = keep;
+    }
+    backend->copy_async(window_slot_rows(w, slot, 0) + l.k_bytes(held), k_rows, l.k_bytes(count),
+                        stream);
+    backend->copy_async(window_slot_rows(w, slot, 1) + l.v_bytes(held), v_rows, l.v_bytes(count),
+                        stream);
+  }
+  // Whether every window layer of `slot` holds what a length of `length` needs: the window - 1
+  // rows before it (all rows, from position 0, when it is shorter).
+  bool windows_cover(int slot, int length) const {
+    for (std::size_t w = 0; w < windows.windows.size(); ++w) {
+      const int need = std::max(0, length - (windows.windows[w].window - 1));
+      if (window_first[w][static_cast<std::size_t>(slot)] > need) return false;
+    }
+    return true;
+  }
+  // After an aborted step: a slot whose window layers moved rows past what its committed length
+  // needs can no longer take a step (begin_step refuses it) until it is reset or truncated.
+  void mark_lost_windows() {
+    for (int s = 0; s < config.slots; ++s) {
+      if (!windows_cover(s, lengths[static_cast<std::size_t>(s)])) {
+        window_lost[static_cast<std::size_t>(s)] = 1;
+      }
+    }
+  }
+  void reset_windows(int slot) {
+    for (auto& first : window_first) first[static_cast<std::size_t>(slot)] = 0;
+    window_lost[static_cast<std::size_t>(slot)] = 0;
+  }
+
   // Saving reads rows that write-backs and the callers' kernels may still be writing; loading
   // overwrites rows that prefetches may still be reading.
   void quiesce() const { backend->synchronize_all(); }
@@ -127,7 +210,8 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
                                 const std::string& model, const std::string& what,
                                 bool whole_input);
   std::byte* layer_base(int layer) const {
-    return is_resident(layer) ? arena->resident_layer(layer) : held_buffer;
+    if (window(layer) >= 0) return window_slot_rows(window(layer), 0, 0);
+    return is_resident(layer) ? arena->resident_layer(full(layer)) : held_buffer;
   }
 
   CacheConfig config;
@@ -144,6 +228,13 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
   // step on another stream starts after the previous one's work on the layer (as the ring's
   // events do for streamed layers).
   std::vector<prefetch::Event> resident_released;
+  // The window layers (CacheConfig::layer_windows): where each lies, when the caller's work on
+  // it was released, and per slot the position of its first row.
+  offload::WindowPlan windows;
+  std::byte* window_base = nullptr;
+  std::vector<prefetch::Event> window_released;
+  std::vector<std::vector<std::int32_t>> window_first;  // [window layer][slot]
+  std::vector<std::uint8_t> window_lost;                // [slot]: see mark_lost_windows
 
   bool in_step = false;
   int next_layer = 0;
@@ -250,6 +341,7 @@ std::vector<SlotMove> slot_moves(const std::vector<int>& source) {
 void OffloadedStaticCache::Impl::save(const std::vector<int>& slots, offload::ByteSink& sink,
                                       const std::vector<SlotContext>& contexts, const char* call) {
   check_slots(slots, call);
+  check_no_windows(call);
   if (contexts.size() != slots.size()) {
     throw invalid(std::string(call) + ": " + std::to_string(contexts.size()) + " contexts for " +
                   std::to_string(slots.size()) + " slots");
@@ -277,6 +369,7 @@ std::vector<SlotContext> OffloadedStaticCache::Impl::load(const std::vector<int>
                                                           const std::string& what,
                                                           bool whole_input) {
   check_slots(slots, "load_slot");
+  check_no_windows("load_slot");
   const offload::ContextShape shape = context_shape("load_slot");
   quiesce();
   // Every record is read and checked before any length changes: a slot that holds rows gets
@@ -391,6 +484,12 @@ void OffloadedStaticCache::begin_step(const std::vector<std::int32_t>& new_token
                     std::to_string(m.lengths[s]) + " tokens; " + std::to_string(n) +
                     " more would pass max_seq (" + std::to_string(m.config.max_seq) + ")");
     }
+    if (n > 0 && m.window_lost[static_cast<std::size_t>(s)] != 0) {
+      throw invalid("begin_step: slot " + std::to_string(s) +
+                    " lost rows of its window layers in an aborted step (they had moved to make "
+                    "room for rows that step appended); reset_slot it, or truncate_slot it to a "
+                    "length its windows still hold");
+    }
   }
   m.new_tokens = new_tokens;
   if (m.ring) m.ring->begin_step(m.new_tokens.data());
@@ -431,21 +530,32 @@ LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
                    std::to_string(layer));
   }
   m.backend->check_stream(stream);
-  if (m.is_resident(layer)) {
-    m.backend->wait_measured(stream, m.resident_released[static_cast<std::size_t>(layer)].get());
+  const int w = m.window(layer);
+  if (w >= 0) {
+    m.backend->wait_measured(stream, m.window_released[static_cast<std::size_t>(w)].get());
+    m.held_buffer = nullptr;
+  } else if (m.is_resident(layer)) {
+    m.backend->wait_measured(stream,
+                             m.resident_released[static_cast<std::size_t>(m.full(layer))].get());
     m.held_buffer = nullptr;
   } else {
-    m.held_buffer = m.ring->acquire(layer - m.plan.resident_layers, stream);
+    m.held_buffer = m.ring->acquire(m.full(layer) - m.plan.resident_layers, stream);
   }
   m.held_layer = layer;
   std::fill(m.appended.begin(), m.appended.end(), 0);
 
-  LayerView view = LayerView::of(m.plan.layout, m.layer_base(layer),
-                                 m.layer_base(layer) + m.plan.layout.v_begin());
+  const KvLayout& layout =
+      w >= 0 ? m.windows.windows[static_cast<std::size_t>(w)].layout : m.plan.layout;
+  LayerView view =
+      LayerView::of(layout, m.layer_base(layer), m.layer_base(layer) + layout.v_begin());
   view.layer = layer;
-  view.resident = m.is_resident(layer);
+  view.resident = w >= 0 || m.is_resident(layer);
   view.lengths = m.lengths.data();
   view.new_tokens = m.new_tokens.data();
+  if (w >= 0) {
+    view.window = m.windows.windows[static_cast<std::size_t>(w)].window;
+    view.first_positions = m.window_first[static_cast<std::size_t>(w)].data();
+  }
   return view;
 }
 
@@ -465,8 +575,21 @@ void OffloadedStaticCache::append(int layer, int slot, const void* k_rows, const
   }
   if (count == 0) return;
   if (k_rows == nullptr || v_rows == nullptr) throw invalid("append: null K or V rows");
+  if (m.window(layer) >= 0 && count > m.config.max_append) {
+    throw invalid("append: layer " + std::to_string(layer) +
+                  " is a window layer, which takes at "
+                  "most max_append (" +
+                  std::to_string(m.config.max_append) + ") rows of a slot per call; got " +
+                  std::to_string(count));
+  }
   m.backend->check_stream(stream);
 
+  const int w = m.window(layer);
+  if (w >= 0) {
+    m.window_append(w, slot, k_rows, v_rows, count, stream);
+    m.appended[s] += count;
+    return;
+  }
   const KvLayout& l = m.plan.layout;
   const int token = m.lengths[s] + m.appended[s];
   std::byte* base = m.layer_base(layer);
@@ -488,10 +611,12 @@ void OffloadedStaticCache::release(int layer, void* stream) {
     }
   }
   m.backend->check_stream(stream);
-  if (m.is_resident(layer)) {
-    m.backend->record(m.resident_released[static_cast<std::size_t>(layer)].get(), stream);
+  if (m.window(layer) >= 0) {
+    m.backend->record(m.window_released[static_cast<std::size_t>(m.window(layer))].get(), stream);
+  } else if (m.is_resident(layer)) {
+    m.backend->record(m.resident_released[static_cast<std::size_t>(m.full(layer))].get(), stream);
   } else {
-    m.ring->release(layer - m.plan.resident_layers, stream);
+    m.ring->release(m.full(layer) - m.plan.resident_layers, stream);
   }
   m.held_layer = -1;
   m.held_buffer = nullptr;
@@ -521,15 +646,20 @@ void OffloadedStaticCache::abort_step(void* stream) {
   Impl& m = *impl_;
   if (!m.in_step) throw protocol("abort_step without an open step");
   m.backend->check_stream(stream);
-  if (m.held_layer >= 0 && m.is_resident(m.held_layer)) {
-    m.backend->record(m.resident_released[static_cast<std::size_t>(m.held_layer)].get(), stream);
+  const int held_window = m.held_layer >= 0 ? m.window(m.held_layer) : -1;
+  if (held_window >= 0) {
+    m.backend->record(m.window_released[static_cast<std::size_t>(held_window)].get(), stream);
+  } else if (m.held_layer >= 0 && m.is_resident(m.held_layer)) {
+    m.backend->record(m.resident_released[static_cast<std::size_t>(m.full(m.held_layer))].get(),
+                      stream);
   }
   if (m.ring) {
-    const int held = m.held_layer >= 0 && !m.is_resident(m.held_layer)
-                         ? m.held_layer - m.plan.resident_layers
+    const int held = m.held_layer >= 0 && held_window < 0 && !m.is_resident(m.held_layer)
+                         ? m.full(m.held_layer) - m.plan.resident_layers
                          : -1;
     m.ring->abort_step(held, stream);
   }
+  m.mark_lost_windows();
   m.in_step = false;
   m.held_layer = -1;
   m.held_buffer = nullptr;
@@ -539,6 +669,7 @@ void OffloadedStaticCache::reset_slot(int slot) {
   Impl& m = *impl_;
   m.check_between_steps("reset_slot");
   m.check_slot(slot);
+  m.reset_windows(slot);
   if (m.lengths[static_cast<std::size_t>(slot)] == 0) return;
   m.lengths[static_cast<std::size_t>(slot)] = 0;
   if (m.ring) m.ring->forget_prefetches();
@@ -575,7 +706,8 @@ void OffloadedStaticCache::reorder_slots(const std::vector<int>& source) {
   const std::vector<SlotMove> moves = slot_moves(source);
   std::vector<std::byte> host_scratch;
   std::byte* device_scratch = m.plan.ring_depth > 0 ? m.arena->staging_buffer(0) : nullptr;
-  for (int layer = 0; layer < m.config.layers; ++layer) {
+  // The full layers (indices among them, as CacheSlotRows takes them).
+  for (int layer = 0; layer < m.windows.full.layers; ++layer) {
     const bool resident = layer < m.plan.resident_layers;
     for (int kv = 0; kv < 2; ++kv) {
       const std::uint64_t row = kv == 0 ? l.k_row_bytes : l.v_row_bytes;
@@ -613,6 +745,40 @@ void OffloadedStaticCache::reorder_slots(const std::vector<int>& source) {
       }
     }
   }
+  // The window layers: each slot's held rows through host memory (they are a window's worth).
+  for (std::size_t w = 0; w < m.windows.windows.size(); ++w) {
+    const KvLayout& wl = m.windows.windows[w].layout;
+    std::vector<std::int32_t>& first = m.window_first[w];
+    std::vector<std::vector<std::byte>> held(static_cast<std::size_t>(slots) * 2);
+    for (int s = 0; s < slots; ++s) {
+      const std::int64_t rows =
+          m.lengths[static_cast<std::size_t>(s)] - first[static_cast<std::size_t>(s)];
+      for (int kv = 0; kv < 2; ++kv) {
+        std::vector<std::byte>& h = held[static_cast<std::size_t>(2 * s + kv)];
+        h.resize(kv == 0 ? wl.k_bytes(rows) : wl.v_bytes(rows));
+        if (!h.empty())
+          m.backend->copy_sync(h.data(), m.window_slot_rows(static_cast<int>(w), s, kv), h.size());
+      }
+    }
+    const std::vector<std::int32_t> old_first = first;
+    for (int s = 0; s < slots; ++s) {
+      const int from = source[static_cast<std::size_t>(s)];
+      first[static_cast<std::size_t>(s)] = old_first[static_cast<std::size_t>(from)];
+      if (from == s) continue;
+      for (int kv = 0; kv < 2; ++kv) {
+        const std::vector<std::byte>& h = held[static_cast<std::size_t>(2 * from + kv)];
+        if (!h.empty())
+          m.backend->copy_sync(m.window_slot_rows(static_cast<int>(w), s, kv), h.data(), h.size());
+        m.reorder_bytes += h.size();
+      }
+    }
+  }
+  std::vector<std::uint8_t> lost(static_cast<std::size_t>(slots));
+  for (int s = 0; s < slots; ++s) {
+    lost[static_cast<std::size_t>(s)] =
+        m.window_lost[static_cast<std::size_t>(source[static_cast<std::size_t>(s)])];
+  }
+  m.window_lost = lost;
   m.lengths = lengths;
   if (m.ring) m.ring->forget_prefetches();
 }
@@ -626,6 +792,14 @@ void OffloadedStaticCache::truncate_slot(int slot, int length) {
     throw invalid("truncate_slot: slot " + std::to_string(slot) + " holds " + std::to_string(held) +
                   " tokens; cannot truncate to " + std::to_string(length));
   }
+  if (length == 0) m.reset_windows(slot);
+  if (!m.windows_cover(slot, length)) {
+    throw invalid("truncate_slot: slot " + std::to_string(slot) +
+                  "'s window layers no longer hold the rows a length of " + std::to_string(length) +
+                  " needs (they keep the last rows of each window); "
+                  "truncate to a longer length, or to 0");
+  }
+  m.window_lost[static_cast<std::size_t>(slot)] = 0;
   if (length == held) return;
   held = length;
   if (m.ring) m.ring->forget_prefetches();

@@ -11,6 +11,7 @@
 #include "kvoffload/error.hpp"
 #include "kvoffload/quant.hpp"
 #include "model/decoder/memory_plan.hpp"
+#include "model/families/family.hpp"
 #include "model/model_test_util.hpp"
 #include "model/reference_forward.hpp"
 
@@ -313,6 +314,69 @@ TEST(Decoder, PrefillChunkSizesAgree) {
                                                     "chunk " + std::to_string(chunk)));
   }
   std::printf("worst logit error: %.2e of its float32 bound\n", worst);
+}
+
+// Gemma 2's window layers kept as windows in the cache (their last rows alone, on the device)
+// give the bits of the same layers kept at full length: three slots of different lengths past
+// several moves of the windows' rows, decoded together with one slot sitting out, streamed
+// under random copy delays and resident. The windows never cross the bus, and the plan counts
+// them apart.
+TEST(Decoder, WindowLayersGiveTheLogitsOfFullLengthOnes) {
+  ModelConfig c = small_config();
+  const Family& gemma2 = family_of_model_type("gemma2", "test");
+  c.architecture = gemma2.architectures.front();
+  c.model_type = gemma2.model_type;
+  c.sliding_window = 8;
+  c.layers = 5;
+  gemma2.settle(c);  // layers 0, 2 and 4 windows of 8 keys, 1 and 3 full
+  const int slots = 3;
+  const std::vector<std::vector<std::int32_t>> prompts = {random_prompt(100, c.vocab_size, 4),
+                                                          random_prompt(37, c.vocab_size, 5),
+                                                          random_prompt(150, c.vocab_size, 6)};
+  const auto run = [&](bool windows, int resident, std::uint32_t delay) {
+    DecoderOptions o = host_options(300, slots);
+    o.window_layers = windows;
+    o.resident_layers = resident;
+    o.ring_depth = 1;
+    o.host.max_delay_us = delay;
+    o.host.delay_seed = 3;
+    Decoder d(c, WeightSource{"", 21}, o);
+    const CachePlan plan = d.cache().stats().plan;
+    EXPECT_EQ(plan.window_layers, windows ? 3 : 0);
+    EXPECT_EQ(plan.layers, 5);
+    std::vector<float> logits(static_cast<std::size_t>(slots) * c.vocab_size);
+    std::vector<float> all;
+    std::vector<std::int32_t> next(slots);
+    for (int s = 0; s < slots; ++s) {
+      d.prefill(s, prompts[static_cast<std::size_t>(s)], logits.data() + s * c.vocab_size);
+      next[static_cast<std::size_t>(s)] = argmax(logits.data() + s * c.vocab_size, c.vocab_size);
+    }
+    all.insert(all.end(), logits.begin(), logits.end());
+    for (int step = 0; step < 60; ++step) {
+      std::vector<std::int32_t> in = next;
+      if (step % 7 == 3) in[1] = -1;
+      d.decode(in, logits.data());
+      for (int s = 0; s < slots; ++s) {
+        if (in[static_cast<std::size_t>(s)] < 0) continue;
+        next[static_cast<std::size_t>(s)] = argmax(logits.data() + s * c.vocab_size, c.vocab_size);
+        all.insert(all.end(), logits.begin() + s * c.vocab_size,
+                   logits.begin() + (s + 1) * c.vocab_size);
+      }
+    }
+    if (windows && resident == 0) {
+      // Only the full layers are stored on the host and cross the bus, never a window.
+      EXPECT_EQ(plan.streamed_layers, 2);
+      EXPECT_EQ(plan.host_bytes, 2 * plan.layer_bytes);
+    }
+    return all;
+  };
+  const std::vector<float> full = run(false, 0, 0);
+  for (auto [resident, delay] : {std::pair{0, 20u}, {1, 0u}}) {
+    const std::vector<float> windowed = run(true, resident, delay);
+    ASSERT_EQ(windowed.size(), full.size());
+    EXPECT_EQ(std::memcmp(windowed.data(), full.data(), full.size() * sizeof(float)), 0)
+        << "resident " << resident;
+  }
 }
 
 TEST(Decoder, SlotsDecodedTogetherEqualEachAlone) {

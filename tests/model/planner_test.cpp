@@ -149,6 +149,40 @@ TEST(Planner, WhenEverythingFitsNothingMoves) {
   EXPECT_EQ(decoder.cache().stats().d2h_bytes_total, 0u);
 }
 
+// Gemma 3 12B: 40 of its 48 layers are windows of 1024 keys. kvoffload keeps each in a buffer
+// of 2 x 1023 + chunk rows (in whole 64s) on the device and plans the 8 full layers as any
+// cache's; transformers' caches keep a window's 1024 rows on the device (its offloading skips
+// them) and the full layers as their formulas say. The windows are reported apart.
+TEST(Planner, WindowLayersAreCountedApart) {
+  MemoryQuery q;
+  q.model = "gemma3-12b";
+  q.max_seq = 131072;
+  q.resident_layers = 0;
+  const auto plans = compare_strategies(q);
+  ASSERT_EQ(plans.size(), 3u);
+  // K and V x 8 heads x 256 x bf16 = 8 KiB per token of a layer.
+  const std::uint64_t per_token = 8192;
+  const std::uint64_t full = per_token * 131072;
+  const std::uint64_t hf_window = per_token * 1024;
+  const std::uint64_t our_window = per_token * static_cast<std::uint64_t>(window_rows(1024, 512));
+  EXPECT_EQ(window_rows(1024, 512), 2560);
+  const MemoryPlan& all = plans[0];
+  const MemoryPlan& hf = plans[1];
+  const MemoryPlan& ours = plans[2];
+  EXPECT_EQ(all.window_layers, 40);
+  EXPECT_EQ(all.kv_window_bytes, 40 * hf_window);
+  EXPECT_EQ(all.kv_device_bytes, 8 * full + 40 * hf_window);
+  EXPECT_EQ(hf.kv_device_bytes, 3 * full + 40 * hf_window);
+  EXPECT_EQ(hf.host_bytes, 7 * full);
+  EXPECT_EQ(ours.window_layers, 40);
+  EXPECT_EQ(ours.kv_window_bytes, 40 * our_window);
+  EXPECT_EQ(ours.resident_layers, 0);
+  EXPECT_EQ(ours.host_bytes, 8 * full);  // the full layers alone cross the bus
+  EXPECT_EQ(ours.kv_device_bytes, 2 * full + 40 * our_window);  // a ring of two, the windows
+  // A sixth of the full-attention K/V bytes of 48 full layers stays on the host.
+  EXPECT_EQ(ours.host_bytes * 6, 48 * full);
+}
+
 TEST(Planner, StrategiesFollowTheirFormulas) {
   for (int max_seq : {4096, 32768, 131072}) {
     MemoryQuery q;

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -92,14 +93,33 @@ class CacheUnderTest {
            " D=" + std::to_string(config_.ring_depth) + (stream_ ? " async" : " sync");
   }
 
-  // Compares rows [0, rows) of `slot` in the view with the reference.
+  // Compares the rows of `slot` a step at `rows` reads with the reference: positions [0, rows)
+  // of a full layer, the window's [rows - (window - 1), rows) of a window layer.
   void check(const LayerView& view, Reference& ref, int slot, int rows) {
-    if (rows == 0) return;
-    const std::size_t bytes = static_cast<std::size_t>(rows) * ref.row_bytes();
+    check_range(view, ref, slot, view.first_positions != nullptr ? window_start(view, rows) : 0,
+                rows);
+  }
+  // A window layer after an append of positions [first, end): the first one's window and the
+  // rows appended.
+  void check_window(const LayerView& view, Reference& ref, int slot, int first, int end) {
+    check_range(view, ref, slot, window_start(view, first), end);
+  }
+  static int window_start(const LayerView& view, int position) {
+    return std::max(0, position - (view.window - 1));
+  }
+  // Positions [from, to) of `slot`: row r of a window layer holds position first_positions + r.
+  void check_range(const LayerView& view, Reference& ref, int slot, int from, int to) {
+    if (to <= from) return;
+    const int first = view.first_positions != nullptr ? view.first_positions[slot] : 0;
+    if (first > from) {  // a row the step needs is gone
+      failures_.fetch_add(1);
+      return;
+    }
+    const std::size_t bytes = static_cast<std::size_t>(to - from) * ref.row_bytes();
     for (int kv = 0; kv < 2; ++kv) {
-      const auto* actual =
-          static_cast<const std::uint8_t*>(kv == 0 ? view.k_row(slot, 0) : view.v_row(slot, 0));
-      const std::uint8_t* expected = ref.row(view.layer, kv, slot, 0);
+      const auto* actual = static_cast<const std::uint8_t*>(
+          kv == 0 ? view.k_row(slot, from - first) : view.v_row(slot, from - first));
+      const std::uint8_t* expected = ref.row(view.layer, kv, slot, from);
       if (cuda_) {
         cache_->synchronize_stream(stream_);
         std::vector<std::uint8_t> host(bytes);
@@ -152,6 +172,10 @@ struct DriverOptions {
   double reset_probability = 0.08;
   double truncate_probability = 0.08;
   double reorder_probability = 0;  // between steps: reorder_slots with a random source
+  // Caches with window layers: truncations go to 0 (a window holds a length's last rows alone)
+  // and an append gives at most this many rows (CacheConfig::max_append); 0: no bound.
+  bool windows = false;
+  int max_append = 0;
   // The first reorders' sources, in order (each one entry per slot), before random ones.
   std::vector<std::vector<int>> reorders;
 };
@@ -178,7 +202,7 @@ inline int drive(std::vector<std::unique_ptr<CacheUnderTest>>& caches, std::uint
         length[index] = 0;
         for (auto& c : caches) c->cache().reset_slot(s);
       } else if (length[index] > 0 && chance(options.truncate_probability)) {
-        length[index] = uniform(0, length[index] - 1);
+        length[index] = options.windows ? 0 : uniform(0, length[index] - 1);
         for (auto& c : caches) c->cache().truncate_slot(s, length[index]);
       }
     }
@@ -228,7 +252,8 @@ inline int drive(std::vector<std::unique_ptr<CacheUnderTest>>& caches, std::uint
       for (int s = 0; s < config.slots; ++s) {
         int left = n[static_cast<std::size_t>(s)];
         while (left > 0) {
-          const int piece = chance(0.5) ? left : uniform(1, left);
+          int piece = chance(0.5) ? left : uniform(1, left);
+          if (options.max_append > 0) piece = std::min(piece, options.max_append);
           chunks[static_cast<std::size_t>(s)].push_back(piece);
           left -= piece;
         }
@@ -248,8 +273,13 @@ inline int drive(std::vector<std::unique_ptr<CacheUnderTest>>& caches, std::uint
             c->append(layer, s, k.data() + done * row_bytes, v.data() + done * row_bytes, piece,
                       row_bytes);
             done += piece;
+            if (view.first_positions != nullptr) {  // what this piece's attention reads
+              c->check_window(view, ref, s, length[index] + done - piece, length[index] + done);
+            }
           }
-          c->check(view, ref, s, length[index] + n[index]);  // what attention reads
+          if (view.first_positions == nullptr) {
+            c->check(view, ref, s, length[index] + n[index]);  // what attention reads
+          }
         }
         c->cache().release(layer, c->stream());
       }

@@ -5,6 +5,7 @@
 
 #include <deque>
 
+#include "expect_error.hpp"
 #include "prefetch/cache_driver.hpp"
 
 namespace kvo {
@@ -81,6 +82,161 @@ TEST_P(EquivalenceUnderDelays, EveryAcquireMatchesTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, EquivalenceUnderDelays, ::testing::Range(1, 13));
+
+// Window layers (CacheConfig::layer_windows) beside full ones, streamed and resident, under the
+// same random steps and delays: after every append, a window layer holds its window's rows of
+// the reference (the window - 1 positions before the rows appended, and those), where its
+// first_positions say; a window too wide for a buffer shorter than max_seq stays a full layer.
+// Rows of a window never cross the bus.
+class WindowsUnderDelays : public ::testing::TestWithParam<int> {};
+
+TEST_P(WindowsUnderDelays, EveryAppendLeavesTheWindowsRows) {
+  const int seed = GetParam();
+  const DType dtypes[] = {DType::kBF16, DType::kF32, DType::kF16};
+  CacheConfig base = shape(6, 3, 96, dtypes[seed % 3]);
+  base.layer_windows = {0, 5, 13, 0, 40, 0};  // 2 (40 - 1) + 16 rows: not below 96, kept full
+  base.max_append = 16;
+  const std::vector<Variant> variants = {
+      {0, 2, false}, {0, 2, true}, {1, 2, true}, {4, 2, false}, {0, 1, true}};
+  auto caches = make_caches(base, variants, 40, static_cast<std::uint64_t>(seed));
+  const CachePlan plan = caches[0]->cache().stats().plan;
+  EXPECT_EQ(plan.layers, 6);
+  EXPECT_EQ(plan.window_layers, 2);
+  EXPECT_EQ(plan.streamed_layers, 4);
+  EXPECT_EQ(window_rows(5, 16), 64);  // 2 * 4 + 16, in whole 64s
+  EXPECT_EQ(window_rows(13, 16), 64);
+  CacheConfig one = base;
+  one.max_seq = 64;
+  EXPECT_EQ(plan.window_bytes, 2 * kv_layout(one).layer_bytes());
+  EXPECT_EQ(plan.host_bytes, 4 * plan.layer_bytes);
+  EXPECT_EQ(caches[3]->cache().stats().plan.streamed_layers, 0);
+
+  DriverOptions options;
+  options.steps = 60;
+  options.max_prefill = 40;
+  options.windows = true;
+  options.max_append = 16;
+  options.reorder_probability = 0.1;
+  testing::drive(caches, static_cast<std::uint64_t>(seed) * 104729 + 3, options);
+  for (auto& c : caches) {
+    EXPECT_EQ(c->failures(), 0) << c->name() << " seed " << seed;
+    EXPECT_GT(c->checks(), 500) << c->name();
+  }
+  // The all-resident variant moved nothing over the bus, windows included.
+  EXPECT_EQ(caches[3]->cache().stats().h2d_bytes_total, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, WindowsUnderDelays, ::testing::Range(1, 9));
+
+// One window layer step by step: its rows move to the front once the buffer is full (the
+// window's last rows kept, where first_positions says), and what it no longer holds is refused
+// clearly: a longer append than max_append, a truncation below its window, a saved context, a
+// step after an abort that had moved its rows; and configs it cannot serve.
+TEST(Windows, KeepTheLastRowsAndRefuseWhatTheyLost) {
+  CacheConfig config = shape(3, 1, 200, DType::kF32);
+  config.layer_windows = {4, 0, 4};
+  config.max_append = 8;
+  const std::size_t row = 2 * 8 * 4;
+  CacheUnderTest cut(config, false, 8 * row);
+  OffloadedStaticCache& cache = cut.cache();
+  testing::Reference ref(3, 1, 200, row);
+  std::mt19937_64 rng(11);
+  // One step of n rows in appends of `piece`; returns the first position of layer 0 after it.
+  const auto step = [&](int n, int piece, int abort_at_layer = -1) {
+    cache.begin_step({n});
+    int first = -1;
+    for (int layer = 0; layer < 3; ++layer) {
+      const LayerView view = cache.acquire(layer, cut.stream());
+      EXPECT_EQ(view.window, layer == 1 ? 0 : 4);
+      EXPECT_EQ(view.first_positions == nullptr, layer == 1);
+      if (layer != 1) {
+        EXPECT_TRUE(view.resident);
+        EXPECT_EQ(view.layout.max_seq, 64);
+      }
+      const int length = view.lengths[0];
+      for (int done = 0; done < n; done += piece) {
+        const int m = std::min(piece, n - done);
+        std::vector<std::uint8_t> k(m * row), v(m * row);
+        for (auto& b : k) b = static_cast<std::uint8_t>(rng());
+        for (auto& b : v) b = static_cast<std::uint8_t>(rng());
+        std::memcpy(ref.row(layer, 0, 0, length + done), k.data(), k.size());
+        std::memcpy(ref.row(layer, 1, 0, length + done), v.data(), v.size());
+        cut.append(layer, 0, k.data(), v.data(), m, row);
+        if (view.first_positions != nullptr) {
+          cut.check_window(view, ref, 0, length + done, length + done + m);
+        } else {
+          cut.check(view, ref, 0, length + done + m);
+        }
+      }
+      if (layer == 0) first = view.first_positions[0];
+      if (layer == abort_at_layer) {
+        cache.abort_step(cut.stream());
+        cut.finish_step();
+        return first;
+      }
+      cache.release(layer, cut.stream());
+    }
+    cache.end_step();
+    cut.finish_step();
+    return first;
+  };
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(step(8, 8), 0);  // 64 rows: the buffer full, none moved
+  EXPECT_EQ(step(8, 8), 61);  // 64 + 8 > 64: the 3 rows before the new ones moved first
+  for (int i = 0; i < 60; ++i) step(1, 1);  // decode past a second move, at 61 + 64
+  EXPECT_EQ(cache.length(0), 132);
+  cache.begin_step({0});
+  EXPECT_EQ(cache.acquire(0, cut.stream()).first_positions[0], 122);
+  cache.abort_step(cut.stream());
+  EXPECT_EQ(cut.failures(), 0);
+
+  using testing::expect_error;
+  // Refused, nothing changed.
+  cache.begin_step({9});
+  cache.acquire(0, cut.stream());
+  std::vector<std::uint8_t> rows(9 * row);
+  expect_error([&] { cache.append(0, 0, rows.data(), rows.data(), 9, cut.stream()); },
+               ErrorCode::kInvalidArgument, "at most max_append (8)");
+  cache.abort_step(cut.stream());
+  expect_error([&] { cache.truncate_slot(0, 50); }, ErrorCode::kInvalidArgument,
+               "window layers no longer hold the rows a length of 50 needs");
+  EXPECT_EQ(cache.length(0), 132);
+  cache.truncate_slot(0, 131);  // its window is there
+  EXPECT_EQ(cache.length(0), 131);
+  expect_error([&] { cache.save_slot(0, "/tmp/kvo-windows-refused.kvo"); },
+               ErrorCode::kInvalidArgument, "window layers");
+  // An aborted step whose appends moved rows past what 131 needs: the slot takes no step until
+  // it is reset.
+  EXPECT_GT(step(60, 8, /*abort_at_layer=*/0), 131 - 3);
+  EXPECT_EQ(cache.length(0), 131);
+  expect_error([&] { cache.begin_step({1}); }, ErrorCode::kInvalidArgument,
+               "lost rows of its window layers in an aborted step");
+  cache.reset_slot(0);
+  EXPECT_EQ(step(8, 8), 0);
+  EXPECT_EQ(cut.failures(), 0);
+
+  // Configs: one entry per layer, windows not negative, max_append with windows, one full
+  // layer at least, resident_layers among the full ones, the region's name the cache's own.
+  const auto refused = [&](CacheConfig c, const std::string& needle) {
+    expect_error([&] { validate(c); }, ErrorCode::kInvalidArgument, needle);
+  };
+  CacheConfig bad = config;
+  bad.layer_windows = {4, 0};
+  refused(bad, "2 entries for 3 layers");
+  bad.layer_windows = {4, -1, 0};
+  refused(bad, "layer_windows[1]");
+  bad.layer_windows = {4, 0, 4};
+  bad.max_append = 0;
+  refused(bad, "max_append");
+  bad.max_append = 8;
+  bad.layer_windows = {4, 4, 4};
+  refused(bad, "at least one must stay full");
+  bad.layer_windows = {4, 0, 4};
+  bad.resident_layers = 2;
+  refused(bad, "at most 1 here");
+  bad.resident_layers = kAutoResidentLayers;
+  bad.reserved.push_back({kWindowRegion, 64});
+  refused(bad, "the cache's own");
+}
 
 // Beam search's reorders between steps (any mapping: cycles, one source for several slots), under
 // random copy delays: every later acquire holds the source's rows, resident or streamed, and the

@@ -77,6 +77,10 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
   add_text(app, "--resident", a.resident, "N|all|auto",
            "layers kept on the device; auto: as many as the budget holds (default auto)");
   add_integer(app, "--ring", a.ring, 1, 64, "staging buffers");
+  add_choice(app, "--window-layers", a.window_layers, {"window", "full"},
+             "sliding-window layers (Gemma's local ones): window keeps their last rows alone, on "
+             "the device, never streamed; full keeps every row, as the other layers (default "
+             "window)");
   add_choice(app, "--backend", a.backend, {"auto", "cuda", "host"},
              "where the cache and the model run (auto: cuda when there is a GPU)");
   add_integer(app, "--threads", a.threads, 0, 4096,
@@ -222,6 +226,7 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
   d.fit_prompt = a.max_prompt == 0;
   d.chunk = a.chunk;
   d.ring_depth = a.ring;
+  d.window_layers = a.window_layers == "window";
   if (a.resident == "all") {
     d.resident_layers = r.config.layers;
   } else if (a.resident == "auto") {

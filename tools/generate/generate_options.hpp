@@ -43,6 +43,7 @@ struct GenerateArgs {
   std::uint64_t vram_budget = 0;  // 0: not given
   std::string resident = "auto";
   int ring = 2;
+  std::string window_layers = "window";
   int threads = 0;  // 0: the cores this process may use
   std::string backend = "auto";
   std::string attention = "auto";
