@@ -8,6 +8,7 @@
 #include "kvoffload/quant.hpp"
 #include "model/checkpoint/safetensors.hpp"
 #include "model/checkpoint/strict_json.hpp"
+#include "model/decoder/numerics.hpp"
 #include "model/families/family.hpp"
 #include "model/text/tokenizer_bpe.hpp"
 #include "model/text/tokenizer_settings.hpp"
@@ -147,9 +148,17 @@ const char* activation_name(Activation act) {
   return act == Activation::kGeluTanh ? "gelu_pytorch_tanh" : "silu";
 }
 
+float embedding_scale(const ModelConfig& config, DType weights) {
+  if (!config.embed_scaled) return 1.0f;
+  float scale = std::sqrt(static_cast<float>(config.hidden_size));
+  if (weights == DType::kBF16) scale = bf16_to_float(float_to_bf16(scale));
+  if (weights == DType::kF16) scale = f16_to_float(float_to_f16(scale));
+  return scale;
+}
+
 double ModelConfig::attention_scale() const {
   const double scalar = query_pre_attn_scalar > 0 ? static_cast<double>(query_pre_attn_scalar)
-                                                 : static_cast<double>(head_dim);
+                                                  : static_cast<double>(head_dim);
   return 1.0 / std::sqrt(scalar);
 }
 

@@ -84,6 +84,10 @@ struct ModelLimits {
   static constexpr int kPositions = 1 << 30;  // max_position_embeddings, sliding_window
 };
 
+// The factor on the embeddings: Gemma's sqrt(hidden_size) rounded to the weights' dtype, as
+// transformers multiplies by it; 1 for the other families.
+float embedding_scale(const ModelConfig& config, DType weights);
+
 // "silu", "gelu_pytorch_tanh": as config.json names them.
 const char* activation_name(Activation act);
 

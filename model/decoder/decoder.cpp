@@ -1,7 +1,6 @@
 #include "model/decoder/decoder.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -121,13 +120,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
                            local.inv_freq.size() * sizeof(float));
     shape.inv_freq_local = act_->inv_freq_local;
   }
-  if (config_.embed_scaled) {
-    // sqrt(hidden) in the weights' dtype, as transformers multiplies the embeddings by it.
-    float scale = std::sqrt(static_cast<float>(config_.hidden_size));
-    if (layout_.dtype() == DType::kBF16) scale = bf16_to_float(float_to_bf16(scale));
-    if (layout_.dtype() == DType::kF16) scale = f16_to_float(float_to_f16(scale));
-    shape.embed_scale = scale;
-  }
+  shape.embed_scale = embedding_scale(config_, layout_.dtype());
 
   auto* weights = static_cast<std::byte*>(cache_->reserved("weights"));
   if (cache_->backend() == BackendKind::kCuda) {

@@ -53,16 +53,9 @@ void attention_output(const LayerContext& l, float* x, int n) {
 }
 
 void mlp(const LayerContext& l, float* x, int n) {
-  const ModelConfig& c = l.config;
   ActivationLayout& a = l.a;
-  const int h = c.hidden_size;
-  const int ff = c.intermediate_size;
-  l.ops.rms_norm(x, n, h, l.w.mlp_norm, a.xnorm);
-  const Ops::Projection gate_up[2] = {{l.w.w_gate, nullptr, ff, a.gate, false},
-                                      {l.w.w_up, nullptr, ff, a.up, false}};
-  l.ops.linear_many(a.xnorm, n, h, gate_up, 2);
-  l.ops.gated_activation(a.gate, a.up, static_cast<std::int64_t>(n) * ff);
-  l.ops.linear(a.gate, n, ff, l.w.w_down, nullptr, h, a.xnorm, false);
+  const int h = l.config.hidden_size;
+  llama::mlp_branch(l, x, n, l.w.w_up, a.xnorm, false);
   l.ops.rms_norm(a.xnorm, n, h, l.w.mlp_post_norm, a.xnorm);
   l.ops.add(x, a.xnorm, static_cast<std::int64_t>(n) * h);
 }

@@ -76,6 +76,11 @@ void mlp(const LayerContext& l, float* x, int n) {
 }
 
 void mlp(const LayerContext& l, float* x, int n, WeightRef w_up) {
+  mlp_branch(l, x, n, w_up, x, true);
+}
+
+void mlp_branch(const LayerContext& l, const float* x, int n, WeightRef w_up, float* y,
+                bool accumulate) {
   const ModelConfig& c = l.config;
   ActivationLayout& a = l.a;
   const int h = c.hidden_size;
@@ -85,7 +90,7 @@ void mlp(const LayerContext& l, float* x, int n, WeightRef w_up) {
                                       {w_up, nullptr, ff, a.up, false}};
   l.ops.linear_many(a.xnorm, n, h, gate_up, 2);
   l.ops.gated_activation(a.gate, a.up, static_cast<std::int64_t>(n) * ff);
-  l.ops.linear(a.gate, n, ff, l.w.w_down, nullptr, h, x, true);
+  l.ops.linear(a.gate, n, ff, l.w.w_down, nullptr, h, y, accumulate);
 }
 
 }  // namespace llama

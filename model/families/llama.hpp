@@ -25,5 +25,9 @@ void attention_inputs(const LayerContext& l, const float* x, int n, const std::i
 void attention_output(const LayerContext& l, float* x, int n);
 void mlp(const LayerContext& l, float* x, int n);
 void mlp(const LayerContext& l, float* x, int n, WeightRef w_up);  // w_up in place of the layer's
+// The MLP's branch of x [n][hidden] (its norm, gated projections and down projection) into y
+// (y += with `accumulate`); y may be x, or a.xnorm (the norm's output is consumed first).
+void mlp_branch(const LayerContext& l, const float* x, int n, WeightRef w_up, float* y,
+                bool accumulate);
 
 }  // namespace kvo::model::llama

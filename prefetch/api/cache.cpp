@@ -58,11 +58,12 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
       ring =
           std::make_unique<prefetch::StagingRing>(*backend, *store, *arena, plan, lengths.data());
     }
-    for (int l = 0; l < plan.resident_layers; ++l) resident_released.emplace_back(*backend);
     if (!windows.windows.empty()) window_base = arena->reserved(kWindowRegion);
     for (std::size_t w = 0; w < windows.windows.size(); ++w) {
-      window_released.emplace_back(*backend);
       window_first.emplace_back(static_cast<std::size_t>(config.slots), 0);
+    }
+    for (int l = 0; l < config.layers; ++l) {
+      released.push_back(on_device(l) ? prefetch::Event(*backend) : prefetch::Event());
     }
     window_lost.assign(static_cast<std::size_t>(config.slots), 0);
     new_tokens.assign(static_cast<std::size_t>(config.slots), 0);
@@ -113,6 +114,8 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
     const int f = full(layer);
     return f >= 0 && f < plan.resident_layers;
   }
+  // Kept on the device, never through the ring: a resident full layer or a window layer.
+  bool on_device(int layer) const { return window(layer) >= 0 || is_resident(layer); }
   // A window layer's K (kv 0) or V rows of `slot`, from its first row.
   std::byte* window_slot_rows(int w, int slot, int kv) const {
     const offload::WindowPlan::Window& win = windows.windows[static_cast<std::size_t>(w)];
@@ -224,15 +227,14 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
   // it through a pointer.
   std::vector<std::int32_t> lengths;
   std::unique_ptr<prefetch::StagingRing> ring;
-  // Per resident layer: recorded at release on the caller's stream, waited at acquire, so a
-  // step on another stream starts after the previous one's work on the layer (as the ring's
-  // events do for streamed layers).
-  std::vector<prefetch::Event> resident_released;
-  // The window layers (CacheConfig::layer_windows): where each lies, when the caller's work on
-  // it was released, and per slot the position of its first row.
+  // Per layer kept on the device (on_device; none for a streamed one): recorded at release on
+  // the caller's stream, waited at acquire, so a step on another stream starts after the
+  // previous one's work on the layer (as the ring's events do for streamed layers).
+  std::vector<prefetch::Event> released;
+  // The window layers (CacheConfig::layer_windows): where each lies, and per slot the position
+  // of its first row.
   offload::WindowPlan windows;
   std::byte* window_base = nullptr;
-  std::vector<prefetch::Event> window_released;
   std::vector<std::vector<std::int32_t>> window_first;  // [window layer][slot]
   std::vector<std::uint8_t> window_lost;                // [slot]: see mark_lost_windows
 
@@ -531,12 +533,8 @@ LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
   }
   m.backend->check_stream(stream);
   const int w = m.window(layer);
-  if (w >= 0) {
-    m.backend->wait_measured(stream, m.window_released[static_cast<std::size_t>(w)].get());
-    m.held_buffer = nullptr;
-  } else if (m.is_resident(layer)) {
-    m.backend->wait_measured(stream,
-                             m.resident_released[static_cast<std::size_t>(m.full(layer))].get());
+  if (m.on_device(layer)) {
+    m.backend->wait_measured(stream, m.released[static_cast<std::size_t>(layer)].get());
     m.held_buffer = nullptr;
   } else {
     m.held_buffer = m.ring->acquire(m.full(layer) - m.plan.resident_layers, stream);
@@ -549,7 +547,7 @@ LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
   LayerView view =
       LayerView::of(layout, m.layer_base(layer), m.layer_base(layer) + layout.v_begin());
   view.layer = layer;
-  view.resident = w >= 0 || m.is_resident(layer);
+  view.resident = m.on_device(layer);
   view.lengths = m.lengths.data();
   view.new_tokens = m.new_tokens.data();
   if (w >= 0) {
@@ -611,10 +609,8 @@ void OffloadedStaticCache::release(int layer, void* stream) {
     }
   }
   m.backend->check_stream(stream);
-  if (m.window(layer) >= 0) {
-    m.backend->record(m.window_released[static_cast<std::size_t>(m.window(layer))].get(), stream);
-  } else if (m.is_resident(layer)) {
-    m.backend->record(m.resident_released[static_cast<std::size_t>(m.full(layer))].get(), stream);
+  if (m.on_device(layer)) {
+    m.backend->record(m.released[static_cast<std::size_t>(layer)].get(), stream);
   } else {
     m.ring->release(m.full(layer) - m.plan.resident_layers, stream);
   }
@@ -646,17 +642,13 @@ void OffloadedStaticCache::abort_step(void* stream) {
   Impl& m = *impl_;
   if (!m.in_step) throw protocol("abort_step without an open step");
   m.backend->check_stream(stream);
-  const int held_window = m.held_layer >= 0 ? m.window(m.held_layer) : -1;
-  if (held_window >= 0) {
-    m.backend->record(m.window_released[static_cast<std::size_t>(held_window)].get(), stream);
-  } else if (m.held_layer >= 0 && m.is_resident(m.held_layer)) {
-    m.backend->record(m.resident_released[static_cast<std::size_t>(m.full(m.held_layer))].get(),
-                      stream);
+  const bool held_on_device = m.held_layer >= 0 && m.on_device(m.held_layer);
+  if (held_on_device) {
+    m.backend->record(m.released[static_cast<std::size_t>(m.held_layer)].get(), stream);
   }
   if (m.ring) {
-    const int held = m.held_layer >= 0 && held_window < 0 && !m.is_resident(m.held_layer)
-                         ? m.full(m.held_layer) - m.plan.resident_layers
-                         : -1;
+    const int held =
+        m.held_layer >= 0 && !held_on_device ? m.full(m.held_layer) - m.plan.resident_layers : -1;
     m.ring->abort_step(held, stream);
   }
   m.mark_lost_windows();

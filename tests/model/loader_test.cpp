@@ -173,9 +173,12 @@ TEST(ModelConfig, GemmaFieldsReadAsTransformersReadsThem) {
       EXPECT_EQ(c.local_rope(l), (l + 1) % 6 != 0) << l;
     }
   }
-  expect_error([&] { gemma3(R"(, "rope_parameters": {"full_attention": {"rope_type": "default"},
-      "sliding_attention": {"rope_type": "yarn", "factor": 2.0}})"); },
-               {"g3.json", "sliding_attention", "yarn"});
+  expect_error(
+      [&] {
+        gemma3(R"(, "rope_parameters": {"full_attention": {"rope_type": "default"},
+      "sliding_attention": {"rope_type": "yarn", "factor": 2.0}})");
+      },
+      {"g3.json", "sliding_attention", "yarn"});
   expect_error([&] { gemma3(R"(, "rope_parameters": {"full_attention": {"rope_type": "ntk"}})"); },
                {"g3.json", "ntk"});
 

@@ -169,7 +169,7 @@ class ReferenceModel {
     const int n = static_cast<int>(tokens.size());
     const int h = c_.hidden_size;
     Rows x(static_cast<std::size_t>(n) * h);
-    const double embed_scale = embed_scale_of();
+    const double embed_scale = embedding_scale(c_, layout_.dtype());
     for (int t = 0; t < n; ++t) {
       for (int i = 0; i < h; ++i) {
         x[t * h + i] = weight(w_.embed.data, std::int64_t{tokens[t]} * h + i);
@@ -237,15 +237,6 @@ class ReferenceModel {
       for (double& l : logits) l = soft_cap(l, c_.final_softcap, r);
     }
     return logits;
-  }
-
-  // The decoder's factor on the embeddings: sqrt(hidden) in the weights' dtype (Gemma), else 1.
-  double embed_scale_of() const {
-    if (!c_.embed_scaled) return 1;
-    float scale = std::sqrt(static_cast<float>(c_.hidden_size));
-    if (layout_.dtype() == DType::kBF16) scale = bf16_to_float(float_to_bf16(scale));
-    if (layout_.dtype() == DType::kF16) scale = f16_to_float(float_to_f16(scale));
-    return scale;
   }
 
   // cap tanh(x / cap), each operation rounded (tanh to 2 ulp, as exp).
