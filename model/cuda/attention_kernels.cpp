@@ -45,11 +45,9 @@ AttentionKernels choose_attention_kernels(const ModelConfig& c, DType kv_dtype, 
   } else if (kv_dtype == DType::kF32) {
     // FlashInfer computes in bf16 or f16: an f32 cache asks for f32 attention.
     k.prefill_reason = "f32 K/V attend in f32; FlashInfer's kernels compute in bf16 and f16";
-  } else if (c.attn_softcap > 0) {
-    k.prefill_reason = "soft-capped scores: FlashInfer's kernels are built without soft-capping";
-  } else if (c.head_dim != 64 && c.head_dim != 128) {
-    k.prefill_reason =
-        "FlashInfer's kernels are built for head_dim 64 and 128, not " + std::to_string(c.head_dim);
+  } else if (c.head_dim != 64 && c.head_dim != 128 && c.head_dim != 256) {
+    k.prefill_reason = "FlashInfer's kernels are built for head_dim 64, 128 and 256, not " +
+                       std::to_string(c.head_dim);
   } else if (slot_elements >= (1ull << 32) || chunk_elements >= (1ull << 32)) {
     k.prefill_reason = "a slot of " + std::to_string(max_seq) + " tokens or a chunk of " +
                        std::to_string(max_rows) +

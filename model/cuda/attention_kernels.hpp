@@ -1,5 +1,6 @@
 // Which kernels the CUDA path attends with: FlashInfer's (ahead-of-time instantiated for bf16 and
-// f16 K/V, head_dim 64 and 128, GQA groups 1, 2, 3, 4 and 8, NHD layout) or the built-in ones
+// f16 K/V, head_dim 64, 128 and 256, GQA groups 1, 2, 3, 4 and 8, NHD layout, sliding windows and
+// soft-capped scores chosen at run time) or the built-in ones
 // (model/cuda/kernels_attention.cu) for every other shape. A pure function of the shape and of the
 // build, so the planner, which sizes each choice's workspace, gives the same answer on a machine
 // without a GPU.

@@ -186,6 +186,7 @@ class CudaOps final : public Ops {
     call.first_position = first_position;
     call.window_left = window_left(window);
     call.sm_scale = sm_scale();
+    call.soft_cap = shape_.config.attn_softcap;
     call.tmp = prefill_tmp_;
     call.tmp_bytes = layout_.prefill_tmp_bytes;
     flashinfer_ops::prefill(kv_layer(view), call, stream_);
@@ -218,6 +219,7 @@ class CudaOps final : public Ops {
     call.kv_lens = kv_lens_.data();
     call.window_left = window_left(window);
     call.sm_scale = sm_scale();
+    call.soft_cap = shape_.config.attn_softcap;
     flashinfer_ops::decode(kv_layer(view), call, decode_ws_, stream_);
     cuda::widen(attn_out_, count, kv_elem_, out, stream_);
   }
@@ -318,6 +320,7 @@ class CudaOps final : public Ops {
       call.n = n;
       call.heads = c.heads;
       call.sm_scale = sm_scale();
+      call.soft_cap = c.attn_softcap;
       call.tmp = prefill_tmp_;
       call.tmp_bytes = layout_.prefill_tmp_bytes;
       call.lse = tile_lse;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "kvoffload/error.hpp"
 #include "model/cuda/cuda_check.hpp"
@@ -21,7 +22,7 @@ void check_layer(const KvLayer& kv) {
     throw internal("no instantiation for element type " +
                    std::to_string(static_cast<int>(kv.type)));
   }
-  if (kv.head_dim != 64 && kv.head_dim != 128) {
+  if (kv.head_dim != 64 && kv.head_dim != 128 && kv.head_dim != 256) {
     throw internal("no instantiation for head_dim " + std::to_string(kv.head_dim));
   }
 }
@@ -34,6 +35,20 @@ void check_pages(const KvLayer& kv) {
     throw internal("the view is not slots of whole pages (max_seq " + std::to_string(kv.max_seq) +
                    ", page_size " + std::to_string(kv.page_size) + ", slot_stride " +
                    std::to_string(kv.slot_stride) + ")");
+  }
+}
+
+// f(std::integral_constant<int, D>) for the instantiated head_dim D = kv.head_dim (check_layer
+// ruled out the others).
+template <typename F>
+cudaError_t by_head_dim(const KvLayer& kv, F&& f) {
+  switch (kv.head_dim) {
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 128:
+      return f(std::integral_constant<int, 128>{});
+    default:
+      return f(std::integral_constant<int, 256>{});
   }
 }
 
@@ -100,34 +115,18 @@ void decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& ws, cuda
     } record{ws.mirrors_copied, stream};
     KVO_MODEL_CUDA_CHECK(cudaMemcpyAsync(ws.pages, ws.pages_host, count * sizeof(std::int32_t),
                                          cudaMemcpyHostToDevice, stream));
-    cudaError_t status = cudaSuccess;
-    switch (kv.head_dim) {
-      case 64:
-        status = bf16 ? plan_decode<DType::kBF16, 64>(kv, call, ws, indptr, stream)
-                      : plan_decode<DType::kF16, 64>(kv, call, ws, indptr, stream);
-        break;
-      default:
-        status = bf16 ? plan_decode<DType::kBF16, 128>(kv, call, ws, indptr, stream)
-                      : plan_decode<DType::kF16, 128>(kv, call, ws, indptr, stream);
-        break;
-    }
+    const cudaError_t status = by_head_dim(kv, [&](auto d) {
+      return bf16 ? plan_decode<DType::kBF16, d()>(kv, call, ws, indptr, stream)
+                  : plan_decode<DType::kF16, d()>(kv, call, ws, indptr, stream);
+    });
     KVO_MODEL_CUDA_CHECK(status);
     ws.planned_rows = rows;  // only once the schedule is whole
   }
 
-  cudaError_t status = cudaSuccess;
-  switch (kv.head_dim) {
-    case 64:
-      status = bf16
-                   ? run_decode<DType::kBF16, 64>(kv, call, ws, d_indptr, d_last, d_indices, stream)
-                   : run_decode<DType::kF16, 64>(kv, call, ws, d_indptr, d_last, d_indices, stream);
-      break;
-    default:
-      status =
-          bf16 ? run_decode<DType::kBF16, 128>(kv, call, ws, d_indptr, d_last, d_indices, stream)
-               : run_decode<DType::kF16, 128>(kv, call, ws, d_indptr, d_last, d_indices, stream);
-      break;
-  }
+  const cudaError_t status = by_head_dim(kv, [&](auto d) {
+    return bf16 ? run_decode<DType::kBF16, d()>(kv, call, ws, d_indptr, d_last, d_indices, stream)
+                : run_decode<DType::kF16, d()>(kv, call, ws, d_indptr, d_last, d_indices, stream);
+  });
   KVO_MODEL_CUDA_CHECK(status);
   KVO_MODEL_LAUNCH_CHECK();
 }
@@ -139,18 +138,11 @@ void prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream) {
   // Merging split keys runs one block of head_dim / 8 x heads threads per row; past 1024 threads
   // it cannot launch, so such a model's prefill does not split the keys.
   if (call.heads * (kv.head_dim / 8) > 1024) c.tmp = nullptr;
-  cudaError_t status = cudaSuccess;
   const bool bf16 = kv.type == DType::kBF16;
-  switch (kv.head_dim) {
-    case 64:
-      status = bf16 ? run_prefill<DType::kBF16, 64, true>(kv, c, stream)
-                    : run_prefill<DType::kF16, 64, true>(kv, c, stream);
-      break;
-    default:
-      status = bf16 ? run_prefill<DType::kBF16, 128, true>(kv, c, stream)
-                    : run_prefill<DType::kF16, 128, true>(kv, c, stream);
-      break;
-  }
+  const cudaError_t status = by_head_dim(kv, [&](auto d) {
+    return bf16 ? run_prefill<DType::kBF16, d(), true>(kv, c, stream)
+                : run_prefill<DType::kF16, d(), true>(kv, c, stream);
+  });
   KVO_MODEL_CUDA_CHECK(status);
   KVO_MODEL_LAUNCH_CHECK();
 }
@@ -163,9 +155,8 @@ void prefill_unmasked(const KvLayer& kv, const PrefillCall& call, cudaStream_t s
   }
   PrefillCall c = call;
   if (call.heads * (kv.head_dim / 8) > 1024) c.tmp = nullptr;  // as in prefill()
-  const cudaError_t status = kv.head_dim == 64
-                                 ? run_prefill<DType::kBF16, 64, false>(kv, c, stream)
-                                 : run_prefill<DType::kBF16, 128, false>(kv, c, stream);
+  const cudaError_t status =
+      by_head_dim(kv, [&](auto d) { return run_prefill<DType::kBF16, d(), false>(kv, c, stream); });
   KVO_MODEL_CUDA_CHECK(status);
   KVO_MODEL_LAUNCH_CHECK();
 }

@@ -35,11 +35,43 @@ struct ElementType<DType::kF16> {
   using type = __half;
 };
 
-// One variant for every call: the sliding-window mask costs one comparison per score, and a
-// window_left of -1 makes it admit every key (FlashInfer widens it to the whole sequence).
-using Variant = ::flashinfer::DefaultAttention</*use_custom_mask=*/false,
-                                               /*use_sliding_window=*/true,
-                                               /*use_logits_soft_cap=*/false, /*use_alibi=*/false>;
+// One variant for every call: FlashInfer's softmax attention with its sliding-window mask (a
+// window_left of -1 admits every key: FlashInfer widens it to the whole sequence) and soft-capping
+// chosen at run time, so that one instantiation per (type, head_dim) serves Gemma 2's capped
+// scores and everyone else's. With params.logits_soft_cap = c > 0 a score s = q.k * sm_scale
+// becomes c * tanh(s / c) before the softmax: the tanh takes q.k * sm_scale / c, and c * log2(e)
+// takes the place of sm_scale * log2(e) as the factor into exp2. The cost without a cap is a test
+// of a value uniform over the launch per score.
+struct Variant : ::flashinfer::AttentionVariantBase {
+  static constexpr bool use_softmax = true;
+  std::uint32_t qo_len, kv_len, window_left;
+  float sm_scale_log2;
+  float pre_tanh_scale;  // sm_scale / cap; 0: no cap
+
+  template <typename Params>
+  __device__ __host__ Variant(const Params& params, std::uint32_t batch_idx, std::uint8_t*) {
+    qo_len = params.get_qo_len(batch_idx);
+    kv_len = params.get_kv_len(batch_idx);
+    if (params.logits_soft_cap > 0) {
+      pre_tanh_scale = params.sm_scale / params.logits_soft_cap;
+      sm_scale_log2 = ::flashinfer::math::log2e * params.logits_soft_cap;
+    } else {
+      pre_tanh_scale = 0;
+      sm_scale_log2 = ::flashinfer::math::log2e * params.sm_scale;
+    }
+    window_left = params.window_left >= 0 ? static_cast<std::uint32_t>(params.window_left) : kv_len;
+  }
+
+  REGISTER_LOGITS_TRANSFORM(params, logits, batch_idx, qo_idx, kv_idx, qo_head_idx, kv_head_idx, {
+    if (pre_tanh_scale > 0) logits = float(::flashinfer::math::tanh(logits * pre_tanh_scale));
+    return logits;
+  })
+
+  // Key kv_idx is admitted to query qo_idx (both counted from their own starts, the queries
+  // aligned to the last keys) when it lies within window_left keys before the query's own.
+  REGISTER_LOGITS_MASK(params, batch_idx, qo_idx, kv_idx, qo_head_idx, kv_head_idx,
+                       { return kv_idx + qo_len + window_left >= kv_len + qo_idx; })
+};
 
 template <DType E, int kHeadDim>
 cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& ws,
@@ -123,6 +155,7 @@ cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWo
     params.q_stride_n = call.heads * kHeadDim;
     params.q_stride_h = kHeadDim;
     params.window_left = call.window_left;
+    params.logits_soft_cap = call.soft_cap;
     params.sm_scale = call.sm_scale;
     params.rope_rcp_scale = 1.0f;
     params.rope_rcp_theta = 1.0f;
@@ -177,7 +210,7 @@ cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t
                   static_cast<std::uint32_t>(call.heads * kHeadDim), kHeadDim,
                   static_cast<std::uint32_t>(kv.token_stride),
                   static_cast<std::uint32_t>(kv.head_stride), kHeadDim, call.window_left,
-                  /*logits_soft_cap=*/0.0f, call.sm_scale, /*rope_scale=*/1.0f,
+                  call.soft_cap, call.sm_scale, /*rope_scale=*/1.0f,
                   /*rope_theta=*/1.0f);
     return fi::SinglePrefillWithKVCacheDispatched<kHeadDim, kHeadDim, fi::PosEncodingMode::kNone,
                                                   /*USE_FP16_QK_REDUCTION=*/false, kMask, Variant>(
@@ -189,18 +222,22 @@ cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t
 
 }  // namespace kvo::model::flashinfer_ops
 
-// Explicit instantiations for one element type, both head sizes (inside the namespace).
+// Explicit instantiations for one element type, every head size served (inside the namespace).
 #define KVO_FLASHINFER_DECODE_FOR(E, D)                                                            \
   template cudaError_t plan_decode<E, D>(const KvLayer&, const DecodeCall&, DecodeWorkspace&,      \
                                          std::int32_t*, cudaStream_t);                             \
   template cudaError_t run_decode<E, D>(const KvLayer&, const DecodeCall&, const DecodeWorkspace&, \
                                         const std::int32_t*, const std::int32_t*,                  \
                                         const std::int32_t*, cudaStream_t);
-#define KVO_FLASHINFER_DECODE(E) KVO_FLASHINFER_DECODE_FOR(E, 64) KVO_FLASHINFER_DECODE_FOR(E, 128)
+#define KVO_FLASHINFER_DECODE(E)   \
+  KVO_FLASHINFER_DECODE_FOR(E, 64) \
+  KVO_FLASHINFER_DECODE_FOR(E, 128) KVO_FLASHINFER_DECODE_FOR(E, 256)
 #define KVO_FLASHINFER_PREFILL_FOR(E, CAUSAL)                                          \
   template cudaError_t run_prefill<E, 64, CAUSAL>(const KvLayer&, const PrefillCall&,  \
                                                   cudaStream_t);                       \
   template cudaError_t run_prefill<E, 128, CAUSAL>(const KvLayer&, const PrefillCall&, \
+                                                   cudaStream_t);                      \
+  template cudaError_t run_prefill<E, 256, CAUSAL>(const KvLayer&, const PrefillCall&, \
                                                    cudaStream_t);
 #define KVO_FLASHINFER_PREFILL(E) KVO_FLASHINFER_PREFILL_FOR(E, true)
 #define KVO_FLASHINFER_PREFILL_UNMASKED(E) KVO_FLASHINFER_PREFILL_FOR(E, false)

@@ -29,7 +29,7 @@ struct KvLayer {
   std::int64_t token_stride = 0;
   std::int64_t head_stride = 0;
   int kv_heads = 0;
-  int head_dim = 0;  // 64 or 128
+  int head_dim = 0;  // 64, 128 or 256
   int max_seq = 0;
   int page_size = 0;  // divides max_seq
 };
@@ -66,6 +66,7 @@ struct DecodeCall {
   // Keys before position - window_left are masked (and, whole pages of them, not read).
   int window_left = -1;
   float sm_scale = 1;
+  float soft_cap = 0;  // > 0: scores s = q.k * sm_scale become soft_cap * tanh(s / soft_cap)
 };
 
 // The query rows [first_position, first_position + n) of one slot over its keys
@@ -80,6 +81,7 @@ struct PrefillCall {
   int first_position = 0;
   int window_left = -1;
   float sm_scale = 1;
+  float soft_cap = 0;   // as DecodeCall's
   void* tmp = nullptr;  // split-KV partials, tmp_bytes; nullptr: never split the keys
   std::size_t tmp_bytes = 0;
   int keys = 0;          // prefill_unmasked: the keys

@@ -1,4 +1,4 @@
-// FlashInfer prefill attention over bf16 K/V, head_dim 64 and 128
+// FlashInfer prefill attention over bf16 K/V, head_dim 64, 128 and 256
 // (model/cuda/flashinfer_attention.cuh).
 #include "model/cuda/flashinfer_attention.cuh"
 

@@ -17,6 +17,12 @@
 // Hence |o - o_ref| <= 4u * max|v| per element, the tolerance used. The built-in kernels compute
 // in f32 throughout: 1e-4 * max|v| covers f32 sums over a few thousand keys.
 //
+// Soft-capped scores (Gemma 2): the built-in kernels use tanhf (a few ulp); FlashInfer uses the
+// tanh.approx.f32 instruction, about 2^-11 relative error by the PTX ISA, so each capped score
+// c * tanh(s / c) may move by delta = 2^-10 * |capped score| (twice that, to be safe). Moving
+// each softmax weight by at most a factor e^delta moves the convex combination by at most
+// (e^(2 delta) - 1) * max|v|, which the check adds to the bound for FlashInfer with a cap.
+//
 // Masks are what such a bound could hide (one key of 8K moves a smooth softmax by ~1e-4), so
 // every case also runs with sharp scores (standard deviation 5): the softmax then rests on a few
 // keys, and admitting one masked key or dropping one admitted key moves many outputs by a large
@@ -51,6 +57,8 @@ struct Shape {
   int sliding_window = 0;
   int max_rows = 64;  // the largest chunk
   double score_std = 1;
+  float softcap = 0;          // Gemma 2's attn_logit_softcapping; 0: none
+  float pre_attn_scalar = 0;  // Gemma's query_pre_attn_scalar; 0: head_dim
 };
 
 std::uint16_t to_bits(float x, DType t) {
@@ -71,6 +79,8 @@ class AttentionRig {
     config_.kv_heads = s.kv_heads;
     config_.head_dim = s.head_dim;
     config_.sliding_window = s.sliding_window;
+    config_.attn_softcap = s.softcap;
+    config_.query_pre_attn_scalar = s.pre_attn_scalar;
     const AttentionKernels kernels =
         choose_attention_kernels(config_, s.dtype, s.slots, s.max_seq, s.max_rows);
     layout_ = std::make_unique<WorkspaceLayout>(config_, s.dtype, s.dtype, s.max_rows, s.slots,
@@ -113,9 +123,11 @@ class AttentionRig {
 
   bool flashinfer_prefill() const { return layout_->kernels.flashinfer_prefill; }
   bool flashinfer_decode() const { return layout_->kernels.flashinfer_decode; }
+  // The bound on error() (the header's derivation): the last error() call's tanh slack added for
+  // FlashInfer with a cap.
   double tolerance(bool flashinfer) const {
     if (!flashinfer) return 1e-4;  // f32 sums over up to a few thousand keys
-    return 4 * (s_.dtype == DType::kBF16 ? 0x1p-8 : 0x1p-11);
+    return 4 * (s_.dtype == DType::kBF16 ? 0x1p-8 : 0x1p-11) + tanh_slack_;
   }
 
   // Draws n K/V rows (values of the cache type) for `slot`.
@@ -219,15 +231,17 @@ class AttentionRig {
     return out;
   }
 
-  // Worst |out - reference| / max|v| over the heads of query row `row` (at `position` of `slot`).
+  // Worst |out - reference| / max|v| over the heads of query row `row` (at `position` of `slot`);
+  // with a cap, also notes the row's tanh slack for tolerance().
   double error(const std::vector<float>& q, const std::vector<float>& out, int row, int slot,
-               int position) const {
+               int position) {
     const int d = s_.head_dim;
     const int group = s_.heads / s_.kv_heads;
     const auto& hk = k_[static_cast<std::size_t>(slot)];
     const auto& hv = v_[static_cast<std::size_t>(slot)];
     const int first = s_.sliding_window > 0 ? std::max(0, position - s_.sliding_window + 1) : 0;
-    double worst = 0, vmax = 0;
+    double worst = 0, vmax = 0, top_capped = 0;
+    const double scale = config_.attention_scale();
     std::vector<double> scores(static_cast<std::size_t>(position + 1));
     for (int h = 0; h < s_.heads; ++h) {
       const int g = h / group;
@@ -237,8 +251,13 @@ class AttentionRig {
         const std::uint16_t* kj = hk.data() + (static_cast<std::size_t>(j) * s_.kv_heads + g) * d;
         double dot = 0;
         for (int e = 0; e < d; ++e) dot += static_cast<double>(qh[e]) * from_bits(kj[e], s_.dtype);
-        scores[static_cast<std::size_t>(j)] = dot / std::sqrt(static_cast<double>(d));
-        top = std::max(top, scores[static_cast<std::size_t>(j)]);
+        double score = dot * scale;
+        if (s_.softcap > 0) {
+          score = s_.softcap * std::tanh(score / s_.softcap);
+          top_capped = std::max(top_capped, std::fabs(score));
+        }
+        scores[static_cast<std::size_t>(j)] = score;
+        top = std::max(top, score);
       }
       std::vector<double> o(static_cast<std::size_t>(d), 0.0);
       double sum = 0;
@@ -257,6 +276,7 @@ class AttentionRig {
         worst = std::max(worst, std::fabs(got[e] - o[static_cast<std::size_t>(e)] / sum));
       }
     }
+    tanh_slack_ = s_.softcap > 0 ? std::expm1(2 * 0x1p-10 * top_capped) : 0;
     return worst / vmax;
   }
 
@@ -282,6 +302,7 @@ class AttentionRig {
   void* stream_ = nullptr;
   std::unique_ptr<Ops> ops_;
   std::vector<std::vector<std::uint16_t>> k_, v_;  // [slot] -> [token][kv_head][d] bits
+  double tanh_slack_ = 0;
 };
 
 // Prefill of `chunk` rows after a prefix of `prefix` keys, checked at a spread of rows.
@@ -300,7 +321,8 @@ void check_prefill(Shape s, int prefix, int chunk, bool expect_flashinfer) {
     for (int row = 0; row < chunk; row += std::max(1, chunk / 40)) rows.push_back(row);
     if (rows.back() != chunk - 1) rows.push_back(chunk - 1);
     for (int row : rows) {
-      EXPECT_LE(rig.error(q, out, row, slot, prefix + row), rig.tolerance(expect_flashinfer))
+      const double error = rig.error(q, out, row, slot, prefix + row);  // before tolerance()
+      EXPECT_LE(error, rig.tolerance(expect_flashinfer))
           << "row " << row << " of " << chunk << " after " << prefix << ", score std " << score_std;
     }
   }
@@ -328,8 +350,8 @@ void check_decode(Shape s, const std::vector<int>& lengths, bool expect_flashinf
       const std::vector<float> q = rig.draw_queries(static_cast<int>(rows.size()));
       const std::vector<float> out = rig.decode(rows, q);
       for (std::size_t i = 0; i < rows.size(); ++i) {
-        EXPECT_LE(rig.error(q, out, static_cast<int>(i), rows[i], positions[i]),
-                  rig.tolerance(expect_flashinfer))
+        const double error = rig.error(q, out, static_cast<int>(i), rows[i], positions[i]);
+        EXPECT_LE(error, rig.tolerance(expect_flashinfer))
             << "slot " << rows[i] << " at " << positions[i] << ", score std " << score_std;
       }
     }
@@ -381,6 +403,19 @@ TEST(CudaAttention, KernelChoiceFollowsTheShape) {
   ModelConfig odd = c;
   odd.head_dim = 96;
   EXPECT_NE(choose(odd, DType::kBF16, 4096).prefill_reason.find("head_dim"), std::string::npos);
+  // Gemma: head_dim 256, soft-capped scores (Gemma 2), windows; every cache type it may use.
+  for (const char* name : {"gemma3-12b"}) {
+    ModelConfig g = preset(name);
+    EXPECT_EQ(g.head_dim, 256);
+    for (float cap : {0.0f, 50.0f}) {
+      g.attn_softcap = cap;
+      for (DType t : {DType::kBF16, DType::kF16}) {
+        const AttentionKernels gk = choose(g, t, 32768);
+        EXPECT_TRUE(gk.flashinfer_prefill && gk.flashinfer_decode) << gk.describe(g, t);
+      }
+      EXPECT_TRUE(choose(g, DType::kInt8, 32768).dequant_tiles);
+    }
+  }
   // Qwen2.5-7B: 28 query heads on 4 KV heads. FlashInfer prefills any group; its decode does not
   // serve 7.
   const AttentionKernels qwen = choose(preset("qwen2.5-7b"), DType::kBF16, 4096);
@@ -445,6 +480,46 @@ TEST(CudaAttention, PrefillWithSlidingWindowAndNoGrouping) {
   s.max_seq = 1024;
   s.sliding_window = 100;
   check_prefill(s, 500, 200, flashinfer_built());
+}
+
+// Gemma 2 9B's attention: 16 heads on 8 KV heads, head_dim 256, scores scaled by
+// query_pre_attn_scalar 224 and capped at 50, and its 4096-key window (here 300). Sharp scores
+// (score std 5) bend the cap's tanh; a cap of 5 bends it everywhere.
+Shape gemma2() {
+  Shape s;
+  s.heads = 16;
+  s.kv_heads = 8;
+  s.head_dim = 256;
+  s.pre_attn_scalar = 224;
+  s.softcap = 50;
+  s.sliding_window = 300;
+  return s;
+}
+
+TEST(CudaAttention, SoftCappedHeadDim256DecodeAndPrefill) {
+  KVO_SKIP_WITHOUT_CUDA();
+  for (float cap : {50.0f, 5.0f}) {
+    Shape s = gemma2();
+    s.softcap = cap;
+    s.max_seq = 4096;
+    check_decode(s, {2000, 299, 3}, flashinfer_built());
+    check_prefill(s, 1000, 256, flashinfer_built());
+    s.sliding_window = 0;  // a full layer
+    check_decode(s, {3000, 17}, flashinfer_built());
+    check_prefill(s, 0, 200, flashinfer_built());
+  }
+}
+
+TEST(CudaAttention, HeadDim256WithoutCapF16) {
+  KVO_SKIP_WITHOUT_CUDA();
+  Shape s = gemma2();  // Gemma 3's shape: no cap, its 1024-key window (here 100)
+  s.softcap = 0;
+  s.pre_attn_scalar = 0;
+  s.sliding_window = 100;
+  s.dtype = DType::kF16;
+  s.max_seq = 2048;
+  check_decode(s, {1500, 40}, flashinfer_built());
+  check_prefill(s, 700, 130, flashinfer_built());
 }
 
 TEST(CudaAttention, BuiltInKernelsServeWhatFlashInferDoesNot) {

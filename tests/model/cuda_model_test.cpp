@@ -63,7 +63,8 @@ void compare_backends(const Case& k) {
   ASSERT_EQ(cuda.backend(), BackendKind::kCuda);
   const CachePlan plan = cuda.cache().stats().plan;
   EXPECT_EQ(plan.resident_layers, 1);
-  EXPECT_EQ(plan.streamed_layers, k.layers - 1);  // streamed: the ring really runs on CUDA
+  // Streamed: the ring really runs on CUDA (window layers stay on the device as windows).
+  EXPECT_EQ(plan.streamed_layers, k.layers - 1 - plan.window_layers);
   const int vocab = c.vocab_size;
   std::vector<float> a(static_cast<std::size_t>(k.slots) * vocab), b(a.size());
   std::vector<std::int32_t> next(static_cast<std::size_t>(k.slots));
@@ -92,6 +93,15 @@ void compare_backends(const Case& k) {
   }
 }
 
+// The small config as a model of family `model_type`, with the family's defaults.
+void become(ModelConfig& c, const char* model_type) {
+  const Family& f = family_of_model_type(model_type, "test");
+  c.architecture = f.architectures.front();
+  c.model_type = f.model_type;
+  c.qkv_bias = c.o_bias = false;
+  f.settle(c);
+}
+
 TEST(CudaModel, MatchesHostPathF32) {
   compare_backends(Case{});
 }
@@ -101,11 +111,7 @@ TEST(CudaModel, MatchesHostPathF32) {
 TEST(CudaModel, FamiliesAndRopeScalingsMatchTheHost) {
   const auto family = [](const char* model_type) {
     return [model_type](ModelConfig& c) {
-      const Family& f = family_of_model_type(model_type, "test");
-      c.architecture = f.architectures.front();
-      c.model_type = f.model_type;
-      c.qkv_bias = c.o_bias = false;
-      f.settle(c);
+      become(c, model_type);
       c.max_position_embeddings = 512;
       RopeScaling& r = c.rope_scaling;
       r = RopeScaling{};
@@ -133,6 +139,31 @@ TEST(CudaModel, FamiliesAndRopeScalingsMatchTheHost) {
     SCOPED_TRACE(model_type);
     Case k;
     k.family = family(model_type);
+    compare_backends(k);
+  }
+}
+// Gemma 2 and Gemma 3 on the device in bf16 at head_dim 256, where FlashInfer attends: Gemma 2's
+// soft-capped scores (a cap of 2, which tanh bends) through its run-time variant, the window
+// layers (40 keys on three of five layers) kept as windows in the cache, rows moving to the
+// front of their buffers as two slots' prompts, continuations and decode pass them.
+TEST(CudaModel, GemmaFamiliesThroughFlashInferMatchTheHost) {
+  for (const char* model_type : {"gemma2", "gemma3_text"}) {
+    SCOPED_TRACE(model_type);
+    Case k;
+    k.dtype = DType::kBF16;
+    k.tolerance = 3e-2;
+    k.head_dim = 256;
+    k.slots = 2;
+    k.sliding_window = 40;
+    k.continuation = 70;
+    k.family = [model_type](ModelConfig& c) {
+      become(c, model_type);
+      c.sliding_layers = {1, 0, 1, 1, 0};
+      if (c.model_type == "gemma2") {
+        c.attn_softcap = 2;
+        c.query_pre_attn_scalar = 200;
+      }
+    };
     compare_backends(k);
   }
 }

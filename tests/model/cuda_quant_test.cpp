@@ -4,7 +4,7 @@
 // - the built-in kernels attend over quantized rows (fp8, int8) as the host path does over the
 //   same bytes: prefill after a prefix, and decode of two slots of different lengths, one long
 //   enough to split its keys. Both compute in f32, so 1e-4 * max|v| bounds the difference.
-// - FlashInfer over bf16 tiles (attention_kernels.hpp: head_dim 64 and 128) attends as a float64
+// - FlashInfer over bf16 tiles (attention_kernels.hpp: head_dim 64, 128, 256) attends as a float64
 //   reference over the same rows dequantized and rounded to bf16, and over the queries rounded to
 //   bf16: its scores are then exact products summed in f32, and what remains is FlashInfer's
 //   rounding of the softmax weights to bf16 before P.V (2u max|v|, u = 2^-8), of each tile's
