@@ -59,10 +59,12 @@ KVO_API std::uint64_t kv_row_bytes(DType dtype, int kv_heads, int dim);
 KVO_API KvLayout kv_layout(const CacheConfig& config);
 
 // Rows per slot of a window layer's buffer: a window of `window` keys needs the window - 1 rows
-// before a step's first new row and the rows appended; kept in order, the rows past the window
-// move to the front once the buffer is full, and 2 (window - 1) + max_append rows make that move
-// never overlap itself (it happens at most once per window - 1 + max_append rows appended).
-// Rounded up to 64 rows (whole pages of the attention kernels' paged view).
+// before a step's first new row and the rows appended (at most max_append), kept in order. When
+// an append would pass the buffer, the last window - 1 rows move to its front first. A gap of
+// ceil((window - 1) / 8) rows more makes every such move shift them by more than an eighth of
+// their count: it runs as at most 8 copies, none overlapping itself, and comes at most once per
+// gap + 1 rows appended. (window - 1) + max_append + gap, rounded up to 64 rows (whole pages of
+// the attention kernels' paged view).
 KVO_API std::int64_t window_rows(int window, int max_append);
 // Whether layer `layer` of the config is kept as a window layer (CacheConfig::layer_windows).
 // REQUIRES: validate(config) passes.

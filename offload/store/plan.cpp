@@ -89,7 +89,8 @@ KvLayout kv_layout(const CacheConfig& config) {
 }
 
 std::int64_t window_rows(int window, int max_append) {
-  const std::int64_t rows = 2 * (static_cast<std::int64_t>(window) - 1) + max_append;
+  const std::int64_t keep = static_cast<std::int64_t>(window) - 1;
+  const std::int64_t rows = keep + max_append + (keep + 7) / 8;
   return (rows + 63) / 64 * 64;
 }
 

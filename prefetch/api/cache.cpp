@@ -156,8 +156,9 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
   }
   // A window layer's rows of one append: after the slot's held rows, in order. When they would
   // pass the buffer, the window - 1 rows before the first new one (all its window needs) move
-  // to the front first, on the caller's stream: the buffer's 2 (window - 1) + max_append rows
-  // make that move never overlap itself.
+  // to the front first, on the caller's stream, in pieces of `from` rows (the shift) from the
+  // front: no piece overlaps itself, and none reads a row an earlier one wrote. window_rows'
+  // gap makes `from` more than an eighth of the rows kept, so there are at most 8 pieces.
   void window_append(int w, int slot, const void* k_rows, const void* v_rows, int count,
                      void* stream) {
     const offload::WindowPlan::Window& win = windows.windows[static_cast<std::size_t>(w)];
@@ -168,11 +169,16 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
     int held = position - first;
     if (held + count > l.max_seq) {
       const int keep = std::min(held, win.window - 1);
-      const int from = held - keep;
-      backend->copy_async(window_slot_rows(w, slot, 0),
-                          window_slot_rows(w, slot, 0) + l.k_bytes(from), l.k_bytes(keep), stream);
-      backend->copy_async(window_slot_rows(w, slot, 1),
-                          window_slot_rows(w, slot, 1) + l.v_bytes(from), l.v_bytes(keep), stream);
+      const int from = held - keep;  // >= 1: held > max_seq - count >= window - 1
+      for (int done = 0; done < keep; done += from) {
+        const int rows = std::min(from, keep - done);
+        for (int kv = 0; kv < 2; ++kv) {
+          const auto bytes = [&](int n) { return kv == 0 ? l.k_bytes(n) : l.v_bytes(n); };
+          backend->copy_async(window_slot_rows(w, slot, kv) + bytes(done),
+                              window_slot_rows(w, slot, kv) + bytes(from + done), bytes(rows),
+                              stream);
+        }
+      }
       first = position - keep;
       held = keep;
     }

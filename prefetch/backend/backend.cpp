@@ -1,5 +1,6 @@
 #include "prefetch/backend/backend.hpp"
 
+#include <cstdint>
 #include <string>
 
 #include "kvoffload/error.hpp"
@@ -53,6 +54,15 @@ std::string driver_too_old(int driver_version, int runtime_version) {
          ", but this build of kvoffload uses the CUDA " + version(runtime_version) +
          " runtime, which needs a driver for CUDA " + version(runtime_version) + " or newer (r" +
          std::to_string(branch) + "+ on Linux): update the driver, or use the host backend";
+}
+
+void check_disjoint(const void* dst, const void* src, std::size_t bytes) {
+  const auto d = reinterpret_cast<std::uintptr_t>(dst);
+  const auto s = reinterpret_cast<std::uintptr_t>(src);
+  if (bytes > 0 && (d < s ? s - d : d - s) < bytes) {
+    throw Error(ErrorCode::kInternal, "copy_async: the " + std::to_string(bytes) +
+                                          "-byte ranges of source and destination overlap");
+  }
 }
 
 std::unique_ptr<Backend> make_backend(const CacheConfig& config) {

@@ -37,7 +37,8 @@ class Backend : public offload::MemoryResource {
   // it so.
   virtual void check_stream(StreamHandle stream) const = 0;
 
-  // Copies `bytes` from src to dst after the work already enqueued on `stream`.
+  // Copies `bytes` from src to dst after the work already enqueued on `stream`. Throws
+  // kvo::Error(kInternal) when the two ranges overlap (cudaMemcpyAsync leaves that undefined).
   virtual void copy_async(void* dst, const void* src, std::size_t bytes, StreamHandle stream) = 0;
   // Marks the point in `stream` reached by the work enqueued so far.
   virtual void record(EventHandle event, StreamHandle stream) = 0;
@@ -120,6 +121,10 @@ class Event {
 // The message for a driver older than the CUDA runtime this library was built with (versions as
 // cudaDriverGetVersion and cudaRuntimeGetVersion give them: 12040 is CUDA 12.4).
 std::string driver_too_old(int driver_version, int runtime_version);
+
+// Throws kvo::Error(kInternal) when [dst, dst + bytes) and [src, src + bytes) overlap: a copy
+// within one buffer (a window layer's rows moving to its front) must come in pieces that do not.
+void check_disjoint(const void* dst, const void* src, std::size_t bytes);
 
 // Makes the backend `config.backend` asks for (kAuto: CUDA when usable, else host).
 std::unique_ptr<Backend> make_backend(const CacheConfig& config);

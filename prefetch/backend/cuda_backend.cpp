@@ -226,6 +226,7 @@ void CudaBackend::destroy_event(EventHandle event) noexcept {
 
 void CudaBackend::copy_async(void* dst, const void* src, std::size_t bytes, StreamHandle stream) {
   if (bytes == 0) return;
+  check_disjoint(dst, src, bytes);
   DeviceGuard guard(device_);
   KVO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_stream(stream)));
 }

@@ -274,6 +274,7 @@ HostStream* HostBackend::async_stream(StreamHandle stream) const {
 
 void HostBackend::copy_async(void* dst, const void* src, std::size_t bytes, StreamHandle stream) {
   if (bytes == 0) return;
+  check_disjoint(dst, src, bytes);
   if (HostStream* host_stream = async_stream(stream)) {
     StreamOp op;
     op.kind = StreamOp::Kind::kCopy;

@@ -94,7 +94,9 @@ TEST_P(WindowsUnderDelays, EveryAppendLeavesTheWindowsRows) {
   const int seed = GetParam();
   const DType dtypes[] = {DType::kBF16, DType::kF32, DType::kF16};
   CacheConfig base = shape(6, 3, 96, dtypes[seed % 3]);
-  base.layer_windows = {0, 5, 13, 0, 40, 0};  // 2 (40 - 1) + 16 rows: not below 96, kept full
+  // 41: 40 + 16 + 5 rows, a buffer of 64 that moves its 40 rows in up to 5 pieces; 90: 89 + 16 +
+  // 12 rows, 128, not below 96: kept full.
+  base.layer_windows = {0, 5, 41, 0, 90, 0};
   base.max_append = 16;
   const std::vector<Variant> variants = {
       {0, 2, false}, {0, 2, true}, {1, 2, true}, {4, 2, false}, {0, 1, true}};
@@ -103,8 +105,11 @@ TEST_P(WindowsUnderDelays, EveryAppendLeavesTheWindowsRows) {
   EXPECT_EQ(plan.layers, 6);
   EXPECT_EQ(plan.window_layers, 2);
   EXPECT_EQ(plan.streamed_layers, 4);
-  EXPECT_EQ(window_rows(5, 16), 64);  // 2 * 4 + 16, in whole 64s
-  EXPECT_EQ(window_rows(13, 16), 64);
+  EXPECT_EQ(window_rows(5, 16), 64);  // 4 + 16 + 1, in whole 64s
+  EXPECT_EQ(window_rows(41, 16), 64);
+  EXPECT_EQ(window_rows(90, 16), 128);
+  EXPECT_EQ(window_rows(1, 16), 64);     // a window of one key: its own row alone
+  EXPECT_EQ(window_rows(513, 64), 640);  // 512 + 64 + 64
   CacheConfig one = base;
   one.max_seq = 64;
   EXPECT_EQ(plan.window_bytes, 2 * kv_layout(one).layer_bytes());
@@ -236,6 +241,61 @@ TEST(Windows, KeepTheLastRowsAndRefuseWhatTheyLost) {
   bad.resident_layers = kAutoResidentLayers;
   bad.reserved.push_back({kWindowRegion, 64});
   refused(bad, "the cache's own");
+}
+
+// A window of 513 keys appended 64 rows at most: a buffer of exactly 512 + 64 + 64 rows, so a
+// move can shift its 512 rows by as little as 65, in 8 pieces; each piece must read rows no
+// earlier one wrote (the backends refuse a copy that overlaps itself). After every append the
+// window's rows equal the reference's, on a stream of its own and on the caller's thread.
+TEST(Windows, AMoveInEightPiecesKeepsEveryRow) {
+  for (const bool async : {false, true}) {
+    CacheConfig config = shape(2, 1, 2048, DType::kF16);
+    config.layer_windows = {513, 0};
+    config.max_append = 64;
+    const std::size_t row = 2 * 8 * 2;
+    CacheUnderTest cut(config, async, 64 * row);
+    OffloadedStaticCache& cache = cut.cache();
+    EXPECT_EQ(cache.stats().plan.window_layers, 1);
+    testing::Reference ref(2, 1, 2048, row);
+    std::mt19937_64 rng(5);
+    const auto step = [&](int n) {
+      cache.begin_step({n});
+      int first = -1;
+      std::vector<std::uint8_t> rows[2][2];  // [layer][k, v], read by the stream until the end
+      for (int layer = 0; layer < 2; ++layer) {
+        const LayerView view = cache.acquire(layer, cut.stream());
+        const int length = view.lengths[0];
+        std::vector<std::uint8_t>& k = rows[layer][0];
+        std::vector<std::uint8_t>& v = rows[layer][1];
+        k.resize(n * row);
+        v.resize(n * row);
+        for (auto& b : k) b = static_cast<std::uint8_t>(rng());
+        for (auto& b : v) b = static_cast<std::uint8_t>(rng());
+        std::memcpy(ref.row(layer, 0, 0, length), k.data(), k.size());
+        std::memcpy(ref.row(layer, 1, 0, length), v.data(), v.size());
+        cut.append(layer, 0, k.data(), v.data(), n, row);
+        if (layer == 0) {
+          EXPECT_EQ(view.layout.max_seq, 640);
+          cut.check_window(view, ref, 0, length, length + n);
+          first = view.first_positions[0];
+        } else {
+          cut.check(view, ref, 0, length + n);
+        }
+        cache.release(layer, cut.stream());
+      }
+      cache.end_step();
+      cut.finish_step();
+      return first;
+    };
+    for (int i = 0; i < 10; ++i) EXPECT_EQ(step(64), 0);   // 640 rows: full, nothing moved
+    EXPECT_EQ(step(1), 128);                               // 512 rows shifted by 128: 4 pieces
+    EXPECT_EQ(step(64), 128);                              // 577 rows held
+    EXPECT_EQ(step(64), 193);                              // 512 rows shifted by 65: 8 pieces
+    for (int i = 0; i < 35; ++i) step(1 + (i * 37) % 64);  // 1 to 64 rows, moves at any shift
+    EXPECT_LE(cache.length(0), 2048);
+    EXPECT_EQ(cut.failures(), 0) << (async ? "async" : "sync");
+    EXPECT_GT(cut.checks(), 50);
+  }
 }
 
 // Beam search's reorders between steps (any mapping: cycles, one source for several slots), under

@@ -1,9 +1,11 @@
 // The host backend's streams and events keep CUDA's ordering guarantees under random delays.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kvoffload/error.hpp"
@@ -84,6 +86,28 @@ TEST(HostBackend, NullStreamIsTheCallingThread) {
   int src = 42, dst = 0;
   backend.copy_async(&dst, &src, sizeof(int), nullptr);
   EXPECT_EQ(dst, 42);
+}
+
+// A copy whose ranges overlap is refused before anything is written (cudaMemcpyAsync leaves it
+// undefined); ranges that touch, or a piece of a move that shifts by its own length, are fine.
+TEST(HostBackend, ACopyOverlappingItselfIsRefused) {
+  HostBackend backend(delays(0, 0), 0);
+  std::vector<int> buffer(64);
+  std::iota(buffer.begin(), buffer.end(), 0);
+  const std::vector<int> before = buffer;
+  for (const std::ptrdiff_t shift : {1, -1, 15, -15}) {
+    try {
+      backend.copy_async(buffer.data() + 16 + shift, buffer.data() + 16, 16 * sizeof(int), nullptr);
+      FAIL() << "an overlap by " << 16 - std::abs(shift) << " ints was copied";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInternal);
+      EXPECT_NE(std::string(e.what()).find("overlap"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(buffer, before);
+  backend.copy_async(buffer.data(), buffer.data() + 16, 16 * sizeof(int), nullptr);
+  EXPECT_EQ(buffer[0], 16);
+  EXPECT_EQ(buffer[15], 31);
 }
 
 TEST(HostBackend, DeviceMemoryIsCappedAndCounted) {
