@@ -123,6 +123,17 @@ typedef struct kvo_cache_options {
   /* Since 0.2: V's head_dim when it differs from K's (multi-head latent attention caches a wide K
    * and a narrow V); 0 (default): head_dim. */
   int32_t v_head_dim;
+  /* Since 0.3: sliding-window layers (Gemma's local layers, Mistral's). NULL (default): every
+   * layer is full. Else `layers` entries, read at kvo_cache_create only: the keys layer l's
+   * attention sees (the last N, its own included), 0 for a full layer. A layer whose window
+   * buffer, (N - 1) + max_append + ceil((N - 1) / 8) rows in whole 64s, is shorter than max_seq
+   * is kept as a window: those rows per slot on the device, resident, never stored on the host,
+   * streamed or written back; its views say which position each row holds (first_positions).
+   * At least one layer must stay full. Saving a slot of such a cache is refused. */
+  const int32_t* layer_windows;
+  /* Since 0.3: the most rows one kvo_append gives a slot of a window layer (a prefill chunk);
+   * required (>= 1) with layer_windows. */
+  int32_t max_append;
 } kvo_cache_options;
 
 /* A non-owning view of one layer's K and V in device memory, valid from kvo_acquire until
@@ -156,6 +167,12 @@ typedef struct kvo_layer_view {
    * the row's first byte (elements are bytes, so rows start at the strides above); else 0. */
   int64_t k_scale_offset;
   int64_t v_scale_offset;
+  /* Since 0.3: a window layer's window (keys) and, per slot, the position its row 0 holds (a
+   * host array owned by the cache, valid as `lengths`): rows are in position order, max_seq of
+   * them per slot, and the append's rows follow the window - 1 before them. A full layer: 0 and
+   * NULL (row t holds position t). */
+  int32_t window;
+  const int32_t* first_positions;
 } kvo_layer_view;
 
 /* The figures of kvo::CacheStats: traffic counters and the device plan. Bytes are exact. */
@@ -184,6 +201,10 @@ typedef struct kvo_cache_stats {
   uint64_t v_row_bytes;
   /* rows written by kvo_reorder_slots (K and V, every layer) */
   uint64_t reorder_bytes;
+  /* Since 0.3: layers kept as windows (neither resident nor streamed) and their device bytes,
+   * within device_bytes. */
+  int32_t window_layers;
+  uint64_t window_bytes;
 } kvo_cache_stats;
 
 /* ---- library -------------------------------------------------------------------------------- */

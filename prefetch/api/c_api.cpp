@@ -251,6 +251,11 @@ kvo::CacheConfig to_config(const kvo_cache_options& options) {
   config.device = options.device;
   config.host.max_delay_us = options.host_max_delay_us;
   config.host.delay_seed = options.host_delay_seed;
+  if (options.layer_windows != nullptr && options.layers > 0) {
+    // Read as `layers` entries; a count out of range is refused by validate() before any use.
+    config.layer_windows.assign(options.layer_windows, options.layer_windows + options.layers);
+  }
+  config.max_append = options.max_append;
   return config;
 }
 
@@ -439,6 +444,8 @@ kvo_status kvo_acquire(kvo_cache_t* cache, int32_t layer, kvo_layer_view* out_vi
     full.v_head_dim = view.layout.v_head_dim;
     full.k_scale_offset = view.layout.k_scale_offset;
     full.v_scale_offset = view.layout.v_scale_offset;
+    full.window = view.window;
+    full.first_positions = view.first_positions;
     write_out(full, out_view);
   });
 }
@@ -550,6 +557,8 @@ kvo_status kvo_stats(const kvo_cache_t* cache, kvo_cache_stats* out_stats) {
     out->host_bytes = stats.plan.host_bytes;
     out->budget = stats.plan.budget;
     out->v_row_bytes = stats.plan.layout.v_row_bytes;
+    out->window_layers = stats.plan.window_layers;
+    out->window_bytes = stats.plan.window_bytes;
     write_out(full, out_stats);
   });
 }

@@ -598,9 +598,105 @@ static void quantized_rows(void) {
   kvo_cache_destroy(cache);
 }
 
+/* ---- window layers ------------------------------------------------------------------------ */
+
+/* Since 0.3: a cache whose second layer attends through a window of 6 keys keeps it as a window
+ * of 64 rows per slot (5 + 8 + 1, in whole 64s) on the device; its views say which position row
+ * 0 holds, and after every append the window's rows are there in position order while the three
+ * full layers, streamed through a ring of two, hold every row. What it cannot serve is refused. */
+static void window_layers(void) {
+  enum { L = 4, HEADS = 2, DIM = 4, SEQ = 512, W = 6, APPEND = 8, RF = HEADS * DIM };
+  static float history[L][2][SEQ][RF]; /* what layer l's K and V must hold at each position */
+  static float rows[2][APPEND][RF];
+  const int32_t windows[L] = {0, W, 0, 0};
+  const int32_t bad_windows[L] = {W, W, W, W};
+  kvo_cache_options options;
+  kvo_cache_stats stats;
+  kvo_layer_view view;
+  kvo_cache_t* cache = NULL;
+  int32_t length = 0;
+  uint64_t rng = 7;
+  int step;
+  MUST(NULL, kvo_cache_options_init(&options, sizeof options));
+  CHECK(options.layer_windows == NULL && options.max_append == 0);
+  options.layers = L;
+  options.kv_heads = HEADS;
+  options.head_dim = DIM;
+  options.max_seq = SEQ;
+  options.slots = 1;
+  options.dtype = KVO_DTYPE_F32;
+  options.resident_layers = 0;
+  options.backend = KVO_BACKEND_HOST;
+  options.layer_windows = windows;
+  EXPECT_STATUS(NULL, kvo_cache_create(&options, &cache), KVO_ERROR_INVALID_ARGUMENT, "max_append");
+  CHECK(cache == NULL);
+  options.max_append = APPEND;
+  options.layer_windows = bad_windows;
+  EXPECT_STATUS(NULL, kvo_cache_create(&options, &cache), KVO_ERROR_INVALID_ARGUMENT,
+                "at least one must stay full");
+  options.layer_windows = windows;
+  MUST(NULL, kvo_cache_create(&options, &cache));
+  memset(&stats, 0, sizeof stats);
+  stats.struct_size = sizeof stats;
+  MUST(cache, kvo_stats(cache, &stats));
+  CHECK(stats.window_layers == 1 && stats.streamed_layers == 3 && stats.resident_layers == 0);
+  CHECK(stats.window_bytes == 2u * 64 * RF * sizeof(float));
+  CHECK(stats.host_bytes == 3u * stats.layer_bytes);
+
+  for (step = 0; step < 200; ++step) {
+    int32_t n[1];
+    int layer;
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    n[0] = 1 + (int32_t)((rng >> 33) % APPEND);
+    if (length + n[0] > SEQ) break;
+    MUST(cache, kvo_begin_step(cache, n, 1));
+    for (layer = 0; layer < L; ++layer) {
+      int kv, t, e, from, p;
+      memset(&view, 0, sizeof view);
+      view.struct_size = sizeof view;
+      MUST(cache, kvo_acquire(cache, layer, &view, NULL));
+      for (kv = 0; kv < 2; ++kv) {
+        for (t = 0; t < n[0]; ++t) {
+          for (e = 0; e < RF; ++e) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            rows[kv][t][e] = history[layer][kv][length + t][e] = (float)(rng >> 40);
+          }
+        }
+      }
+      MUST(cache, kvo_append(cache, layer, 0, rows[0], rows[1], n[0], NULL));
+      CHECK(view.window == windows[layer]);
+      CHECK((view.first_positions != NULL) == (layer == 1));
+      from = 0;
+      if (layer == 1) { /* the first new row's window, then the new rows */
+        CHECK(view.max_seq == 64 && view.resident == 1);
+        from = length - (W - 1) > 0 ? length - (W - 1) : 0;
+        if (view.first_positions[0] > from) {
+          CHECK(view.first_positions[0] <= from);
+          break;
+        }
+      }
+      for (p = from; p < length + n[0]; ++p) {
+        const int row = p - (view.first_positions != NULL ? view.first_positions[0] : 0);
+        const float* k = (const float*)view.k + (int64_t)row * view.token_stride;
+        const float* v = (const float*)view.v + (int64_t)row * view.v_token_stride;
+        CHECK(memcmp(k, history[layer][0][p], sizeof(float) * RF) == 0);
+        CHECK(memcmp(v, history[layer][1][p], sizeof(float) * RF) == 0);
+      }
+      MUST(cache, kvo_release(cache, layer, NULL));
+    }
+    MUST(cache, kvo_end_step(cache));
+    length += n[0];
+  }
+  CHECK(length > 4 * 64); /* the window's rows moved to its front several times */
+  EXPECT_STATUS(cache, kvo_save_slot(cache, 0, "/tmp/kvo-c-windows.kvo", NULL, 0, NULL),
+                KVO_ERROR_INVALID_ARGUMENT, "window layers");
+  kvo_cache_destroy(cache);
+}
+
 int main(void) {
   check_defaults();
   quantized_rows();
+  window_layers();
   run(1, 0);
   run(2, 1);
   run(3, 1);
