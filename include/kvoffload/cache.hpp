@@ -69,6 +69,15 @@ struct LayerView {
   // full layer: window 0 and first_positions null (row r is position r).
   int window = 0;
   const std::int32_t* first_positions = nullptr;
+  // Split attention (CacheConfig::split, or begin_step's split_rows): a streamed layer of a step
+  // that splits holds, for slot s, only rows [split_rows[s], lengths[s] + new_tokens[s]) in k
+  // and v; rows [0, split_rows[s]) are in host memory at host_k and host_v (the host store, laid
+  // out as k and v with the same strides), readable by the host once acquire returns. Attend the
+  // two parts apart and merge them by their log-sum-exps. All three null when the layer does
+  // not split this step.
+  const std::int32_t* split_rows = nullptr;
+  const void* host_k = nullptr;
+  const void* host_v = nullptr;
 
   // A view of `k` and `v` laid out as `layout` says, strides included: what acquire returns.
   KVO_API static LayerView of(const KvLayout& layout, void* k, void* v);
@@ -170,7 +179,17 @@ class KVO_API OffloadedStaticCache {
   OffloadedStaticCache& operator=(OffloadedStaticCache&&) noexcept;
 
   // REQUIRES: no step open; new_tokens.size() == slots; 0 <= n[s]; length(s) + n[s] <= max_seq.
+  // With CacheConfig::split, a slot that appends one row splits its streamed layers at
+  // split_rows(config.split, length(s)); the others do not split.
   void begin_step(const std::vector<std::int32_t>& new_tokens);
+  // As above, with each slot's split row given (split attention, LayerView::split_rows) instead
+  // of planned: the step prefetches rows [split_rows[s], length(s)) of each streamed layer, and
+  // the prefetches it issues for the next step skip the same rows. Works under any
+  // CacheConfig::split mode.
+  // REQUIRES: split_rows.size() == slots; 0 <= split_rows[s] <= length(s); split_rows[s] == 0
+  // unless new_tokens[s] == 1.
+  void begin_step(const std::vector<std::int32_t>& new_tokens,
+                  const std::vector<std::int32_t>& split_rows);
   // REQUIRES: a step is open; `layer` is the next layer of the step; no layer is held.
   LayerView acquire(int layer, void* stream = nullptr);
   // Copies `count` rows of K and of V for `slot`, each [count][kv_heads][head_dim] contiguous in

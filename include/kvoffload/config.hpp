@@ -37,6 +37,24 @@ struct HostBackendOptions {
 // SIGBUS instead of an error. kPread: read with pread, which reports those as errors.
 enum class ContextReading { kMapped, kPread };
 
+// Split attention at decode. For each streamed layer, a decoding slot's rows [0, s) stay where
+// they live, in the host store, for the caller to attend there (LayerView::host_k, host_v), and
+// only rows [s, length) are prefetched: the caller attends the two parts apart and merges them
+// by their log-sum-exps, which is exact. kAuto picks s from two rates, kRows takes a row count.
+// A slot that appends other than one row in a step (a prefill chunk, or no row) never splits;
+// resident and window layers never do.
+enum class SplitMode { kOff, kAuto, kRows };
+struct SplitOptions {
+  SplitMode mode = SplitMode::kOff;
+  int rows = 0;  // kRows: s = min(rows, length), whole 64s below the length
+  // kAuto: s balances the bus against the host's attention, both reading the same rows:
+  // s = length * host / (host + h2d), in whole 64s. Bytes per second; a rate left 0 is measured
+  // when the cache is made (a timed copy into a staging buffer, a timed read of the host store by
+  // every core: at most about 200 ms), and CachePlan reports both.
+  double h2d_bytes_per_s = 0;
+  double host_bytes_per_s = 0;
+};
+
 struct CacheConfig {
   // Shape of the cache: K is [layer][slot][token][kv_head][head_dim], V the same with
   // v_head_dim (multi-head latent attention caches keys and values of different head sizes).
@@ -81,6 +99,8 @@ struct CacheConfig {
 
   // load_slot(path) and load_slots(slots, path): how the file's rows are read.
   ContextReading context_reading = ContextReading::kMapped;
+
+  SplitOptions split;
 };
 
 // Throws kvo::Error(kInvalidArgument) naming the first field that is out of range.

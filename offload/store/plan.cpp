@@ -3,6 +3,7 @@
 #include "kvoffload/quant.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
 
@@ -94,6 +95,25 @@ std::int64_t window_rows(int window, int max_append) {
   return (rows + 63) / 64 * 64;
 }
 
+int split_rows(const SplitOptions& split, int length) {
+  const auto whole = [length](std::int64_t rows) {
+    return static_cast<int>(rows >= length ? length : rows / 64 * 64);
+  };
+  switch (split.mode) {
+    case SplitMode::kOff:
+      return 0;
+    case SplitMode::kRows:
+      return whole(std::max(0, split.rows));
+    case SplitMode::kAuto: {
+      if (!(split.host_bytes_per_s + split.h2d_bytes_per_s > 0)) return 0;
+      const double share =
+          split.host_bytes_per_s / (split.host_bytes_per_s + split.h2d_bytes_per_s);
+      return whole(static_cast<std::int64_t>(std::floor(length * share)));
+    }
+  }
+  return 0;
+}
+
 bool is_window_layer(const CacheConfig& config, int layer) {
   if (config.layer_windows.empty()) return false;
   const int window = config.layer_windows[static_cast<std::size_t>(layer)];
@@ -181,6 +201,19 @@ void validate(const CacheConfig& config) {
 namespace {
 
 void validate_full(const CacheConfig& config) {
+  const SplitOptions& split = config.split;
+  if (split.mode != SplitMode::kOff && split.mode != SplitMode::kAuto &&
+      split.mode != SplitMode::kRows) {
+    throw invalid("CacheConfig.split.mode is not a SplitMode (" +
+                  std::to_string(static_cast<int>(split.mode)) + ")");
+  }
+  if (split.rows < 0) {
+    throw invalid("CacheConfig.split.rows must not be negative; got " + std::to_string(split.rows));
+  }
+  if (!(split.h2d_bytes_per_s >= 0) || !(split.host_bytes_per_s >= 0) ||
+      !std::isfinite(split.h2d_bytes_per_s) || !std::isfinite(split.host_bytes_per_s)) {
+    throw invalid("CacheConfig.split rates must be finite and not negative (0: measured)");
+  }
   require_positive(config.layers, "layers");
   require_positive(config.kv_heads, "kv_heads");
   require_positive(config.head_dim, "head_dim");

@@ -16,6 +16,7 @@
 #include "offload/store/window_layers.hpp"
 #include "offload/util/byte_io.hpp"
 #include "prefetch/backend/backend.hpp"
+#include "prefetch/backend/rate_probe.hpp"
 #include "prefetch/ring/staging_ring.hpp"
 
 namespace kvo {
@@ -68,6 +69,29 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
     window_lost.assign(static_cast<std::size_t>(config.slots), 0);
     new_tokens.assign(static_cast<std::size_t>(config.slots), 0);
     appended.assign(static_cast<std::size_t>(config.slots), 0);
+    split.assign(static_cast<std::size_t>(config.slots), 0);
+    next_split.assign(static_cast<std::size_t>(config.slots), 0);
+    plan_split();
+  }
+
+  // begin_step, with each slot's split row given (nullptr: planned by config.split).
+  void open_step(const std::vector<std::int32_t>& counts, const std::vector<std::int32_t>* given);
+
+  // CachePlan's split fields; under kAuto the rates a config leaves 0 are measured (only when
+  // something is streamed: nothing else splits).
+  void plan_split() {
+    SplitOptions& o = config.split;
+    plan.split = o.mode;
+    if (o.mode == SplitMode::kAuto && plan.streamed_layers > 0 &&
+        (o.h2d_bytes_per_s == 0 || o.host_bytes_per_s == 0)) {
+      const prefetch::SplitRates rates = prefetch::probe_split_rates(
+          *backend, store->k(0, 0), arena->staging_buffer(0), plan.layer_bytes);
+      if (o.h2d_bytes_per_s == 0) o.h2d_bytes_per_s = rates.h2d_bytes_per_s;
+      if (o.host_bytes_per_s == 0) o.host_bytes_per_s = rates.host_bytes_per_s;
+      plan.split_probe_s = rates.seconds;
+    }
+    plan.split_h2d_bytes_per_s = o.h2d_bytes_per_s;
+    plan.split_host_bytes_per_s = o.host_bytes_per_s;
   }
 
   // The caller's streams may still read or append to the arena: let them finish before anything
@@ -250,7 +274,12 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
   std::byte* held_buffer = nullptr;
   std::uint64_t reorder_bytes = 0;
   std::vector<std::int32_t> new_tokens;  // [slots] of the open step
-  std::vector<std::int32_t> appended;    // [slots] rows appended to the held layer
+  // Split attention: each slot's split row in the open step, and the guess the prefetches for
+  // the next step were issued with; `splits`: whether any slot of the open step splits.
+  std::vector<std::int32_t> split;
+  std::vector<std::int32_t> next_split;
+  bool splits = false;
+  std::vector<std::int32_t> appended;  // [slots] rows appended to the held layer
   std::uint64_t steps = 0;
 };
 
@@ -474,15 +503,25 @@ OffloadedStaticCache::OffloadedStaticCache(OffloadedStaticCache&&) noexcept = de
 OffloadedStaticCache& OffloadedStaticCache::operator=(OffloadedStaticCache&&) noexcept = default;
 
 void OffloadedStaticCache::begin_step(const std::vector<std::int32_t>& new_tokens) {
-  Impl& m = *impl_;
+  impl_->open_step(new_tokens, nullptr);
+}
+
+void OffloadedStaticCache::begin_step(const std::vector<std::int32_t>& new_tokens,
+                                      const std::vector<std::int32_t>& split_rows) {
+  impl_->open_step(new_tokens, &split_rows);
+}
+
+void OffloadedStaticCache::Impl::open_step(const std::vector<std::int32_t>& counts,
+                                           const std::vector<std::int32_t>* given) {
+  Impl& m = *this;
   if (m.in_step) throw protocol("begin_step while a step is open (call end_step first)");
-  if (static_cast<int>(new_tokens.size()) != m.config.slots) {
+  if (static_cast<int>(counts.size()) != m.config.slots) {
     throw invalid("begin_step needs one new-token count per slot: got " +
-                  std::to_string(new_tokens.size()) + ", the cache has " +
+                  std::to_string(counts.size()) + ", the cache has " +
                   std::to_string(m.config.slots) + " slots");
   }
   for (int s = 0; s < m.config.slots; ++s) {
-    const std::int32_t n = new_tokens[static_cast<std::size_t>(s)];
+    const std::int32_t n = counts[static_cast<std::size_t>(s)];
     if (n < 0) {
       throw invalid("begin_step: slot " + std::to_string(s) + " has a negative token count (" +
                     std::to_string(n) + ")");
@@ -499,8 +538,45 @@ void OffloadedStaticCache::begin_step(const std::vector<std::int32_t>& new_token
                     "length its windows still hold");
     }
   }
-  m.new_tokens = new_tokens;
-  if (m.ring) m.ring->begin_step(m.new_tokens.data());
+  if (given != nullptr) {
+    if (static_cast<int>(given->size()) != m.config.slots) {
+      throw invalid("begin_step needs one split row per slot: got " +
+                    std::to_string(given->size()) + ", the cache has " +
+                    std::to_string(m.config.slots) + " slots");
+    }
+    for (int s = 0; s < m.config.slots; ++s) {
+      const auto i = static_cast<std::size_t>(s);
+      const std::int32_t r = (*given)[i];
+      if (r < 0 || r > m.lengths[i]) {
+        throw invalid("begin_step: slot " + std::to_string(s) + "'s split row " +
+                      std::to_string(r) + " is not within its " + std::to_string(m.lengths[i]) +
+                      " rows");
+      }
+      if (r > 0 && counts[i] != 1) {
+        throw invalid("begin_step: slot " + std::to_string(s) + " splits at row " +
+                      std::to_string(r) + " but appends " + std::to_string(counts[i]) +
+                      " rows: split attention is for decode steps (one row each)");
+      }
+    }
+  }
+  m.new_tokens = counts;
+  // A decoding slot (one new row) splits where the caller or the config says; its next step is
+  // guessed to decode too: at the same row when given, else at the config's row for its length
+  // after this step. Nothing splits when nothing streams.
+  m.splits = false;
+  for (int s = 0; s < m.config.slots; ++s) {
+    const auto i = static_cast<std::size_t>(s);
+    const bool decodes = m.plan.streamed_layers > 0 && counts[i] == 1;
+    if (given != nullptr) {
+      m.split[i] = m.plan.streamed_layers > 0 ? (*given)[i] : 0;
+      m.next_split[i] = m.split[i];
+    } else {
+      m.split[i] = decodes ? split_rows(m.config.split, m.lengths[i]) : 0;
+      m.next_split[i] = decodes ? split_rows(m.config.split, m.lengths[i] + 1) : 0;
+    }
+    m.splits = m.splits || m.split[i] > 0;
+  }
+  if (m.ring) m.ring->begin_step(m.new_tokens.data(), m.split.data(), m.next_split.data());
   m.in_step = true;
   m.next_layer = 0;
   m.held_layer = -1;
@@ -559,6 +635,15 @@ LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
   if (w >= 0) {
     view.window = m.windows.windows[static_cast<std::size_t>(w)].window;
     view.first_positions = m.window_first[static_cast<std::size_t>(w)].data();
+  }
+  if (m.splits && !m.on_device(layer)) {
+    // Rows [0, split) stay in the host store, read there by the host: its last write-back of
+    // this layer (the previous step's rows) must have landed.
+    const int streamed = m.full(layer) - m.plan.resident_layers;
+    m.ring->wait_written(streamed);
+    view.split_rows = m.split.data();
+    view.host_k = m.store->k(streamed, 0);
+    view.host_v = m.store->v(streamed, 0);
   }
   return view;
 }

@@ -46,6 +46,8 @@ class Backend : public offload::MemoryResource {
   virtual void wait(StreamHandle stream, EventHandle event) = 0;
   // As wait(), and adds the time `stream` is held by it to stall_seconds(). For acquire.
   virtual void wait_measured(StreamHandle stream, EventHandle event) = 0;
+  // Host blocks until `event`'s last record has completed (at once if never recorded).
+  virtual void synchronize_event(EventHandle event) = 0;
   // Host blocks until `stream` is drained.
   virtual void synchronize_stream(StreamHandle stream) = 0;
   // fn must not call into the backend or the cache (as with cudaLaunchHostFunc).

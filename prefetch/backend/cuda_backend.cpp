@@ -271,6 +271,11 @@ void CudaBackend::harvest_probes() {
   }
 }
 
+void CudaBackend::synchronize_event(EventHandle event) {
+  DeviceGuard guard(device_);
+  KVO_CUDA_CHECK(cudaEventSynchronize(as_event(event)));
+}
+
 void CudaBackend::synchronize_stream(StreamHandle stream) {
   DeviceGuard guard(device_);
   KVO_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream)));

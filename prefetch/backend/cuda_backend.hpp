@@ -37,6 +37,7 @@ class CudaBackend final : public Backend {
   void record(EventHandle event, StreamHandle stream) override;
   void wait(StreamHandle stream, EventHandle event) override;
   void wait_measured(StreamHandle stream, EventHandle event) override;
+  void synchronize_event(EventHandle event) override;
   void synchronize_stream(StreamHandle stream) override;
   void launch_host_func(StreamHandle stream, void (*fn)(void*), void* arg) override;
   void synchronize_all() override;

@@ -40,7 +40,7 @@ class HostBackend final : public Backend {
   void wait(StreamHandle stream, EventHandle event) override;
   void wait_measured(StreamHandle stream, EventHandle event) override;
   // Host blocks until `event`'s last record has completed (how synchronize_all drains).
-  void synchronize_event(EventHandle event);
+  void synchronize_event(EventHandle event) override;
   void synchronize_stream(StreamHandle stream) override;
   void launch_host_func(StreamHandle stream, void (*fn)(void*), void* arg) override;
   void synchronize_all() override;

@@ -1,5 +1,7 @@
 #include "prefetch/ring/staging_ring.hpp"
 
+#include <algorithm>
+
 #include "kvoffload/error.hpp"
 
 namespace kvo::prefetch {
@@ -24,6 +26,7 @@ StagingRing::StagingRing(Backend& backend, offload::HostStore& store, offload::D
     buffer.filled = Event(backend_);
     buffer.released = Event(backend_);
     buffer.written_back = Event(backend_);
+    buffer.from.assign(static_cast<std::size_t>(layout_.slots), 0);
   }
   for (int i = 0; i < streamed_; ++i) layer_written_.emplace_back(backend_);
 }
@@ -46,15 +49,12 @@ void StagingRing::prefetch(std::int64_t q) {
   backend_.wait(h2d, buffer.written_back.get());                          // lost write-back
   backend_.wait(h2d, layer_written_[static_cast<std::size_t>(i)].get());  // stale prefix
   std::uint64_t bytes = 0;
+  const std::int32_t* split = next_step ? next_split_ : split_;
   for (int s = 0; s < layout_.slots; ++s) {
-    const std::int64_t rows = lengths_[s] + (next_step ? new_tokens_[s] : 0);
-    if (rows == 0) continue;
-    const std::uint64_t k = layout_.k_bytes(rows);
-    const std::uint64_t v = layout_.v_bytes(rows);
-    backend_.copy_async(buffer.base + layout_.k_offset(s, 0), store_.k(i, s), k, h2d);
-    backend_.copy_async(buffer.base + layout_.v_begin() + layout_.v_offset(s, 0), store_.v(i, s), v,
-                        h2d);
-    bytes += k + v;
+    const int rows = lengths_[s] + (next_step ? new_tokens_[s] : 0);
+    const int from = split != nullptr ? std::min(split[s], rows) : 0;
+    buffer.from[static_cast<std::size_t>(s)] = from;
+    bytes += copy_rows(buffer, i, s, from, rows, h2d);
   }
   backend_.record(buffer.filled.get(), h2d);
   buffer.visit = q;
@@ -62,9 +62,40 @@ void StagingRing::prefetch(std::int64_t q) {
   counters_.h2d_bytes_total += bytes;
 }
 
-void StagingRing::begin_step(const std::int32_t* new_tokens) {
+std::uint64_t StagingRing::copy_rows(const Buffer& buffer, int streamed, int slot, int from, int to,
+                                     StreamHandle h2d) {
+  if (to <= from) return 0;
+  const std::uint64_t k = layout_.k_bytes(to - from);
+  const std::uint64_t v = layout_.v_bytes(to - from);
+  backend_.copy_async(buffer.base + layout_.k_offset(slot, from),
+                      store_.k(streamed, slot) + layout_.k_offset(0, from), k, h2d);
+  backend_.copy_async(buffer.base + layout_.v_begin() + layout_.v_offset(slot, from),
+                      store_.v(streamed, slot) + layout_.v_offset(0, from), v, h2d);
+  return k + v;
+}
+
+void StagingRing::begin_step(const std::int32_t* new_tokens, const std::int32_t* split,
+                             const std::int32_t* next_split) {
   new_tokens_ = new_tokens;
+  split_ = split;
+  next_split_ = next_split;
   if (issued_ < step_base()) issued_ = step_base();
+  // Prefetches issued during the previous step skipped the rows its guess left on the host;
+  // where this step leaves fewer there, the rows between come now, on the same stream.
+  for (std::int64_t q = step_base(); q < issued_; ++q) {
+    Buffer& buffer = buffers_[static_cast<std::size_t>(q % depth_)];
+    std::uint64_t bytes = 0;
+    for (int s = 0; s < layout_.slots; ++s) {
+      std::int32_t& from = buffer.from[static_cast<std::size_t>(s)];
+      const int need = split != nullptr ? std::min(split[s], from) : 0;
+      bytes += copy_rows(buffer, static_cast<int>(q % streamed_), s, need, from, h2d_.get());
+      from = need;
+    }
+    if (bytes == 0) continue;
+    backend_.record(buffer.filled.get(), h2d_.get());
+    h2d_this_step_ += bytes;
+    counters_.h2d_bytes_total += bytes;
+  }
   for (; issued_ < step_base() + depth_; ++issued_) prefetch(issued_);
 }
 

@@ -41,7 +41,13 @@ class StagingRing {
 
   // Issues whatever prefetches of the step's first D visits are not in flight yet.
   // `new_tokens` (n[s] for each slot) stays valid and unchanged until end_step or abort_step.
-  void begin_step(const std::int32_t* new_tokens);
+  // Split attention: slot s's rows [0, split[s]) are not needed on the device this step, and
+  // the prefetches issued during it for the next step skip [0, next_split[s]) (the cache's guess
+  // of the next step's split). A prefetch already issued that skipped more rows than this step
+  // allows gets them now (the buffer's fill event recorded again after them). Both arrays are
+  // the cache's, valid and unchanged until end_step or abort_step; null: no split.
+  void begin_step(const std::int32_t* new_tokens, const std::int32_t* split = nullptr,
+                  const std::int32_t* next_split = nullptr);
   // Makes `stream` wait until streamed layer `streamed` is on the device; returns its buffer
   // (K, then V at + tensor_bytes).
   std::byte* acquire(int streamed, StreamHandle stream);  // K; V at + layout.v_begin()
@@ -58,6 +64,11 @@ class StagingRing {
   void forget_prefetches();
   // Host waits until every copy issued so far has completed.
   void drain();
+  // Host waits until streamed layer `streamed`'s last write-back has reached the host store
+  // (before the host reads its rows in place).
+  void wait_written(int streamed) {
+    backend_.synchronize_event(layer_written_[static_cast<std::size_t>(streamed)].get());
+  }
 
   const RingCounters& counters() const { return counters_; }
 
@@ -67,13 +78,19 @@ class StagingRing {
     Event filled;
     Event released;
     Event written_back;
-    std::int64_t visit = -1;  // the visit whose prefetch it holds (or receives)
+    std::int64_t visit = -1;         // the visit whose prefetch it holds (or receives)
+    std::vector<std::int32_t> from;  // [slots]: the first row that prefetch copied
   };
 
-  // Prefetches visit q into buffer q % D: rows [0, length) of every slot, where length is the
-  // committed length for the current step and length + n for the next one.
+  // Prefetches visit q into buffer q % D: rows [split, length) of every slot, where length is
+  // the committed length for the current step and length + n for the next one, and split the
+  // step's (or the next step's) split row, 0 without a split.
   void prefetch(std::int64_t q);
   std::int64_t step_base() const { return step_ * streamed_; }
+  // Copies rows [from, to) of `slot` of streamed layer `streamed` into `buffer` on `h2d`;
+  // returns the bytes.
+  std::uint64_t copy_rows(const Buffer& buffer, int streamed, int slot, int from, int to,
+                          StreamHandle h2d);
 
   Backend& backend_;
   offload::HostStore& store_;
@@ -87,6 +104,8 @@ class StagingRing {
   std::vector<Buffer> buffers_;
   std::vector<Event> layer_written_;  // per streamed layer
   const std::int32_t* new_tokens_ = nullptr;
+  const std::int32_t* split_ = nullptr;
+  const std::int32_t* next_split_ = nullptr;
   std::int64_t step_ = 0;    // the open (or next) step
   std::int64_t issued_ = 0;  // visits [0, issued_) have had their prefetch issued
   std::uint64_t h2d_this_step_ = 0;

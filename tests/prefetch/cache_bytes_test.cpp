@@ -29,12 +29,18 @@ CacheConfig small(int layers, int resident, int ring) {
   return config;
 }
 
-// Runs one step appending n[s] rows (of one repeated byte) per slot to every layer.
-void step(OffloadedStaticCache& cache, const std::vector<std::int32_t>& n) {
+// Runs one step appending n[s] rows (of one repeated byte) per slot to every layer; with
+// `split`, split attention at those rows.
+void step(OffloadedStaticCache& cache, const std::vector<std::int32_t>& n,
+          const std::vector<std::int32_t>* split = nullptr) {
   const CacheConfig& c = cache.config();
   const std::vector<std::uint8_t> rows(
       static_cast<std::size_t>(c.max_seq) * kv_row_bytes(c.dtype, c.kv_heads, c.head_dim), 0x5a);
-  cache.begin_step(n);
+  if (split != nullptr) {
+    cache.begin_step(n, *split);
+  } else {
+    cache.begin_step(n);
+  }
   for (int layer = 0; layer < c.layers; ++layer) {
     cache.acquire(layer);
     for (int s = 0; s < c.slots; ++s) {
@@ -188,6 +194,65 @@ TEST(Bytes, ResetAndTruncateReissueWhatWasPrefetched) {
   EXPECT_EQ(cache.stats().prefetch_reissues, 4u);
   step(cache, {1, 1, 1});
   EXPECT_EQ(cache.stats().h2d_bytes_last_step, 2 * 5 * (1 + 6 + 0) * row);
+}
+
+// Split attention: a decode step moves each streamed layer's rows past the split alone, to the
+// byte, once the prefetches made during the step before knew the split (the same rows given
+// again, or the config's); a smaller split than they guessed gets the rows between, so the step
+// still moves exactly its tails; a larger one moves what was prefetched already; a prefill
+// step after a split gets whole prefixes.
+TEST(Bytes, ASplitStepMovesTheRowsPastItsSplitAlone) {
+  OffloadedStaticCache cache(small(6, 1, 2));  // 5 streamed layers, a ring of 2
+  const std::uint64_t row = cache.stats().plan.row_bytes;
+  const std::uint64_t streamed = 5, depth = 2;
+  const auto tails = [&](const std::vector<std::int32_t>& split) {
+    std::uint64_t rows = 0;
+    for (int s = 0; s < 3; ++s) {
+      rows += static_cast<std::uint64_t>(cache.length(s) - split[static_cast<std::size_t>(s)]);
+    }
+    return 2 * row * rows;
+  };
+  step(cache, {40, 30, 20});
+  const std::vector<std::int32_t> ten = {10, 0, 20}, five = {5, 0, 20}, thirty = {30, 0, 20};
+  // The first 2 layers were prefetched whole during the prefill; the other 3 move their tails.
+  const std::uint64_t whole = 2 * row * (40 + 30 + 20);
+  std::uint64_t expected = depth * whole + (streamed - depth) * tails(ten);
+  step(cache, {1, 1, 1}, &ten);
+  EXPECT_EQ(cache.stats().h2d_bytes_last_step, expected);
+  expected = streamed * tails(ten);  // every layer: its tails, prefetched as the split guessed
+  step(cache, {1, 1, 1}, &ten);
+  EXPECT_EQ(cache.stats().h2d_bytes_last_step, expected);
+  expected = streamed * tails(five);  // rows [5, 10) of slot 0 come before the first 2 layers
+  step(cache, {1, 1, 1}, &five);
+  EXPECT_EQ(cache.stats().h2d_bytes_last_step, expected);
+  // A larger split than guessed: the first 2 layers hold rows from 5 already.
+  expected = depth * tails(five) + (streamed - depth) * tails(thirty);
+  step(cache, {1, 1, 1}, &thirty);
+  EXPECT_EQ(cache.stats().h2d_bytes_last_step, expected);
+  std::uint64_t prefixes = 0;
+  for (int s = 0; s < 3; ++s) prefixes += static_cast<std::uint64_t>(cache.length(s));
+  step(cache, {6, 0, 3});  // a chunk of prompt: no split, whole prefixes (idle slot 1 too)
+  EXPECT_EQ(cache.stats().h2d_bytes_last_step, streamed * 2 * row * prefixes);
+  EXPECT_EQ(cache.stats().prefetch_reissues, 0u);
+
+  // Planned by the config: 64 rows stay on the host once a slot holds more.
+  CacheConfig planned = small(6, 1, 2);
+  planned.split.mode = SplitMode::kRows;
+  planned.split.rows = 64;
+  OffloadedStaticCache by_config(planned);
+  step(by_config, {90, 70, 10});
+  step(by_config, {1, 1, 1});  // prefetched whole for the first 2 layers during the prefill
+  for (int i = 0; i < 3; ++i) {
+    std::uint64_t rows = 0;
+    for (int s = 0; s < 3; ++s) {
+      const int len = by_config.length(s);
+      rows += static_cast<std::uint64_t>(len - split_rows(planned.split, len));
+    }
+    step(by_config, {1, 1, 1});
+    EXPECT_EQ(by_config.stats().h2d_bytes_last_step, streamed * 2 * row * rows) << "step " << i;
+  }
+  EXPECT_EQ(split_rows(planned.split, 91), 64);
+  EXPECT_EQ(split_rows(planned.split, 11), 11);  // fewer rows than the split: all on the host
 }
 
 // Keys and values of different head sizes (multi-head latent attention caches a wide K and a

@@ -108,8 +108,28 @@ class CacheUnderTest {
     return std::max(0, position - (view.window - 1));
   }
   // Positions [from, to) of `slot`: row r of a window layer holds position first_positions + r.
+  // Under split attention, rows before the slot's split row are read from the host store.
   void check_range(const LayerView& view, Reference& ref, int slot, int from, int to) {
     if (to <= from) return;
+    const int split = view.split_rows != nullptr ? view.split_rows[slot] : 0;
+    if (split > from) {
+      const int end = std::min(split, to);
+      for (int kv = 0; kv < 2; ++kv) {
+        const auto* base = static_cast<const std::uint8_t*>(kv == 0 ? view.host_k : view.host_v);
+        const std::int64_t stride = kv == 0 ? view.slot_stride : view.v_slot_stride;
+        const std::int64_t token = kv == 0 ? view.token_stride : view.v_token_stride;
+        const std::uint8_t* host =
+            base + (slot * stride + static_cast<std::int64_t>(from) * token) *
+                       static_cast<std::int64_t>(view.element_size());
+        if (std::memcmp(host, ref.row(view.layer, kv, slot, from),
+                        static_cast<std::size_t>(end - from) * ref.row_bytes()) != 0) {
+          failures_.fetch_add(1);
+        }
+        ++checks_;
+      }
+      from = end;
+      if (to <= from) return;
+    }
     const int first = view.first_positions != nullptr ? view.first_positions[slot] : 0;
     if (first > from) {  // a row the step needs is gone
       failures_.fetch_add(1);
@@ -178,6 +198,9 @@ struct DriverOptions {
   int max_append = 0;
   // The first reorders' sources, in order (each one entry per slot), before random ones.
   std::vector<std::vector<int>> reorders;
+  // Split attention: the chance that a step gives begin_step a split row for each decoding slot
+  // (0, 1, 64, length - 1, length or any row between), and checks the host part in the store.
+  double split_probability = 0;
 };
 
 // Runs one random sequence on every cache of `caches` (same shape) and returns the number of
@@ -234,7 +257,25 @@ inline int drive(std::vector<std::unique_ptr<CacheUnderTest>>& caches, std::uint
     // Fresh random rows for every layer, slot and tensor of this step.
     std::vector<std::vector<std::uint8_t>> rows(static_cast<std::size_t>(config.layers) * 2 *
                                                 config.slots);
-    for (auto& c : caches) c->cache().begin_step(n);
+    if (chance(options.split_probability)) {
+      std::vector<std::int32_t> split(static_cast<std::size_t>(config.slots), 0);
+      for (int s = 0; s < config.slots; ++s) {
+        const auto index = static_cast<std::size_t>(s);
+        const int len = length[index];
+        if (n[index] != 1 || len == 0) continue;
+        const int pick = uniform(0, 5);
+        const int row = pick == 0   ? 0
+                        : pick == 1 ? 1
+                        : pick == 2 ? 64
+                        : pick == 3 ? len - 1
+                        : pick == 4 ? len
+                                    : uniform(0, len);
+        split[index] = std::min(row, len);
+      }
+      for (auto& c : caches) c->cache().begin_step(n, split);
+    } else {
+      for (auto& c : caches) c->cache().begin_step(n);
+    }
     for (int layer = 0; layer < config.layers; ++layer) {
       for (int s = 0; s < config.slots; ++s) {
         for (int kv = 0; kv < 2; ++kv) {

@@ -83,6 +83,33 @@ TEST_P(EquivalenceUnderDelays, EveryAcquireMatchesTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, EquivalenceUnderDelays, ::testing::Range(1, 13));
 
+// Split attention under the same random steps and delays: steps split where the config says
+// (kRows, 64 rows) or at rows begin_step is given (0, 1, 64, length - 1, length, any), and both
+// alternate, so prefetches issued for a step with one split serve a step with another (the rows
+// a smaller split lacks are copied before the layer is acquired). Every acquire's device rows
+// past the split, and the host store's rows before it, equal the reference.
+class SplitUnderDelays : public ::testing::TestWithParam<int> {};
+
+TEST_P(SplitUnderDelays, DeviceRowsPastTheSplitAndHostRowsBeforeIt) {
+  const int seed = GetParam();
+  const DType dtypes[] = {DType::kBF16, DType::kF16, DType::kF32};
+  CacheConfig base = shape(6, 3, 160, dtypes[seed % 3]);
+  base.split.mode = SplitMode::kRows;
+  base.split.rows = 64;
+  auto caches = make_caches(base, kVariants, 40, static_cast<std::uint64_t>(seed));
+  EXPECT_EQ(caches[0]->cache().stats().plan.split, SplitMode::kRows);
+  DriverOptions options;
+  options.steps = 60;
+  options.split_probability = 0.5;
+  testing::drive(caches, static_cast<std::uint64_t>(seed) * 6151 + 5, options);
+  for (auto& c : caches) {
+    EXPECT_EQ(c->failures(), 0) << c->name() << " seed " << seed;
+    EXPECT_GT(c->checks(), 500) << c->name();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, SplitUnderDelays, ::testing::Range(1, 9));
+
 // Window layers (CacheConfig::layer_windows) beside full ones, streamed and resident, under the
 // same random steps and delays: after every append, a window layer holds its window's rows of
 // the reference (the window - 1 positions before the rows appended, and those), where its
