@@ -89,6 +89,18 @@ int run(const kvo::cli::GenerateRun& o) {
       kvo::format_bytes(decoder.weight_bytes()).c_str(),
       kvo::format_bytes(decoder.activation_bytes()).c_str(),
       kvo::format_bytes(plan.host_bytes).c_str());
+  if (plan.split == kvo::SplitMode::kAuto) {
+    const std::string measured =
+        plan.split_probe_s > 0
+            ? " (measured in " + std::to_string(std::lround(plan.split_probe_s * 1e3)) + " ms)"
+            : "";
+    std::printf("  split           auto: host %.1f GB/s, bus %.1f GB/s%s\n",
+                plan.split_host_bytes_per_s / 1e9, plan.split_h2d_bytes_per_s / 1e9,
+                measured.c_str());
+  } else if (plan.split == kvo::SplitMode::kRows) {
+    std::printf("  split           %d rows of each streamed layer attended on the host\n",
+                decoder.cache().config().split.rows);
+  }
   std::printf("  attention       %s\n", decoder.attention_kernels().c_str());
   std::printf("  gemm            %s\n", decoder.gemm_kernels().c_str());
   std::fflush(stdout);
@@ -238,6 +250,9 @@ int run(const kvo::cli::GenerateRun& o) {
     j["window_layers"] = plan.window_layers;
     j["window_bytes"] = plan.window_bytes;
     j["ring_depth"] = plan.ring_depth;
+    j["split"] = plan.split == kvo::SplitMode::kOff    ? "off"
+                 : plan.split == kvo::SplitMode::kAuto ? "auto"
+                                                       : "rows";
     j["backend"] = kvo::backend_name(decoder.backend());
     j["weight_dtype"] = kvo::dtype_name(decoder.weight_dtype());
     j["weights"] = decoder.weights_text();

@@ -223,6 +223,12 @@ class CudaOps final : public Ops {
     flashinfer_ops::decode(kv_layer(view), call, decode_ws_, stream_);
     cuda::widen(attn_out_, count, kv_elem_, out, stream_);
   }
+  void attention_decode_split(const float*, int, const DecodeRows&, int, const LayerView&,
+                              float*) override {
+    throw Error(ErrorCode::kInvalidArgument,
+                "split attention runs on the host backend only in this build; use --split off "
+                "(DecoderOptions::split) on CUDA");
+  }
   void gated_activation(float* gate, const float* up, std::int64_t count) override {
     cuda::gated_activation(gate, up, count, shape_.config.hidden_act == Activation::kGeluTanh,
                            stream_);

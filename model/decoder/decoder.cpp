@@ -57,6 +57,11 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
     }
     layout_ = WeightLayout(config_, layout_.dtype(), q8_0);
   }
+  if (options_.split.mode != SplitMode::kOff && backend != BackendKind::kHost) {
+    throw invalid(
+        "split attention runs on the host backend only in this build (both parts on the host); "
+        "use --split off on CUDA");
+  }
   if (options_.threads < 0) {
     throw invalid("threads must be 0 (the cores) or more, not " + std::to_string(options_.threads));
   }
@@ -272,7 +277,11 @@ void Decoder::decode_attention(int layer, const LayerView& view) {
     rows.positions = device;
     rows.host_positions = rel.data();
   }
-  ops_->attention_decode(a.q, n, rows, config_.window(layer), view, a.attn);
+  if (view.split_rows != nullptr) {
+    ops_->attention_decode_split(a.q, n, rows, config_.window(layer), view, a.attn);
+  } else {
+    ops_->attention_decode(a.q, n, rows, config_.window(layer), view, a.attn);
+  }
   family_.attention_output(l, a.residual, n);
 }
 

@@ -57,6 +57,10 @@ struct DecoderOptions {
   // Sliding-window layers kept as windows in the cache (their last rows alone, on the device:
   // CacheConfig::layer_windows); false: full length, like the other layers (to compare).
   bool window_layers = true;
+  // Split attention at decode (CacheConfig::split): the streamed layers' rows before a split
+  // row are attended on the host in the host store, the rest where the layer was staged, merged
+  // exactly. The host backend only, so far.
+  SplitOptions split;
   std::uint64_t device_budget = 0;  // 0: the device's free memory (CUDA), unlimited (host)
   BackendKind backend = BackendKind::kAuto;
   // CUDA: attend with the built-in kernels even where FlashInfer serves the shape (to compare).

@@ -256,6 +256,7 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
   cc.device_budget = options.device_budget;
   cc.backend = backend;
   cc.host = options.host;
+  cc.split = options.split;
   cc.reserved.push_back({"weights", m.weights});
   cc.reserved.push_back({"activations", m.activations});
   if (m.workspace > 0) cc.reserved.push_back({"workspace", m.workspace});

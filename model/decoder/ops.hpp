@@ -92,6 +92,12 @@ class Ops {
   // positions[i]] of slots[i].
   virtual void attention_decode(const float* q, int n, const DecodeRows& rows, int window,
                                 const LayerView& view, float* out) = 0;
+  // Split attention (LayerView::split_rows, non-null): as attention_decode, each row's keys
+  // before its slot's split row read from the host store (view.host_k, host_v) and the others
+  // from the view, the two parts merged by their log-sum-exps. The host path only, so far: the
+  // CUDA path throws kvo::Error(kInvalidArgument), and the decoder refuses a split there first.
+  virtual void attention_decode_split(const float* q, int n, const DecodeRows& rows, int window,
+                                      const LayerView& view, float* out) = 0;
   // gate [count] = act(gate) * up, act the config's hidden_act (silu or GeLU-tanh).
   virtual void gated_activation(float* gate, const float* up, std::int64_t count) = 0;
   // x [count] += y.

@@ -157,14 +157,30 @@ void HostAttention::prefill_block(const float* q, int n, int slot, int first_pos
 void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
                            const std::int32_t* positions, int window, const LayerView& view,
                            float* out) {
+  decode(q, n, slots, positions, window, view, out, KeyRange{});
+}
+
+void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
+                           const std::int32_t* positions, int window, const LayerView& view,
+                           float* out, const KeyRange& range) {
   const int d = config_.head_dim;
   const int heads = config_.heads;
   const int kv_heads = config_.kv_heads;
+  // Row i's keys: [lo, lo + count).
+  const auto lo = [&](int i) {
+    const int first = first_key(window, positions[i]);
+    return range.begin != nullptr ? std::max(first, range.begin[i]) : first;
+  };
+  const auto count = [&](int i) {
+    const int end =
+        range.end != nullptr ? std::min(positions[i] + 1, range.end[i]) : positions[i] + 1;
+    return std::max(0, end - lo(i));
+  };
   scratch_.first_task[0] = 0;
   for (int i = 0; i < n; ++i) {
-    const int keys = positions[i] - first_key(window, positions[i]) + 1;
+    const int keys = count(i);
     scratch_.first_task[static_cast<std::size_t>(i) + 1] =
-        scratch_.first_task[static_cast<std::size_t>(i)] + split(keys).parts;
+        scratch_.first_task[static_cast<std::size_t>(i)] + (keys > 0 ? split(keys).parts : 0);
   }
   // Partials of (row i, part p): states [heads], values [heads][d].
   auto part_index = [&](int i, int p) { return static_cast<std::size_t>(i) * kMaxParts + p; };
@@ -175,8 +191,8 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
     const int i = static_cast<int>(
         std::upper_bound(scratch_.first_task.begin(), scratch_.first_task.begin() + n + 1, task) -
         scratch_.first_task.begin() - 1);
-    const int first = first_key(window, positions[i]);
-    const int keys = positions[i] - first + 1;
+    const int first = lo(i);
+    const int keys = count(i);
     const Split sp = split(keys);
     const int p = task - scratch_.first_task[static_cast<std::size_t>(i)];
     const int part0 = first + p * sp.part_keys;
@@ -220,11 +236,18 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
   pool_.run(n * kv_heads, [&](int task, int) {
     const int i = task / kv_heads;
     const int g = task % kv_heads;
-    const int keys = positions[i] - first_key(window, positions[i]) + 1;
-    const int parts = split(keys).parts;
+    const int keys = count(i);
+    const int parts = keys > 0 ? split(keys).parts : 0;
     for (int h = g * group_; h < (g + 1) * group_; ++h) {
-      SoftmaxState state = scratch_.part_state[part_index(i, 0) * heads + h];
       float* dst = out + (static_cast<std::int64_t>(i) * heads + h) * d;
+      float* lse =
+          range.lse != nullptr ? range.lse + static_cast<std::int64_t>(i) * heads + h : nullptr;
+      if (parts == 0) {
+        std::fill(dst, dst + d, 0.0f);
+        if (lse != nullptr) *lse = -INFINITY;
+        continue;
+      }
+      SoftmaxState state = scratch_.part_state[part_index(i, 0) * heads + h];
       const float* first_values = scratch_.part_values.data() + part_index(i, 0) * values_per_part +
                                   static_cast<std::size_t>(h) * d;
       std::copy(first_values, first_values + d, dst);
@@ -237,6 +260,8 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
       }
       const float inv = 1.0f / state.sum;
       for (int e = 0; e < d; ++e) dst[e] *= inv;
+      // The scores were scaled (and capped) before the softmax: max + ln(sum), in log2.
+      if (lse != nullptr) *lse = (state.max + std::log(state.sum)) * 1.4426950408889634f;
     }
   });
 }

@@ -8,7 +8,9 @@
 // what else holds.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "model/decoder/ops.hpp"
 #include "model/host/host_attention.hpp"
@@ -43,6 +45,8 @@ class HostOps final : public Ops {
                          const LayerView& view, float* out) override;
   void attention_decode(const float* q, int n, const DecodeRows& rows, int window,
                         const LayerView& view, float* out) override;
+  void attention_decode_split(const float* q, int n, const DecodeRows& rows, int window,
+                              const LayerView& view, float* out) override;
   void gated_activation(float* gate, const float* up, std::int64_t count) override;
   void add(float* x, const float* y, std::int64_t count) override;
   void soft_cap(float* x, std::int64_t count, float cap) override;
@@ -58,6 +62,11 @@ class HostOps final : public Ops {
   HostLinear linear_;
   DType kv_elem_;  // the cache's rows
   HostAttention attention_;
+  // Split attention's scratch: each row's split, and the host part's output and both parts'
+  // log-sum-exps.
+  std::vector<std::int32_t> split_;
+  std::vector<float> host_out_;
+  std::vector<float> lse_, host_lse_;
 };
 
 }  // namespace kvo::model

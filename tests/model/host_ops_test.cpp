@@ -3,6 +3,7 @@
 // for any thread count, and a decode row's bits independent of the rows beside it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -831,6 +832,93 @@ TEST(HostAttention, QuantizedRowsAttendAsTheirValues) {
             dout.data() + i * c.q_dim(),
             reference_attention(c, l, q.data() + i * c.q_dim(), row_slots[i], positions[i], true),
             what + " decode row " + std::to_string(i));
+      }
+    }
+  }
+}
+
+// Split attention (Ops::attention_decode_split): a row's keys before its slot's split row are
+// read from the host store (view.host_k, host_v), the others from the view, and the parts merge
+// by their log-sum-exps. The view's rows before each split hold NaN here (a split step does not
+// prefetch them), so one read shows. Every cache dtype, GQA groups 1, 4 and 8, three slots of
+// different lengths, the split at 0, 1, a part edge (256 keys), length - 1 and length. Against
+// float64 with DecodeMatchesFloat64's bound plus the merge's own rounding: a part's log-sum-exp,
+// (max + ln sum) log2 e, is off by at most u (|max| + |ln sum| + 3) in natural units, and a merge
+// weight 2^(lse - m) / (2^(lse_a - m) + 2^(lse_b - m)) moves by twice that relative from its
+// arguments and by 4u more from exp2f and the divide: 4u (L + 4) relative on every weight, L the
+// largest |max| + |ln sum| of the row (at most its largest |score| + ln of its keys), hence
+// 4u (L + 4) max|v| on every element.
+TEST(HostAttention, SplitDecodeMatchesFloat64) {
+  std::mt19937 rng(9);
+  for (DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kInt8, DType::kFP8E4M3}) {
+    for (int group : {1, 4, 8}) {
+      const ModelConfig c = attention_config(8, 8 / group, 64, 0);
+      const int slots = 3, max_seq = 1100;
+      const bool quantized = is_quantized(type);
+      Layer l = quantized ? quantized_layer(c, type, slots, max_seq, rng)
+                          : random_layer(c, type, slots, max_seq, rng);
+      OpsShape shape = shape_of(c, quantized ? DType::kF32 : type, 4, slots, max_seq, 3);
+      shape.kv_dtype = type;
+      HostOps ops(shape);
+      const std::vector<std::int32_t> row_slots = {2, 0, 1};
+      const std::vector<std::int32_t> positions = {1099, 300, 17};  // keys before each row
+      DecodeRows rows;
+      rows.host_slots = row_slots.data();
+      rows.host_positions = positions.data();
+      const std::vector<float> q = random_floats(3 * static_cast<std::size_t>(c.q_dim()), rng);
+      const std::size_t elem = quantized ? 1 : elem_size(type);
+      for (int pick = 0; pick < 5; ++pick) {
+        std::vector<std::int32_t> split(static_cast<std::size_t>(slots), 0);
+        for (int i = 0; i < 3; ++i) {
+          const int len = positions[static_cast<std::size_t>(i)];
+          const int at[] = {0, 1, 256, len - 1, len};
+          split[static_cast<std::size_t>(row_slots[static_cast<std::size_t>(i)])] =
+              std::clamp(at[pick], 0, len);
+        }
+        // The staged copy: rows before each split are NaN.
+        std::vector<unsigned char> k = l.k.bytes, v = l.v.bytes;
+        for (int s = 0; s < slots; ++s) {
+          for (int t = 0; t < split[static_cast<std::size_t>(s)]; ++t) {
+            const std::int64_t at = (s * l.view.slot_stride + t * l.view.token_stride) *
+                                    static_cast<std::int64_t>(elem);
+            const auto bytes = static_cast<std::size_t>(l.view.token_stride) * elem;
+            std::memset(k.data() + at, 0xff, bytes);
+            std::memset(v.data() + at, 0xff, bytes);
+          }
+        }
+        LayerView view = l.view;
+        view.k = k.data();
+        view.v = v.data();
+        view.split_rows = split.data();
+        view.host_k = l.k.bytes.data();
+        view.host_v = l.v.bytes.data();
+        std::vector<float> out(q.size());
+        ops.attention_decode_split(q.data(), 3, rows, 0, view, out.data());
+        for (int i = 0; i < 3; ++i) {
+          const float* qi = q.data() + i * c.q_dim();
+          Attended want = reference_attention(c, l, qi, row_slots[i], positions[i], quantized);
+          // L and max|v| of the row, in double.
+          const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+          double largest = 0, vmax = 0;
+          for (int h = 0; h < c.heads; ++h) {
+            const int g = h / group;
+            for (int j = 0; j <= positions[i]; ++j) {
+              const std::int64_t at = row_slots[i] * l.view.slot_stride + j * l.view.token_stride +
+                                      g * l.view.head_stride;
+              double dot = 0;
+              for (int e = 0; e < c.head_dim; ++e) {
+                dot += static_cast<double>(qi[h * c.head_dim + e]) * l.k.exact[at + e];
+                vmax = std::max(vmax, std::fabs(static_cast<double>(l.v.exact[at + e])));
+              }
+              largest = std::max(largest, std::fabs(scale * dot));
+            }
+          }
+          const double merge = 4 * kU * (largest + std::log(positions[i] + 1.0) + 4) * vmax;
+          for (double& b : want.bound) b += merge;
+          expect_near(out.data() + i * c.q_dim(), want,
+                      std::string(dtype_name(type)) + " group " + std::to_string(group) +
+                          " split pick " + std::to_string(pick) + " row " + std::to_string(i));
+        }
       }
     }
   }

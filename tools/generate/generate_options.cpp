@@ -81,6 +81,11 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
              "sliding-window layers (Gemma's local ones): window keeps their last rows alone, on "
              "the device, never streamed; full keeps every row, as the other layers (default "
              "window)");
+  add_text(app, "--split", a.split, "auto|off|ROWS",
+           "split attention at decode: each streamed layer's rows before a split row attended "
+           "in host memory where they live, the rest on the backend, merged exactly; auto: the "
+           "row from the bus's and the host's measured rates; ROWS: that many rows (default off; "
+           "the host backend only, so far)");
   add_choice(app, "--backend", a.backend, {"auto", "cuda", "host"},
              "where the cache and the model run (auto: cuda when there is a GPU)");
   add_integer(app, "--threads", a.threads, 0, 4096,
@@ -227,6 +232,17 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
   d.chunk = a.chunk;
   d.ring_depth = a.ring;
   d.window_layers = a.window_layers == "window";
+  if (a.split == "auto") {
+    d.split.mode = SplitMode::kAuto;
+  } else if (a.split != "off") {
+    std::int64_t rows = 0;
+    if (!read_integer(a.split, rows) || rows < 1 || rows > kMaxTokens) {
+      throw UsageError("--split needs auto, off or a row count from 1 to " +
+                       std::to_string(kMaxTokens) + ", got '" + kvo::printable(a.split) + "'");
+    }
+    d.split.mode = SplitMode::kRows;
+    d.split.rows = static_cast<int>(rows);
+  }
   if (a.resident == "all") {
     d.resident_layers = r.config.layers;
   } else if (a.resident == "auto") {

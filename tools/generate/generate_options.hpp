@@ -44,7 +44,8 @@ struct GenerateArgs {
   std::string resident = "auto";
   int ring = 2;
   std::string window_layers = "window";
-  int threads = 0;  // 0: the cores this process may use
+  std::string split = "off";  // --split auto|off|ROWS
+  int threads = 0;            // 0: the cores this process may use
   std::string backend = "auto";
   std::string attention = "auto";
   std::string gemm = "auto";
