@@ -2,6 +2,7 @@
 // shape (one prefill, then decode steps) with no model compute. It checks what every acquire
 // exposes against the rows it appended and reports what moved and how long acquire waited:
 // "what does my shape move per token, and does the schedule hide it?"
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -67,6 +68,11 @@ struct Options {
   std::uint64_t vram_budget = 0;
   bool delays = false;
   int max_delay_us = 50;
+  // Split attention (CacheConfig::split, kAuto): the two rates, in GB/s; 0: no split.
+  double pcie_gbps = 0;
+  double host_gbps = 0;
+  double split_fixed_us = 0;  // the model's fixed cost of a split layer (query out, parts in)
+  bool model_only = false;
 };
 
 // Every option, declared once.
@@ -108,6 +114,18 @@ void declare_options(CLI::App& app, Options& o) {
                      "host backend: random copy delays up to --max-delay-us");
   add_integer(app, "--max-delay-us", o.max_delay_us, 0, 1000000, "the longest random delay");
   add_integer(app, "--seed", o.seed, 0, UINT64_MAX, "seed of the synthetic rows and delays");
+  app.option_defaults()->group("Split attention (a model of the step, and the bytes it moves)");
+  kvo::cli::add_real(app, "--pcie-gbps", o.pcie_gbps, 0, 1e6,
+                     "host-to-device rate, GB/s: with --host-attention-gbps, decode steps split "
+                     "each streamed layer where the two rates balance, and the report models the "
+                     "step split and unsplit");
+  kvo::cli::add_real(app, "--host-attention-gbps", o.host_gbps, 0, 1e6,
+                     "the host's attention over rows in place, GB/s");
+  kvo::cli::add_real(app, "--split-fixed-us", o.split_fixed_us, 0, 1e6,
+                     "the model's fixed cost per split layer, microseconds: the query to the host, "
+                     "its partial output back, the merge (default 0)");
+  kvo::cli::add_flag(app, "--model-only", o.model_only,
+                     "print the plan and the modelled step without allocating or running");
   app.option_defaults()->group("Checks and output");
   kvo::cli::add_choice(app, "--verify", o.verify, {"full", "sample", "off"},
                        "full: every valid row at every acquire; sample: first, last and 8 "
@@ -140,12 +158,53 @@ Options finish(Options o) {
     throw kvo::cli::UsageError("--steps (" + std::to_string(o.steps) + ") exceeds --max-seq (" +
                                std::to_string(c.max_seq) + ")");
   }
+  if ((o.pcie_gbps > 0) != (o.host_gbps > 0)) {
+    throw kvo::cli::UsageError("--pcie-gbps and --host-attention-gbps go together (both > 0)");
+  }
+  if (o.pcie_gbps > 0) {
+    c.split.mode = kvo::SplitMode::kAuto;
+    c.split.h2d_bytes_per_s = o.pcie_gbps * 1e9;
+    c.split.host_bytes_per_s = o.host_gbps * 1e9;
+  }
   if (o.prompt < 0) o.prompt = c.max_seq - o.steps;
   if (static_cast<std::int64_t>(o.prompt) + o.steps > c.max_seq) {
     throw kvo::cli::UsageError("--prompt + --steps (" + std::to_string(o.prompt + o.steps) +
                                ") exceeds --max-seq (" + std::to_string(c.max_seq) + ")");
   }
   return o;
+}
+
+// The modelled decode step at `length` rows per slot: unsplit, every streamed layer's rows cross
+// the bus; split, a layer's tail crosses while the host attends the rows before the split, so a
+// layer costs the slower of the two plus the fixed cost of the split. Compute is left out
+// (hidden behind the bus, or the same in both). Prints both and returns the split's speedup.
+struct StepModel {
+  double unsplit_s = 0;
+  double split_s = 0;
+  std::int64_t split_row = 0;
+  std::uint64_t bus_bytes = 0;  // per step, split
+};
+StepModel model_step(const Options& o, const kvo::CachePlan& p, int length) {
+  StepModel m;
+  const double slots = o.config.slots;
+  const double row = 2.0 * static_cast<double>(p.row_bytes);  // K and V
+  const double pcie = o.pcie_gbps * 1e9, host = o.host_gbps * 1e9;
+  m.split_row = kvo::split_rows(o.config.split, length);
+  const double tail = row * slots * static_cast<double>(length - m.split_row);
+  const double head = row * slots * static_cast<double>(m.split_row);
+  m.unsplit_s = p.streamed_layers * row * slots * length / pcie;
+  m.split_s = p.streamed_layers * (std::max(tail / pcie, head / host) + o.split_fixed_us * 1e-6);
+  m.bus_bytes = static_cast<std::uint64_t>(p.streamed_layers * tail);
+  return m;
+}
+void print_model(const Options& o, const StepModel& m, int length) {
+  std::printf(
+      "  split model     at %d rows: %lld on the host, %lld over the bus; decode step %.1f ms "
+      "unsplit (bus at %.0f GB/s) vs %.1f ms split (host at %.0f GB/s, %.0f us fixed per "
+      "layer): %.2fx\n",
+      length, static_cast<long long>(m.split_row), static_cast<long long>(length - m.split_row),
+      m.unsplit_s * 1e3, o.pcie_gbps, m.split_s * 1e3, o.host_gbps, o.split_fixed_us,
+      m.unsplit_s / m.split_s);
 }
 
 using Clock = std::chrono::steady_clock;
@@ -228,8 +287,11 @@ class Replay {
         rows = {0, len - 1};
         for (int r = 0; r < 8; ++r) rows.push_back(static_cast<int>(draw() % len));
       }
+      // Under a split, rows before it are read where the host attends them: the host store.
+      const int split = view.split_rows != nullptr ? view.split_rows[s] : 0;
       for (int kv = 0; kv < 2; ++kv) {
         const auto* base = static_cast<const std::uint8_t*>(kv == 0 ? view.k : view.v);
+        const auto* host = static_cast<const std::uint8_t*>(kv == 0 ? view.host_k : view.host_v);
         for (int row : rows) {
           const int first = row < 0 ? 0 : row;
           const int count = row < 0 ? len : 1;
@@ -237,7 +299,14 @@ class Replay {
           const std::size_t offset = (static_cast<std::size_t>(s) * view.layout.max_seq +
                                       static_cast<std::size_t>(first)) *
                                      row_bytes_;
-          cache_->copy_to_host(actual_.data(), base + offset, bytes);
+          const std::size_t host_rows =
+              static_cast<std::size_t>(std::max(0, std::min(split, first + count) - first));
+          if (host_rows > 0) std::memcpy(actual_.data(), host + offset, host_rows * row_bytes_);
+          if (host_rows * row_bytes_ < bytes) {
+            cache_->copy_to_host(actual_.data() + host_rows * row_bytes_,
+                                 base + offset + host_rows * row_bytes_,
+                                 bytes - host_rows * row_bytes_);
+          }
           source_.fill(view.layer, kv, s, first, count, expected_.data());
           if (std::memcmp(actual_.data(), expected_.data(), bytes) != 0) {
             std::cerr << "kvo-replay: MISMATCH at step " << cache_->stats().steps << ", layer "
@@ -260,8 +329,22 @@ class Replay {
     // The performance model: every streamed layer's valid prefix, K and V, once per step.
     const std::uint64_t last_context =
         context - static_cast<std::uint64_t>(o_.steps > 0 ? o_.config.slots : 0);
-    const std::uint64_t expected_h2d =
-        o_.steps > 0 ? 2ull * p.streamed_layers * last_context * p.row_bytes : 0;
+    // Split: each slot's rows before the split stay on the host (the step before guessed the
+    // split of this one exactly: one row longer, the config's rule).
+    const int last_length =
+        static_cast<int>(last_context / static_cast<std::uint64_t>(o_.config.slots));
+    const std::uint64_t split_rows_total =
+        o_.steps > 0 ? static_cast<std::uint64_t>(kvo::split_rows(o_.config.split, last_length)) *
+                           static_cast<std::uint64_t>(o_.config.slots)
+                     : 0;
+    std::uint64_t expected_h2d =
+        o_.steps > 0 ? 2ull * p.streamed_layers * (last_context - split_rows_total) * p.row_bytes
+                     : 0;
+    if (o_.steps == 1) {
+      // The first decode step: its first layers were prefetched whole during the prefill.
+      const auto whole = static_cast<std::uint64_t>(std::min(p.ring_depth, p.streamed_layers));
+      expected_h2d += 2ull * whole * split_rows_total * p.row_bytes;
+    }
     const std::uint64_t decode_h2d = st.h2d_bytes_total - prefill.h2d_bytes_total;
     const double step_s = o_.steps > 0 ? decode_s / o_.steps : 0.0;
     const double h2d_gbps = decode_s > 0 ? static_cast<double>(decode_h2d) / decode_s * 1e-9 : 0;
@@ -302,6 +385,7 @@ class Replay {
                 kvo::format_bytes(st.h2d_bytes_total).c_str(),
                 kvo::format_bytes(st.d2h_bytes_total).c_str(), h2d_gbps);
     std::printf("  acquire waited  %.6f s in total\n", st.acquire_wait_s);
+    if (o_.pcie_gbps > 0) print_model(o_, model_step(o_, p, last_length), last_length);
     std::printf("  verified        %s%s\n",
                 o_.verify == "off" ? "no (--verify off)" : (ok ? "yes" : "NO: contents differ"),
                 bytes_ok ? "" : "; H2D bytes differ from the model");
@@ -334,6 +418,13 @@ class Replay {
       j["prefill_s"] = prefill_s;
       j["decode_step_s"] = step_s;
       j["decode_h2d_GBps"] = h2d_gbps;
+      if (o_.pcie_gbps > 0) {
+        const StepModel m = model_step(o_, p, last_length);
+        j["split_row"] = m.split_row;
+        j["model_step_unsplit_s"] = m.unsplit_s;
+        j["model_step_split_s"] = m.split_s;
+        j["model_split_speedup"] = m.unsplit_s / m.split_s;
+      }
       std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     }
     return ok && bytes_ok;
@@ -356,7 +447,27 @@ int main(int argc, char** argv) {
   Options options;
   declare_options(app, options);
   return kvo::cli::run(app, argc, argv, [&] {
-    Replay replay(finish(options));
+    const Options o = finish(options);
+    if (o.model_only) {
+      // The plan and the model alone: nothing allocated.
+      const kvo::CachePlan p = kvo::plan_cache(o.config, o.config.device_budget);
+      const int length = std::max(o.prompt + o.steps - 1, 0);
+      std::printf(
+          "kvo-replay  %d layers x %d kv heads x %d head_dim (%s), %d slot(s), model only\n",
+          o.config.layers, o.config.kv_heads, o.config.head_dim, kvo::dtype_name(o.config.dtype),
+          o.config.slots);
+      std::printf(
+          "  plan            %d resident + %d streamed layers, %s of K and V per token "
+          "per layer\n",
+          p.resident_layers, p.streamed_layers, kvo::format_bytes(2 * p.row_bytes).c_str());
+      if (o.pcie_gbps > 0) {
+        print_model(o, model_step(o, p, length), length);
+      } else {
+        std::printf("  (give --pcie-gbps and --host-attention-gbps for the split model)\n");
+      }
+      return kvo::cli::kExitSuccess;
+    }
+    Replay replay(o);
     return replay.run() ? kvo::cli::kExitSuccess : kvo::cli::kExitFailure;
   });
 }
