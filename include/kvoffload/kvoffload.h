@@ -91,6 +91,13 @@ typedef enum kvo_backend {
   KVO_BACKEND_HOST = 2
 } kvo_backend;
 
+/* New in 0.3: split attention at decode (kvo_cache_options.split_mode). */
+typedef enum kvo_split_mode {
+  KVO_SPLIT_OFF = 0,
+  KVO_SPLIT_AUTO = 1, /* the split row from the two rates (measured when the cache is made) */
+  KVO_SPLIT_ROWS = 2  /* split_rows rows, whole 64s below the length */
+} kvo_split_mode;
+
 /* kvo_cache_options.resident_layers: as many layers resident as the device budget holds. */
 #define KVO_AUTO_RESIDENT_LAYERS (-1)
 
@@ -134,6 +141,15 @@ typedef struct kvo_cache_options {
   /* Since 0.3: the most rows one kvo_append gives a slot of a window layer (a prefill chunk);
    * required (>= 1) with layer_windows. */
   int32_t max_append;
+  /* Since 0.3: split attention at decode (kvo::CacheConfig::split). A slot that appends one row
+   * in a step leaves rows [0, s) of each streamed layer in the host store (its views' host_k and
+   * host_v) and gets [s, length) on the device; attend both, merge by log-sum-exp. KVO_SPLIT_AUTO
+   * picks s = length * host / (host + h2d) in whole 64s, a rate of 0 measured when the cache is
+   * made; KVO_SPLIT_ROWS takes split_rows. kvo_begin_step_split gives the rows per step. */
+  kvo_split_mode split_mode;
+  int32_t split_rows;
+  double split_h2d_bytes_per_s;
+  double split_host_bytes_per_s;
 } kvo_cache_options;
 
 /* A non-owning view of one layer's K and V in device memory, valid from kvo_acquire until
@@ -173,6 +189,13 @@ typedef struct kvo_layer_view {
    * NULL (row t holds position t). */
   int32_t window;
   const int32_t* first_positions;
+  /* Since 0.3: split attention: a streamed layer of a step that splits holds, for slot s, only
+   * rows [split_rows[s], lengths[s] + new_tokens[s]) in k and v; rows before are in host memory
+   * at host_k and host_v (the same strides), readable by the host once kvo_acquire returns. All
+   * NULL when the layer does not split this step. */
+  const int32_t* split_rows;
+  const void* host_k;
+  const void* host_v;
 } kvo_layer_view;
 
 /* The figures of kvo::CacheStats: traffic counters and the device plan. Bytes are exact. */
@@ -205,6 +228,10 @@ typedef struct kvo_cache_stats {
    * within device_bytes. */
   int32_t window_layers;
   uint64_t window_bytes;
+  /* Since 0.3: the rates split attention is planned by (given, or measured when the cache was
+   * made), bytes per second; 0 without KVO_SPLIT_AUTO. */
+  double split_h2d_bytes_per_s;
+  double split_host_bytes_per_s;
 } kvo_cache_stats;
 
 /* ---- library -------------------------------------------------------------------------------- */
@@ -275,6 +302,14 @@ KVO_API kvo_status kvo_cache_backend(const kvo_cache_t* cache, kvo_backend* out_
  * refused without reading past what it says); new_tokens[s] >= 0;
  * kvo_length(s) + new_tokens[s] <= max_seq. */
 KVO_API kvo_status kvo_begin_step(kvo_cache_t* cache, const int32_t* new_tokens, int32_t count);
+
+/* New in 0.3: as kvo_begin_step, with each slot's split row for split attention given: the step
+ * prefetches rows [split_rows[s], length) of each streamed layer, and the views say so. Both
+ * arrays are copied.
+ * REQUIRES: as kvo_begin_step; 0 <= split_rows[s] <= kvo_length(s); split_rows[s] == 0 unless
+ * new_tokens[s] == 1. */
+KVO_API kvo_status kvo_begin_step_split(kvo_cache_t* cache, const int32_t* new_tokens,
+                                        const int32_t* split_rows, int32_t count);
 
 /* Makes `stream` wait (an event, not a host wait, on CUDA) until layer `layer`'s valid prefix is
  * on the device, and fills *out_view. The view is valid until kvo_release of this layer.

@@ -36,6 +36,7 @@ struct kvo_cache {
   explicit kvo_cache(const kvo::CacheConfig& config) : cache(config) {}
   kvo::OffloadedStaticCache cache;
   std::vector<std::int32_t> new_tokens;  // [slots], reused by every begin_step
+  std::vector<std::int32_t> split_rows;  // [slots], reused by every kvo_begin_step_split
   mutable Message message;
 };
 
@@ -158,6 +159,19 @@ kvo::BackendKind to_backend(int backend) {
                   "options->backend is not a kvo_backend (KVO_BACKEND_AUTO, _CUDA or _HOST)"};
 }
 
+kvo::SplitMode to_split(int mode) {
+  switch (mode) {
+    case KVO_SPLIT_OFF:
+      return kvo::SplitMode::kOff;
+    case KVO_SPLIT_AUTO:
+      return kvo::SplitMode::kAuto;
+    case KVO_SPLIT_ROWS:
+      return kvo::SplitMode::kRows;
+  }
+  throw CallError{KVO_ERROR_INVALID_ARGUMENT,
+                  "options->split_mode is not a kvo_split_mode (KVO_SPLIT_OFF, _AUTO or _ROWS)"};
+}
+
 kvo_backend from_backend(kvo::BackendKind kind) {
   switch (kind) {
     case kvo::BackendKind::kAuto:
@@ -214,6 +228,7 @@ kvo_cache_options defaults() {
   options.host_max_delay_us = d.host.max_delay_us;
   options.host_delay_seed = d.host.delay_seed;
   options.v_head_dim = d.v_head_dim;
+  options.split_mode = KVO_SPLIT_OFF;
   return options;
 }
 
@@ -256,6 +271,10 @@ kvo::CacheConfig to_config(const kvo_cache_options& options) {
     config.layer_windows.assign(options.layer_windows, options.layer_windows + options.layers);
   }
   config.max_append = options.max_append;
+  config.split.mode = to_split(stored_int(options.split_mode));
+  config.split.rows = options.split_rows;
+  config.split.h2d_bytes_per_s = options.split_h2d_bytes_per_s;
+  config.split.host_bytes_per_s = options.split_host_bytes_per_s;
   return config;
 }
 
@@ -417,6 +436,25 @@ kvo_status kvo_begin_step(kvo_cache_t* cache, const int32_t* new_tokens, int32_t
   });
 }
 
+kvo_status kvo_begin_step_split(kvo_cache_t* cache, const int32_t* new_tokens,
+                                const int32_t* split_rows, int32_t count) {
+  return on_cache(cache, "kvo_begin_step_split", [&](kvo_cache& c) {
+    // The count is checked before the arrays are read: it says how many ints may be read.
+    if (count != c.cache.config().slots) {
+      throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                       "begin_step needs one new-token count and one split row per slot: count "
+                       "is " +
+                           std::to_string(count) + ", the cache has " +
+                           std::to_string(c.cache.config().slots) + " slots");
+    }
+    require(new_tokens, "new_tokens is NULL");
+    require(split_rows, "split_rows is NULL");
+    c.new_tokens.assign(new_tokens, new_tokens + count);
+    c.split_rows.assign(split_rows, split_rows + count);
+    c.cache.begin_step(c.new_tokens, c.split_rows);
+  });
+}
+
 kvo_status kvo_acquire(kvo_cache_t* cache, int32_t layer, kvo_layer_view* out_view, void* stream) {
   return on_cache(cache, "kvo_acquire", [&](kvo_cache& c) {
     require(out_view, "out_view is NULL");
@@ -446,6 +484,9 @@ kvo_status kvo_acquire(kvo_cache_t* cache, int32_t layer, kvo_layer_view* out_vi
     full.v_scale_offset = view.layout.v_scale_offset;
     full.window = view.window;
     full.first_positions = view.first_positions;
+    full.split_rows = view.split_rows;
+    full.host_k = view.host_k;
+    full.host_v = view.host_v;
     write_out(full, out_view);
   });
 }
@@ -559,6 +600,8 @@ kvo_status kvo_stats(const kvo_cache_t* cache, kvo_cache_stats* out_stats) {
     out->v_row_bytes = stats.plan.layout.v_row_bytes;
     out->window_layers = stats.plan.window_layers;
     out->window_bytes = stats.plan.window_bytes;
+    out->split_h2d_bytes_per_s = stats.plan.split_h2d_bytes_per_s;
+    out->split_host_bytes_per_s = stats.plan.split_host_bytes_per_s;
     write_out(full, out_stats);
   });
 }

@@ -693,10 +693,120 @@ static void window_layers(void) {
   kvo_cache_destroy(cache);
 }
 
+/* ---- split attention ------------------------------------------------------------------------ */
+
+/* Since 0.3: kvo_begin_step_split leaves each slot's rows before its split row in the host store
+ * (the views' host_k and host_v) and stages the rest; the bytes moved are the tails' alone once
+ * the step before guessed the split; KVO_SPLIT_ROWS plans the split itself; bad splits and modes
+ * are refused. */
+static void split_attention(void) {
+  enum { L = 4, HEADS = 2, DIM = 4, SEQ = 256, SL = 2, RF = HEADS * DIM };
+  static float history[L][2][SL][SEQ][RF];
+  static float rows[2][SEQ][RF];
+  kvo_cache_options options;
+  kvo_cache_stats stats;
+  kvo_layer_view view;
+  kvo_cache_t* cache = NULL;
+  int32_t length[SL] = {0, 0};
+  const int32_t prompt[SL] = {100, 70};
+  const int32_t one[SL] = {1, 1};
+  const int32_t split[SL] = {40, 70};
+  uint64_t rng = 11;
+  int step, mode;
+  for (mode = 0; mode < 2; ++mode) {
+    MUST(NULL, kvo_cache_options_init(&options, sizeof options));
+    CHECK(options.split_mode == KVO_SPLIT_OFF);
+    options.layers = L;
+    options.kv_heads = HEADS;
+    options.head_dim = DIM;
+    options.max_seq = SEQ;
+    options.slots = SL;
+    options.dtype = KVO_DTYPE_F32;
+    options.resident_layers = 0;
+    options.backend = KVO_BACKEND_HOST;
+    options.host_max_delay_us = 20;
+    if (mode == 1) { /* planned: 64 rows stay on the host */
+      options.split_mode = KVO_SPLIT_ROWS;
+      options.split_rows = 64;
+    }
+    MUST(NULL, kvo_cache_create(&options, &cache));
+    length[0] = length[1] = 0;
+    for (step = 0; step < 6; ++step) {
+      const int32_t* n = step == 0 ? prompt : one;
+      int layer, s;
+      if (mode == 0 && step > 0) {
+        MUST(cache, kvo_begin_step_split(cache, n, split, SL));
+      } else {
+        MUST(cache, kvo_begin_step(cache, n, SL));
+      }
+      for (layer = 0; layer < L; ++layer) {
+        memset(&view, 0, sizeof view);
+        view.struct_size = sizeof view;
+        MUST(cache, kvo_acquire(cache, layer, &view, NULL));
+        CHECK((view.split_rows != NULL) == (step > 0));
+        for (s = 0; s < SL; ++s) {
+          const int cut = view.split_rows != NULL ? view.split_rows[s] : 0;
+          int kv, t, e;
+          if (step > 0) CHECK(cut == (mode == 0 ? split[s] : 64));
+          for (t = 0; t < length[s]; ++t) { /* before the split in the store, after it staged */
+            const int64_t at = (int64_t)s * view.slot_stride + (int64_t)t * view.token_stride;
+            const float* k = (const float*)(t < cut ? view.host_k : view.k) + at;
+            const float* v = (const float*)(t < cut ? view.host_v : view.v) + at;
+            CHECK(memcmp(k, history[layer][0][s][t], sizeof(float) * RF) == 0);
+            CHECK(memcmp(v, history[layer][1][s][t], sizeof(float) * RF) == 0);
+          }
+          for (kv = 0; kv < 2; ++kv) {
+            for (t = 0; t < n[s]; ++t) {
+              for (e = 0; e < RF; ++e) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                rows[kv][t][e] = history[layer][kv][s][length[s] + t][e] = (float)(rng >> 40);
+              }
+            }
+          }
+          MUST(cache, kvo_append(cache, layer, s, rows[0], rows[1], n[s], NULL));
+        }
+        MUST(cache, kvo_release(cache, layer, NULL));
+      }
+      MUST(cache, kvo_end_step(cache));
+      length[0] += n[0];
+      length[1] += n[1];
+      if (step >= 2) { /* the step before knew the split: the tails alone, K and V, 4 layers */
+        const int32_t* cut = mode == 0 ? split : NULL;
+        const uint64_t tails = (uint64_t)(length[0] - 1 - (cut ? cut[0] : 64)) +
+                               (uint64_t)(length[1] - 1 - (cut ? cut[1] : 64));
+        memset(&stats, 0, sizeof stats);
+        stats.struct_size = sizeof stats;
+        MUST(cache, kvo_stats(cache, &stats));
+        CHECK(stats.h2d_bytes_last_step == 2u * L * tails * RF * sizeof(float));
+      }
+    }
+    /* Refused, nothing changed: a split past the length, a split of a prefill step. */
+    {
+      const int32_t past[SL] = {length[0] + 1, 0};
+      const int32_t prefill[SL] = {2, 1};
+      EXPECT_STATUS(cache, kvo_begin_step_split(cache, one, past, SL), KVO_ERROR_INVALID_ARGUMENT,
+                    "is not within");
+      EXPECT_STATUS(cache, kvo_begin_step_split(cache, prefill, split, SL),
+                    KVO_ERROR_INVALID_ARGUMENT, "decode steps");
+      EXPECT_STATUS(cache, kvo_begin_step_split(cache, one, NULL, SL), KVO_ERROR_INVALID_ARGUMENT,
+                    "NULL");
+    }
+    kvo_cache_destroy(cache);
+    cache = NULL;
+  }
+  MUST(NULL, kvo_cache_options_init(&options, sizeof options));
+  options.backend = KVO_BACKEND_HOST;
+  options.split_mode = (kvo_split_mode)7;
+  EXPECT_STATUS(NULL, kvo_cache_create(&options, &cache), KVO_ERROR_INVALID_ARGUMENT,
+                "kvo_split_mode");
+  CHECK(cache == NULL);
+}
+
 int main(void) {
   check_defaults();
   quantized_rows();
   window_layers();
+  split_attention();
   run(1, 0);
   run(2, 1);
   run(3, 1);
