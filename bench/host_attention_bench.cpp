@@ -9,6 +9,10 @@
 //
 //   kvo_bench_host_attention [--threads=N] [--contexts=4096,32768,131072] [Google Benchmark flags]
 //
+// Split attention's host side too: BM_SplitHostPart (the rows before a split of 32K and 128K
+// rows, on 1 thread and on --threads, 0: every core) and BM_SplitFixedCost (what splitting a
+// layer adds on the host backend, beside the unsplit attention over the same keys).
+//
 // Counters: bytes_per_second (K/V bytes read by attention per second), read_bytes_per_second
 // (the streaming read), fraction_of_read (their ratio; the target is >= 0.6 from 32K up).
 #include <benchmark/benchmark.h>
@@ -24,6 +28,7 @@
 #include "model/checkpoint/model_config.hpp"
 #include "model/decoder/numerics.hpp"
 #include "model/host/host_attention.hpp"
+#include "model/host/host_ops.hpp"
 #include "model/host/thread_pool.hpp"
 
 namespace kvo::bench {
@@ -130,6 +135,112 @@ void BM_HostDecodeAttention(benchmark::State& state) {
   state.counters["threads"] = pool.threads();
 }
 
+// K and V of one slot of a Llama-3-8B-shaped layer, bf16, random: [context][kv_heads][head_dim].
+struct RandomLayer {
+  std::vector<std::uint16_t> k, v;
+  LayerView view;
+  RandomLayer(const model::ModelConfig& c, int context) {
+    const std::size_t elements = static_cast<std::size_t>(context) * c.kv_heads * c.head_dim;
+    k.resize(elements);
+    v.resize(elements);
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (std::size_t i = 0; i < elements; ++i) {
+      k[i] = model::float_to_bf16(dist(rng));
+      v[i] = model::float_to_bf16(dist(rng));
+    }
+    CacheConfig cache;
+    cache.layers = 1;
+    cache.max_seq = context;
+    cache.kv_heads = c.kv_heads;
+    cache.head_dim = c.head_dim;
+    view = LayerView::of(kv_layout(cache), k.data(), v.data());
+  }
+  std::size_t bytes() const { return 2 * k.size() * sizeof(std::uint16_t); }
+};
+
+// Split attention's host part (model/host/host_attention.hpp, KeyRange): one query row over the
+// rows before a split of `rows` rows, with its log-sum-exp, on 1 thread and on every core: the
+// rate of the host side, which bounds the split (bytes_per_second_per_thread).
+void BM_SplitHostPart(benchmark::State& state) {
+  const int rows = static_cast<int>(state.range(0));
+  const int threads =
+      state.range(1) > 0 ? static_cast<int>(state.range(1)) : model::available_cores();
+  const model::ModelConfig c = model::preset("llama3-8b");
+  model::ThreadPool pool(threads);
+  model::HostAttention attention(c, kvo::DType::kBF16, 1, pool);
+  const RandomLayer layer(c, rows + 1);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> q(static_cast<std::size_t>(c.q_dim())), out(q.size());
+  std::vector<float> lse(static_cast<std::size_t>(c.heads));
+  for (auto& x : q) x = dist(rng);
+  const std::int32_t slot = 0, position = rows, end = rows;
+  model::HostAttention::KeyRange range;
+  range.end = &end;
+  range.lse = lse.data();
+  std::vector<std::uint64_t> evict(4 * last_level_cache_bytes() / sizeof(std::uint64_t), 1);
+  for (auto _ : state) {
+    evict_caches(pool, evict);
+    const auto start = Clock::now();
+    attention.decode(q.data(), 1, &slot, &position, 0, layer.view, out.data(), range);
+    state.SetIterationTime(seconds_since(start));
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double bytes = static_cast<double>(layer.bytes()) * rows / (rows + 1);
+  state.SetBytesProcessed(
+      static_cast<std::int64_t>(bytes * static_cast<double>(state.iterations())));
+  state.counters["bytes_per_second_per_thread"] = benchmark::Counter(
+      bytes * static_cast<double>(state.iterations()) / threads, benchmark::Counter::kIsRate);
+  state.counters["threads"] = threads;
+}
+
+// The fixed cost of splitting one layer on the host backend: attention_decode_split against
+// attention_decode over the same 256 keys (split at 128), timed alternately in one loop; the
+// difference is the second pass's set-up and the merge (fixed_cost_us). On CUDA the query's copy
+// out and the partial's copy in add to it.
+void BM_SplitFixedCost(benchmark::State& state) {
+  const model::ModelConfig c = model::preset("llama3-8b");
+  model::OpsShape shape;
+  shape.config = c;
+  shape.weight_dtype = kvo::DType::kBF16;
+  shape.kv_dtype = kvo::DType::kBF16;
+  shape.max_rows = 1;
+  shape.max_decode_rows = 1;
+  shape.max_seq = 257;
+  shape.threads = g_threads > 0 ? g_threads : model::available_cores();
+  model::HostOps ops(shape);
+  const RandomLayer layer(c, 257);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> q(static_cast<std::size_t>(c.q_dim())), out(q.size());
+  for (auto& x : q) x = dist(rng);
+  const std::int32_t slot = 0, position = 256, split = 128;
+  model::DecodeRows rows;
+  rows.host_slots = &slot;
+  rows.host_positions = &position;
+  LayerView view = layer.view;
+  view.split_rows = &split;
+  view.host_k = layer.view.k;
+  view.host_v = layer.view.v;
+  double split_s = 0, whole_s = 0;
+  for (auto _ : state) {
+    auto start = Clock::now();
+    ops.attention_decode_split(q.data(), 1, rows, 0, view, out.data());
+    const double s = seconds_since(start);
+    state.SetIterationTime(s);
+    split_s += s;
+    start = Clock::now();
+    ops.attention_decode(q.data(), 1, rows, 0, layer.view, out.data());
+    whole_s += seconds_since(start);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["fixed_cost_us"] = (split_s - whole_s) / n * 1e6;
+  state.counters["unsplit_us"] = whole_s / n * 1e6;
+  state.counters["threads"] = shape.threads;
+}
+
 }  // namespace
 }  // namespace kvo::bench
 
@@ -151,6 +262,18 @@ int main(int argc, char** argv) {
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
+  for (std::int64_t rows : {32768, 131072}) {
+    for (std::int64_t threads : {std::int64_t{1}, std::int64_t{g_threads}}) {
+      benchmark::RegisterBenchmark("BM_SplitHostPart", BM_SplitHostPart)
+          ->Args({rows, threads})
+          ->ArgNames({"rows", "threads"})
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  benchmark::RegisterBenchmark("BM_SplitFixedCost", BM_SplitFixedCost)
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   benchmark::RunSpecifiedBenchmarks();
