@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "model/cuda/cublas_loader.hpp"
@@ -17,6 +18,8 @@
 #include "model/cuda/flashinfer_attention.hpp"
 #include "model/cuda/kernels.hpp"
 #include "model/decoder/memory_plan.hpp"
+#include "model/host/host_attention.hpp"
+#include "model/host/thread_pool.hpp"
 
 namespace kvo::model {
 namespace {
@@ -35,7 +38,8 @@ class CudaOps final : public Ops {
         kv_elem_(shape.kv_dtype),
         stream_(static_cast<cudaStream_t>(stream)),
         layout_(shape.config, shape.weight_dtype, shape.kv_dtype, shape.max_rows,
-                shape.max_decode_rows, shape.max_seq, shape.kernels, shape.weight_blocks) {
+                shape.max_decode_rows, shape.max_seq, shape.kernels, shape.weight_blocks,
+                shape.split) {
     base_ = static_cast<std::byte*>(workspace);
     gemm_input_ = base_ + layout_.gemm_input;
     block_tile_ = base_ + layout_.block_tile;
@@ -45,6 +49,7 @@ class CudaOps final : public Ops {
     kv_block_ = reinterpret_cast<float*>(base_ + layout_.prefill_kv);
     try {
       if (layout_.kernels.any_flashinfer()) setup_flashinfer();
+      if (shape_.split) setup_split();
       KVO_MODEL_CUBLAS_CHECK(cublas::api().create(&handle_));
       KVO_MODEL_CUBLAS_CHECK(cublas::api().set_stream(handle_, stream_));
       KVO_MODEL_CUBLAS_CHECK(cublas::api().set_workspace(handle_, base_, kCublasWorkspaceBytes));
@@ -223,11 +228,64 @@ class CudaOps final : public Ops {
     flashinfer_ops::decode(kv_layer(view), call, decode_ws_, stream_);
     cuda::widen(attn_out_, count, kv_elem_, out, stream_);
   }
-  void attention_decode_split(const float*, int, const DecodeRows&, int, const LayerView&,
-                              float*) override {
-    throw Error(ErrorCode::kInvalidArgument,
-                "split attention runs on the host backend only in this build; use --split off "
-                "(DecoderOptions::split) on CUDA");
+  // Split attention: the queries go to the host (pinned) while the device attends each row's
+  // tail [split, position] with the built-in kernels and its log-sum-exp; once the queries are
+  // there, the host pool attends the rows before the split in the host store, its output and
+  // log-sum-exps come back, and merge_attention_tile joins the two on the device. The host waits
+  // for the queries (the layer's projections before them) and nothing else; the buffers of one
+  // layer are rewritten by the next only after their copies to the device are done.
+  void attention_decode_split(const float* q, int n, const DecodeRows& rows, int window,
+                              const LayerView& view, float* out) override {
+    if (n == 0) return;
+    if (!shape_.split) {
+      throw Error(ErrorCode::kInternal,
+                  "attention_decode_split: the CUDA ops were made without OpsShape::split");
+    }
+    if (n > shape_.max_decode_rows) {
+      throw Error(ErrorCode::kInternal, "attention_decode_split: more rows than the plan's slots");
+    }
+    const ModelConfig& c = shape_.config;
+    const std::size_t q_bytes = sizeof(float) * static_cast<std::size_t>(n) * c.q_dim();
+    const std::size_t lse_bytes = sizeof(float) * static_cast<std::size_t>(n) * c.heads;
+    KVO_MODEL_CUDA_CHECK(cudaEventSynchronize(split_sent_));
+    int longest = 0;
+    for (int i = 0; i < n; ++i) {
+      const std::int32_t split = view.split_rows[rows.host_slots[i]];
+      split_first_host_[i] = split;
+      longest = std::max(longest, rows.host_positions[i] + 1 - split);
+    }
+    auto* first = reinterpret_cast<std::int32_t*>(base_ + layout_.split_first);
+    auto* host_out = reinterpret_cast<float*>(base_ + layout_.split_out);
+    auto* device_lse = reinterpret_cast<float*>(base_ + layout_.split_lse);
+    float* host_lse = device_lse + static_cast<std::size_t>(shape_.max_decode_rows) * c.heads;
+    KVO_MODEL_CUDA_CHECK(
+        cudaMemcpyAsync(split_q_host_, q, q_bytes, cudaMemcpyDeviceToHost, stream_));
+    KVO_MODEL_CUDA_CHECK(cudaEventRecord(split_q_ready_, stream_));
+    KVO_MODEL_CUDA_CHECK(cudaMemcpyAsync(first, split_first_host_, sizeof(std::int32_t) * n,
+                                         cudaMemcpyHostToDevice, stream_));
+    cuda::AttentionArgs a = args(q, n, window, view, out);
+    a.slots = rows.slots;
+    a.positions = rows.positions;
+    a.first_keys = first;
+    a.lse = device_lse;
+    cuda::attention(a, std::clamp(longest / 256, 1, kMaxAttentionSplits), partials_, stream_);
+
+    KVO_MODEL_CUDA_CHECK(cudaEventSynchronize(split_q_ready_));
+    LayerView host = view;
+    host.k = const_cast<void*>(view.host_k);
+    host.v = const_cast<void*>(view.host_v);
+    HostAttention::KeyRange before;
+    before.end = split_first_host_;
+    before.lse = split_lse_host_;
+    split_attention_->decode(split_q_host_, n, rows.host_slots, rows.host_positions, window, host,
+                             split_out_host_, before);
+    KVO_MODEL_CUDA_CHECK(
+        cudaMemcpyAsync(host_out, split_out_host_, q_bytes, cudaMemcpyHostToDevice, stream_));
+    KVO_MODEL_CUDA_CHECK(
+        cudaMemcpyAsync(host_lse, split_lse_host_, lse_bytes, cudaMemcpyHostToDevice, stream_));
+    KVO_MODEL_CUDA_CHECK(cudaEventRecord(split_sent_, stream_));
+    cuda::merge_attention_tile(host_out, DType::kF32, host_lse, n, c.heads, c.head_dim, false, out,
+                               device_lse, stream_);
   }
   void gated_activation(float* gate, const float* up, std::int64_t count) override {
     cuda::gated_activation(gate, up, count, shape_.config.hidden_act == Activation::kGeluTanh,
@@ -464,7 +522,41 @@ class CudaOps final : public Ops {
     }
   }
   // Frees what the constructor made; safe on a half-built object. Never throws.
+  void setup_split() {
+    const ModelConfig& c = shape_.config;
+    const std::size_t rows = static_cast<std::size_t>(shape_.max_decode_rows);
+    split_pool_ =
+        std::make_unique<ThreadPool>(shape_.threads > 0 ? shape_.threads : available_cores());
+    split_attention_ =
+        std::make_unique<HostAttention>(c, kv_elem_, shape_.max_decode_rows, *split_pool_);
+    void* p = nullptr;
+    KVO_MODEL_CUDA_CHECK(cudaHostAlloc(&p, sizeof(float) * rows * c.q_dim(), cudaHostAllocDefault));
+    split_q_host_ = static_cast<float*>(p);
+    KVO_MODEL_CUDA_CHECK(cudaHostAlloc(&p, sizeof(float) * rows * c.q_dim(), cudaHostAllocDefault));
+    split_out_host_ = static_cast<float*>(p);
+    KVO_MODEL_CUDA_CHECK(cudaHostAlloc(&p, sizeof(float) * rows * c.heads, cudaHostAllocDefault));
+    split_lse_host_ = static_cast<float*>(p);
+    KVO_MODEL_CUDA_CHECK(cudaHostAlloc(&p, sizeof(std::int32_t) * rows, cudaHostAllocDefault));
+    split_first_host_ = static_cast<std::int32_t*>(p);
+    KVO_MODEL_CUDA_CHECK(cudaEventCreateWithFlags(&split_q_ready_, cudaEventDisableTiming));
+    KVO_MODEL_CUDA_CHECK(cudaEventCreateWithFlags(&split_sent_, cudaEventDisableTiming));
+  }
   void release() noexcept {
+    if (split_sent_ != nullptr) {
+      cudaEventSynchronize(split_sent_);  // no copy may still read the pinned buffers
+      cudaEventDestroy(split_sent_);
+    }
+    if (split_q_ready_ != nullptr) {
+      cudaEventSynchronize(split_q_ready_);
+      cudaEventDestroy(split_q_ready_);
+    }
+    split_sent_ = split_q_ready_ = nullptr;
+    for (void* p : {static_cast<void*>(split_q_host_), static_cast<void*>(split_out_host_),
+                    static_cast<void*>(split_lse_host_), static_cast<void*>(split_first_host_)}) {
+      if (p != nullptr) cudaFreeHost(p);
+    }
+    split_q_host_ = split_out_host_ = split_lse_host_ = nullptr;
+    split_first_host_ = nullptr;
     if (handle_ != nullptr) cublas::api().destroy(handle_);
     handle_ = nullptr;
     if (decode_ws_.mirrors_copied != nullptr) {
@@ -514,6 +606,18 @@ class CudaOps final : public Ops {
     a.v_scale_offset = view.layout.v_scale_offset;
     return a;
   }
+
+  // Split attention (OpsShape::split): the host part's pool and attention, its pinned buffers
+  // (the queries copied out, its output and log-sum-exps, each row's split row), the event after
+  // the queries' copy and the one after the host part's copies to the device.
+  std::unique_ptr<ThreadPool> split_pool_;
+  std::unique_ptr<HostAttention> split_attention_;
+  float* split_q_host_ = nullptr;
+  float* split_out_host_ = nullptr;
+  float* split_lse_host_ = nullptr;
+  std::int32_t* split_first_host_ = nullptr;
+  cudaEvent_t split_q_ready_ = nullptr;
+  cudaEvent_t split_sent_ = nullptr;
 
   OpsShape shape_;
   DType elem_;     // the weights'

@@ -38,8 +38,9 @@ __global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
   const int split = blockIdx.z;
   const int slot = a.slots[row];
   const int pos = a.positions[row];
-  const int first =
+  int first =
       a.sliding_window > 0 && pos - a.sliding_window + 1 > 0 ? pos - a.sliding_window + 1 : 0;
+  if (a.first_keys != nullptr) first = max(first, a.first_keys[row]);
   const int keys = pos - first + 1;
   const int per_split = (keys + splits - 1) / splits;
   const int begin = first + split * per_split;
@@ -97,6 +98,9 @@ __global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
     for (int i = 0; i * kThreads + static_cast<int>(threadIdx.x) < a.head_dim; ++i) {
       out[i * kThreads + threadIdx.x] = acc[i] * inv;
     }
+    if (a.lse != nullptr && threadIdx.x == 0) {
+      a.lse[static_cast<std::int64_t>(row) * a.heads + head] = softmax_lse2(state);
+    }
     return;
   }
   // partials [row][head][split][head_dim + 2]: unnormalized values, then max and sum.
@@ -113,7 +117,7 @@ __global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
 
 // grid (n, heads); threads over head_dim: merges the splits of one (row, head).
 __global__ void merge_kernel(const float* partials, int heads, int head_dim, int splits,
-                             float* out) {
+                             float* out, float* lse) {
   const std::int64_t rh = static_cast<std::int64_t>(blockIdx.x) * heads + blockIdx.y;
   const float* part = partials + rh * splits * (head_dim + 2);
   for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
@@ -128,6 +132,7 @@ __global__ void merge_kernel(const float* partials, int heads, int head_dim, int
       acc = acc * k.a + ps[e] * k.b;
     }
     out[rh * head_dim + e] = state.sum > 0 ? acc / state.sum : 0.0f;
+    if (lse != nullptr && e == 0) lse[rh] = softmax_lse2(state);
   }
 }
 
@@ -237,7 +242,7 @@ void attention(const AttentionArgs& args, int splits, float* partials, cudaStrea
   KVO_MODEL_LAUNCH_CHECK();
   if (splits > 1) {
     merge_kernel<<<dim3(static_cast<unsigned>(args.n), static_cast<unsigned>(args.heads)), 128, 0,
-                   stream>>>(partials, args.heads, args.head_dim, splits, args.out);
+                   stream>>>(partials, args.heads, args.head_dim, splits, args.out, args.lse);
     KVO_MODEL_LAUNCH_CHECK();
   }
 }

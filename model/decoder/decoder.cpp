@@ -57,11 +57,6 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
     }
     layout_ = WeightLayout(config_, layout_.dtype(), q8_0);
   }
-  if (options_.split.mode != SplitMode::kOff && backend != BackendKind::kHost) {
-    throw invalid(
-        "split attention runs on the host backend only in this build (both parts on the host); "
-        "use --split off on CUDA");
-  }
   if (options_.threads < 0) {
     throw invalid("threads must be 0 (the cores) or more, not " + std::to_string(options_.threads));
   }

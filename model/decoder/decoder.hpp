@@ -59,7 +59,7 @@ struct DecoderOptions {
   bool window_layers = true;
   // Split attention at decode (CacheConfig::split): the streamed layers' rows before a split
   // row are attended on the host in the host store, the rest where the layer was staged, merged
-  // exactly. The host backend only, so far.
+  // exactly (on CUDA: built, not yet run on a GPU).
   SplitOptions split;
   std::uint64_t device_budget = 0;  // 0: the device's free memory (CUDA), unlimited (host)
   BackendKind backend = BackendKind::kAuto;

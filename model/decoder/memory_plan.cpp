@@ -22,7 +22,7 @@ std::uint64_t align256(std::uint64_t bytes) {
 
 WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, DType kv_dtype,
                                  int max_rows, int max_decode_rows, int max_seq,
-                                 const AttentionKernels& chosen, bool weight_blocks)
+                                 const AttentionKernels& chosen, bool weight_blocks, bool split)
     : kernels(chosen) {
   const std::uint64_t f = sizeof(float);
   const std::uint64_t i32 = sizeof(std::int32_t);
@@ -73,6 +73,12 @@ WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, DType
     decode_pages = take(decode_pages_count * i32);
   } else {
     partials = take(decode_rows * heads * kMaxAttentionSplits * (d + 2) * f);
+  }
+  if (split) {
+    if (partials == 0) partials = take(decode_rows * heads * kMaxAttentionSplits * (d + 2) * f);
+    split_first = take(i32 * decode_rows);
+    split_out = take(f * decode_rows * heads * d);
+    split_lse = take(f * 2 * decode_rows * heads);
   }
   if (kernels.flashinfer_prefill) {
     prefill_tmp_bytes = static_cast<std::uint64_t>(kPlannedSms) *
@@ -209,6 +215,7 @@ OpsShape host_ops_shape(const ModelConfig& config, const DecoderOptions& options
   shape.weight_blocks = weights_in_blocks(options);
   shape.q8_activations = options.q8_activations && shape.weight_blocks;
   shape.threads = options.threads > 0 ? options.threads : available_cores();
+  shape.split = options.split.mode != SplitMode::kOff;
   return shape;
 }
 
@@ -240,7 +247,8 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
                                        m.max_rows, options.builtin_attention);
   m.workspace = backend == BackendKind::kCuda
                     ? WorkspaceLayout(config, m.dtype, m.kv_dtype, m.max_rows, options.slots,
-                                      options.max_seq, m.kernels, weights_in_blocks(options))
+                                      options.max_seq, m.kernels, weights_in_blocks(options),
+                                      options.split.mode != SplitMode::kOff)
                           .bytes
                     : HostWorkspaceLayout(host_ops_shape(config, options, m)).bytes;
 

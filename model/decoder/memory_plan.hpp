@@ -58,6 +58,11 @@ inline constexpr int kBlockDecodeRows = 8;
 //   tile_lse         [R][heads] f32: the log-sum-exp of each row over one tile
 //   run_lse          [R][heads] f32: over the tiles merged so far
 //   kv_tile          [2][T][kv_heads][d] bf16: one tile of K, then of V, dequantized
+// With split attention (OpsShape::split): the device part through the built-in kernels, so
+//   partials         as the built-in decode's (below), when FlashInfer decodes otherwise
+//   split_first      [S] int32: each row's split row, its device part's first key
+//   split_out        [S][heads][d] f32: the host part's output, copied in
+//   split_lse        [2][S][heads] f32: the device part's log-sum-exp, then the host part's
 // With the built-in kernels, for decode:
 //   partials         [S][heads][kMaxAttentionSplits][d + 2] f32
 // and for prefill:
@@ -79,6 +84,7 @@ struct WorkspaceLayout {
   std::uint64_t prefill_tmp = 0, prefill_tmp_bytes = 0;
   std::uint64_t tile_lse = 0, run_lse = 0, kv_tile = 0;
   std::uint64_t partials = 0;
+  std::uint64_t split_first = 0, split_out = 0, split_lse = 0;  // 0: no split
   std::uint64_t prefill_scores = 0;
   std::uint64_t prefill_stats = 0;
   std::uint64_t prefill_kv = 0;
@@ -89,7 +95,7 @@ struct WorkspaceLayout {
   // some matrices are kept in GGUF blocks.
   WorkspaceLayout(const ModelConfig& config, DType weight_dtype, DType kv_dtype, int max_rows,
                   int max_decode_rows, int max_seq, const AttentionKernels& kernels,
-                  bool weight_blocks = false);
+                  bool weight_blocks = false, bool split = false);
 };
 
 // The activations region, carved into buffers. R = rows of the largest chunk or decode batch,

@@ -175,6 +175,12 @@ KVO_HD MergeScales softmax_merge(SoftmaxState& a, SoftmaxState b) {
   return scales;
 }
 
+// A softmax state's log-sum-exp in FlashInfer's convention (log2): (max + ln sum) log2 e; -inf
+// for a state that has seen no keys.
+KVO_HD float softmax_lse2(SoftmaxState s) {
+  return s.sum > 0 ? (s.max + logf(s.sum)) * 1.4426950408889634f : -INFINITY;
+}
+
 // Merging a running attention output with the output of another, disjoint, range of keys, both
 // normalized and each with its log-sum-exp in FlashInfer's convention (log2 of the sum of
 // 2^(score * sm_scale * log2 e)): out = keep * out + take * tile, lse = log2(2^lse + 2^tile_lse).

@@ -94,8 +94,9 @@ class Ops {
                                 const LayerView& view, float* out) = 0;
   // Split attention (LayerView::split_rows, non-null): as attention_decode, each row's keys
   // before its slot's split row read from the host store (view.host_k, host_v) and the others
-  // from the view, the two parts merged by their log-sum-exps. The host path only, so far: the
-  // CUDA path throws kvo::Error(kInvalidArgument), and the decoder refuses a split there first.
+  // from the view, the two parts merged by their log-sum-exps. The host path runs both parts;
+  // the CUDA path (made with OpsShape::split) copies the queries to the host, attends the tails
+  // on the device meanwhile, the host parts on a host thread pool, and merges on the device.
   virtual void attention_decode_split(const float* q, int n, const DecodeRows& rows, int window,
                                       const LayerView& view, float* out) = 0;
   // gate [count] = act(gate) * up, act the config's hidden_act (silu or GeLU-tanh).
@@ -125,6 +126,9 @@ struct OpsShape {
   bool f32_gemm = false;        // host: bf16 weights multiplied in f32 (DecoderOptions)
   bool weight_blocks = false;   // host: some matrices are kept in GGUF blocks
   bool q8_activations = false;  // host: decode rows of blocks multiply 8-bit activations
+  // Split attention may run (DecoderOptions::split): CUDA sizes its workspace and host buffers
+  // for attention_decode_split.
+  bool split = false;
 };
 
 // Keys a query at `position` attends through a window of `window` keys (0: none):

@@ -261,7 +261,7 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
       const float inv = 1.0f / state.sum;
       for (int e = 0; e < d; ++e) dst[e] *= inv;
       // The scores were scaled (and capped) before the softmax: max + ln(sum), in log2.
-      if (lse != nullptr) *lse = (state.max + std::log(state.sum)) * 1.4426950408889634f;
+      if (lse != nullptr) *lse = softmax_lse2(state);
     }
   });
 }

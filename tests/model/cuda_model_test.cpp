@@ -38,6 +38,7 @@ struct Case {
   int prompt = 150;      // slot s prefills prompt + 40 s tokens...
   int continuation = 0;  // ...then, when > 0, this many more in a second prefill
   std::function<void(ModelConfig&)> family;  // another family or rope scaling, when set
+  SplitOptions split;                        // split attention at decode, on both paths
 };
 
 void compare_backends(const Case& k) {
@@ -57,6 +58,7 @@ void compare_backends(const Case& k) {
   o.kv_dtype = k.kv_dtype;
   o.chunk = k.chunk;
   o.resident_layers = 1;
+  o.split = k.split;
   Decoder host(c, WeightSource{"", 17}, o);
   o.backend = BackendKind::kCuda;
   Decoder cuda(c, WeightSource{"", 17}, o);
@@ -164,6 +166,22 @@ TEST(CudaModel, GemmaFamiliesThroughFlashInferMatchTheHost) {
         c.query_pre_attn_scalar = 200;
       }
     };
+    compare_backends(k);
+  }
+}
+// Split attention on the device: each streamed layer's first 64 rows attended by the host pool
+// from the host store while the device attends the rest (the built-in kernels, with their
+// log-sum-exps), merged on the device; against the host path splitting the same way. f32 and bf16
+// (FlashInfer elsewhere, the built-in kernels for the split layers), two slots.
+TEST(CudaModel, SplitAttentionMatchesTheHost) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    Case k;
+    k.dtype = dtype;
+    k.tolerance = dtype == DType::kF32 ? 2e-3 : 3e-2;
+    k.slots = 2;
+    k.head_dim = dtype == DType::kF32 ? 16 : 64;
+    k.split.mode = SplitMode::kRows;
+    k.split.rows = 64;
     compare_backends(k);
   }
 }

@@ -84,8 +84,7 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
   add_text(app, "--split", a.split, "auto|off|ROWS",
            "split attention at decode: each streamed layer's rows before a split row attended "
            "in host memory where they live, the rest on the backend, merged exactly; auto: the "
-           "row from the bus's and the host's measured rates; ROWS: that many rows (default off; "
-           "the host backend only, so far)");
+           "row from the bus's and the host's measured rates; ROWS: that many rows (default off)");
   add_choice(app, "--backend", a.backend, {"auto", "cuda", "host"},
              "where the cache and the model run (auto: cuda when there is a GPU)");
   add_integer(app, "--threads", a.threads, 0, 4096,
