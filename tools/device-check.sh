@@ -15,6 +15,7 @@
 #              bandwidth (bf16, then int8), beside all-resident and a transformers-like cache
 #   replay     kvo-replay at the longest context, every layer streamed, bytes checked
 #   generate   kvo-generate --preset llama3-8b at 32K under a 24 GiB budget
+#   split      kvo-generate at 128K, every layer streamed, --split off and --split auto
 #   prefill    a 128K prompt of the same, bf16 then int8 K/V
 #   memcheck   compute-sanitizer --tool memcheck, then racecheck, over a few small tests
 #   racecheck  (a report fails the step); after the figures, since each pass is slow
@@ -313,6 +314,22 @@ if [ "$backend" = cuda ] && [ "$small" = 0 ]; then
       --vram-budget 24GiB
     cp "$logs/prefill$suffix.log" "$work/generate_prefill_${ctx}${suffix}.log" 2>/dev/null
   done
+fi
+
+# Split attention at 128K, every layer streamed: decode with --split off, then --split auto (the
+# row from the rates the cache measures when it is made).
+if [ "$backend" = cuda ] && [ "$small" = 0 ]; then
+  ctx=${contexts[-1]}
+  split_runs() {
+    local ctx=$1 mode
+    for mode in off auto; do
+      generate --preset "$2" --prompt-len "$ctx" --max-seq $((ctx + 16)) --max-new 8 \
+        --resident 0 --split "$mode" >"$work/split_${mode}_$ctx.log" || return 1
+      tail -n 1 "$work/split_${mode}_$ctx.log"
+    done
+  }
+  export -f split_runs
+  step split 90 kvo-generate -- split_runs "$ctx" "$preset"
 fi
 
 # The sanitizers last of the GPU steps: each pass is slow, and a figure cannot be had later.

@@ -162,6 +162,21 @@ def figures(work):
             m[f"generate_{k_of(parts[0])}_prefill_tok_s"] = g["prefill_tokens_per_s"]
             m[f"generate_{k_of(parts[0])}_decode_tok_s"] = g["decode_tokens_per_s"]
             m[f"generate_{k_of(parts[0])}_peak_device_GiB"] = g["peak_device_bytes"] / 2**30
+    # Split attention: the same decode with --split off and --split auto, and the model of the
+    # split from the rates the auto run measured: (h2d + host) / h2d.
+    for path in sorted(glob.glob(os.path.join(work, "split_auto_*.log"))):
+        ctx = os.path.basename(path)[len("split_auto_"):-4]
+        on, off = last_json_line(path), last_json_line(os.path.join(work, f"split_off_{ctx}.log"))
+        if not on or not off or not on.get("decode_tokens_per_s") or not off.get(
+                "decode_tokens_per_s"):
+            problems.append(f"split at {ctx}: a run gave no decode figure")
+            continue
+        k = k_of(ctx)
+        speedup = on["decode_tokens_per_s"] / off["decode_tokens_per_s"]
+        m[f"split_decode_{k}_speedup"] = speedup
+        h2d, host = on.get("split_h2d_bytes_per_s", 0), on.get("split_host_bytes_per_s", 0)
+        if h2d > 0 and host > 0:
+            m[f"split_decode_{k}_model_fraction"] = speedup / ((h2d + host) / h2d)
     return m, problems
 
 

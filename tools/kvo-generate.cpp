@@ -250,6 +250,8 @@ int run(const kvo::cli::GenerateRun& o) {
     j["window_layers"] = plan.window_layers;
     j["window_bytes"] = plan.window_bytes;
     j["ring_depth"] = plan.ring_depth;
+    j["split_h2d_bytes_per_s"] = plan.split_h2d_bytes_per_s;
+    j["split_host_bytes_per_s"] = plan.split_host_bytes_per_s;
     j["split"] = plan.split == kvo::SplitMode::kOff    ? "off"
                  : plan.split == kvo::SplitMode::kAuto ? "auto"
                                                        : "rows";
