@@ -512,6 +512,58 @@ TEST(Decoder, QuantizedKvStreamsExactlyAndStaysCloseToF32Kv) {
   }
 }
 
+// Split attention in the decoder, every layer streamed under copy delays: greedy decoding with
+// the rows before the split (64, or every row) attended in the host store lies within the float32
+// bound of the double-precision reference at every step, as the unsplit run does, for f32, bf16
+// and int8 K/V (the reference carries int8's quantization), GQA groups of 2 and 4, and two slots
+// of different lengths. The bound is the reference's (tests/model/reference_forward.hpp): the
+// split only regroups each softmax's sum into one more part and merges it by log-sum-exp, whose
+// rounding (SplitDecodeMatchesFloat64) is of the order of the per-part rescales it already covers.
+// The split really runs: fewer bytes cross per decode step than without.
+TEST(Decoder, SplitAttentionStaysWithinTheReferenceBound) {
+  struct Case {
+    DType kv;
+    int kv_heads;
+    int rows;  // split rows (1000: every row on the host)
+    int slot;  // the slot that decodes; the other holds a prompt, idle
+  };
+  for (const Case k : {Case{DType::kF32, 2, 64, 0}, Case{DType::kF32, 2, 1000, 1},
+                       Case{DType::kBF16, 1, 64, 1}, Case{DType::kInt8, 2, 64, 0}}) {
+    ModelConfig c = small_config();
+    c.kv_heads = k.kv_heads;
+    const testing::ReferenceModel exact(c, 21);
+    const std::vector<std::vector<std::int32_t>> prompts = {random_prompt(110, c.vocab_size, 31),
+                                                            random_prompt(77, c.vocab_size, 32)};
+    DecoderOptions o = host_options(140, 2);
+    o.resident_layers = 0;
+    o.ring_depth = 1;
+    o.host.max_delay_us = 20;
+    o.host.delay_seed = 5;
+    o.override_kv_dtype = k.kv != DType::kF32;
+    o.kv_dtype = k.kv;
+    const DecoderOptions unsplit = o;
+    o.split.mode = SplitMode::kRows;
+    o.split.rows = k.rows;
+    const std::string what = std::string(dtype_name(k.kv)) + " split " + std::to_string(k.rows) +
+                             " slot " + std::to_string(k.slot);
+    Decoder d(c, WeightSource{"", 21}, o);
+    Decoder whole(c, WeightSource{"", 21}, unsplit);
+    EXPECT_EQ(d.cache().stats().plan.streamed_layers, c.layers);
+    std::vector<float> scratch(static_cast<std::size_t>(c.vocab_size));
+    const auto other = static_cast<std::size_t>(1 - k.slot);
+    d.prefill(1 - k.slot, prompts[other], scratch.data());
+    whole.prefill(1 - k.slot, prompts[other], scratch.data());
+    const auto& prompt = prompts[static_cast<std::size_t>(k.slot)];
+    const auto run = testing::greedy(d, prompt, 10, k.slot);
+    testing::greedy(whole, prompt, 10, k.slot);
+    const testing::KvStorage storage =
+        k.kv == DType::kF32 ? testing::KvStorage{} : testing::KvStorage{k.kv};
+    expect_within_reference(exact, prompt, run, storage, what);
+    EXPECT_LT(d.cache().stats().h2d_bytes_last_step, whole.cache().stats().h2d_bytes_last_step)
+        << what;
+  }
+}
+
 // prefill_scored hears every row's logits in order, computed logit_rows at a time: each equals
 // the logits a prefill of the prompt up to that row ends with.
 TEST(Decoder, PrefillScoredGivesEveryRowsLogits) {

@@ -74,24 +74,27 @@ inline std::vector<std::int32_t> random_prompt(int n, int vocab, std::uint64_t s
   return ids;
 }
 
-// Prefill then greedy decode of `steps` tokens in slot 0; returns every logits row in order.
+// Prefill then greedy decode of `steps` tokens in `slot`, the other slots idle; returns every
+// logits row in order.
 struct GreedyRun {
   std::vector<std::int32_t> tokens;
   std::vector<std::vector<float>> logits;
 };
 
-inline GreedyRun greedy(Decoder& d, const std::vector<std::int32_t>& prompt, int steps) {
+inline GreedyRun greedy(Decoder& d, const std::vector<std::int32_t>& prompt, int steps,
+                        int slot = 0) {
   const int vocab = d.config().vocab_size;
   const int slots = d.options().slots;
   GreedyRun run;
   std::vector<float> logits(static_cast<std::size_t>(vocab) * slots);
-  d.prefill(0, prompt, logits.data());
+  d.prefill(slot, prompt, logits.data() + static_cast<std::size_t>(slot) * vocab);
   for (int i = 0; i < steps; ++i) {
-    run.logits.emplace_back(logits.begin(), logits.begin() + vocab);
-    run.tokens.push_back(argmax(logits.data(), vocab));
+    const float* row = logits.data() + static_cast<std::size_t>(slot) * vocab;
+    run.logits.emplace_back(row, row + vocab);
+    run.tokens.push_back(argmax(row, vocab));
     if (i + 1 == steps) break;
     std::vector<std::int32_t> next(static_cast<std::size_t>(slots), -1);
-    next[0] = run.tokens.back();
+    next[static_cast<std::size_t>(slot)] = run.tokens.back();
     d.decode(next, logits.data());
   }
   return run;
