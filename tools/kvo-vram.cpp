@@ -101,6 +101,7 @@ struct Args {
   std::string csv;
   std::string svg;
   bool measure = false;
+  int tp = 1;
 };
 
 // Every option, declared once.
@@ -137,6 +138,10 @@ void declare_options(CLI::App& app, Args& a) {
                        "plan the weights in a quantized GGUF format, as llama.cpp lays it out "
                        "(default: --dtype's); planned only, not measured");
   kvo::cli::add_choice(app, "--backend", a.backend, {"cuda", "host"}, "whose workspaces to count");
+  kvo::cli::add_integer(app, "--tp", a.tp, 1, 4096,
+                        "tensor parallelism over N GPUs of one node: plan one rank (its shard of "
+                        "the heads, KV heads, MLP and vocabulary, its share of the host's "
+                        "memory) and print the node's totals");
   kvo::cli::add_text(app, "--csv", a.csv, "FILE", "also write the rows as CSV");
   kvo::cli::add_text(app, "--svg", a.svg, "FILE",
                      "draw device memory against context, one line per strategy");
@@ -163,6 +168,10 @@ int run(const Args& a, const CLI::App& app) {
   }
   q.weights = a.weights;
   q.backend = kvo::parse_backend(a.backend);
+  q.tp = a.tp;
+  if (a.tp > 1 && a.measure) {
+    throw kvo::cli::UsageError("--measure runs one process on one GPU; plan --tp without it");
+  }
   if (!a.weights.empty() && a.measure) {
     throw kvo::cli::UsageError("--measure runs the decoder, which does not run --weights " +
                                a.weights + " yet");
@@ -205,11 +214,13 @@ int run(const Args& a, const CLI::App& app) {
     }
   }
 
+  const std::string ranks =
+      q.tp > 1 ? ", one rank of " + std::to_string(q.tp) + " (tensor parallel; per GPU)" : "";
   std::printf(
-      "Device memory of %s against context, budget %s, %d slot(s), %s workspaces%s%s\n\n",
+      "Device memory of %s against context, budget %s, %d slot(s), %s workspaces%s%s%s\n\n",
       q.model.c_str(), gib(q.budget).c_str(), q.slots, kvo::backend_name(q.backend),
       q.override_kv_dtype ? (std::string(", K/V ") + kvo::dtype_name(q.kv_dtype)).c_str() : "",
-      q.weights.empty() ? "" : (", weights " + q.weights).c_str());
+      q.weights.empty() ? "" : (", weights " + q.weights).c_str(), ranks.c_str());
   std::printf(
       "| context | strategy | weights_bytes | kv_device_bytes | of it windows | activation_bytes | "
       "workspace_bytes | total_bytes | host_bytes | fits |%s\n",
@@ -244,9 +255,25 @@ int run(const Args& a, const CLI::App& app) {
     }
     std::printf("\n");
   }
+  if (q.tp > 1) {
+    // The node: every rank's device bytes on its own GPU, every rank's host bytes in one host.
+    std::printf("\nThe node's totals, %d ranks:\n\n", q.tp);
+    std::printf("| context | strategy | device_bytes (all GPUs) | host_bytes | fits |\n");
+    std::printf("| ---: | --- | ---: | ---: | --- |\n");
+    const auto tp = static_cast<std::uint64_t>(q.tp);
+    for (const Row& r : rows) {
+      const kvo::MemoryPlan& p = r.plan;
+      std::printf("| %s | %s | %s | %s | %s |\n", context_label(r.context).c_str(),
+                  kvo::strategy_name(p.strategy), gib(tp * p.total_bytes).c_str(),
+                  gib(tp * p.host_bytes).c_str(),
+                  !p.fits ? "no" : (p.host_fits ? "yes" : "yes, host memory short"));
+    }
+  }
   if (!rows.empty()) {
-    std::printf("\nhost memory available here: %s\n",
-                gib(rows.front().plan.host_available_bytes).c_str());
+    std::printf(
+        "\nhost memory available here: %s%s\n",
+        gib(rows.front().plan.host_available_bytes * static_cast<std::uint64_t>(q.tp)).c_str(),
+        q.tp > 1 ? (", " + gib(rows.front().plan.host_available_bytes) + " a rank").c_str() : "");
   }
 
   if (csv_given) {

@@ -41,6 +41,12 @@ struct MemoryQuery {
   std::uint64_t budget = 0;  // device bytes; 0: none
   // Which path's workspaces to count: kCuda (cuBLAS and attention partials) or kHost (none).
   BackendKind backend = BackendKind::kCuda;
+  // Tensor parallelism over `tp` devices of one node: the plan is one rank's. A rank holds heads
+  // / tp query heads, kv_heads / tp KV heads (one when kv_heads < tp divides tp: each head on
+  // tp / kv_heads ranks, as transformers replicates them), intermediate / tp MLP columns and
+  // vocab / tp rows (rounded up) of the embeddings and the head; norms and the residual stream
+  // whole. Its host memory is checked against the node's available bytes shared by tp ranks.
+  int tp = 1;
 };
 
 enum class Strategy {
@@ -77,7 +83,12 @@ struct MemoryPlan {
   // pieces before it, which cross PCIe again for each streamed layer.
   int prefill_piece = 0;
   std::uint64_t piece_reread_bytes = 0;
+  int tp = 1;  // ranks (MemoryQuery::tp): every byte above is one rank's
 };
+
+// The model one rank of `tp` holds (MemoryQuery::tp). Throws kvo::Error(kInvalidArgument) naming
+// what does not divide: heads, KV heads (neither divisible by tp nor dividing it), intermediate.
+KVO_API void check_tensor_parallel(int heads, int kv_heads, int intermediate, int tp);
 
 // kvoffload's plan: as many resident layers as the budget holds. Throws kvo::Error:
 // kOutOfMemory naming the missing bytes when not even a ring fits (or the weights alone do

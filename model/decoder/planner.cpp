@@ -32,14 +32,35 @@ model::DecoderMemory decoder_memory(const MemoryQuery& q, const model::ModelConf
   return model::plan_decoder_memory(config, options, q.backend);
 }
 
-MemoryPlan base_plan(Strategy strategy, const model::DecoderMemory& m, int layers) {
+// One rank's model under tensor parallelism (MemoryQuery::tp).
+model::ModelConfig rank_config(model::ModelConfig c, int tp, const std::string& model) {
+  if (tp < 1 || tp > 4096) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "tensor parallelism needs 1 to 4096 ranks, not " + std::to_string(tp));
+  }
+  if (tp == 1) return c;
+  if (model::has_gguf_magic(model)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "a tensor-parallel plan shards a preset or a config.json; a GGUF file's blocks "
+                "are counted whole");
+  }
+  check_tensor_parallel(c.heads, c.kv_heads, c.intermediate_size, tp);
+  c.heads /= tp;
+  c.kv_heads = c.kv_heads >= tp ? c.kv_heads / tp : 1;
+  c.intermediate_size /= tp;
+  c.vocab_size = (c.vocab_size + tp - 1) / tp;
+  return c;
+}
+
+MemoryPlan base_plan(Strategy strategy, const model::DecoderMemory& m, int layers, int tp) {
   MemoryPlan p;
   p.strategy = strategy;
   p.weights_bytes = m.weights;
   p.activation_bytes = m.activations;
   p.workspace_bytes = m.workspace;
   p.layers = layers;
-  p.host_available_bytes = host_available_bytes();
+  p.tp = tp;
+  p.host_available_bytes = host_available_bytes() / static_cast<std::uint64_t>(tp);
   return p;
 }
 
@@ -52,8 +73,8 @@ void finish(MemoryPlan& p, std::uint64_t budget, BackendKind backend) {
   p.host_fits = host_need <= p.host_available_bytes;
 }
 
-MemoryPlan kvoffload_plan(const model::DecoderMemory& m, int layers, std::uint64_t budget) {
-  MemoryPlan p = base_plan(Strategy::kKvoffload, m, layers);
+MemoryPlan kvoffload_plan(const model::DecoderMemory& m, int layers, std::uint64_t budget, int tp) {
+  MemoryPlan p = base_plan(Strategy::kKvoffload, m, layers, tp);
   model::require_weights_fit(m, budget);
   const CachePlan cache = plan_cache(m.cache, budget);
   p.kv_device_bytes = cache.resident_bytes + cache.staging_bytes + cache.window_bytes;
@@ -96,13 +117,31 @@ const char* strategy_name(Strategy strategy) {
   return "?";
 }
 
+void check_tensor_parallel(int heads, int kv_heads, int intermediate, int tp) {
+  const auto refuse = [tp](const std::string& what) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "tensor parallelism over " + std::to_string(tp) + " ranks: " + what);
+  };
+  if (tp < 1) refuse("needs at least one rank");
+  if (heads % tp != 0) refuse(std::to_string(heads) + " query heads do not divide among them");
+  if (kv_heads % tp != 0 && tp % kv_heads != 0) {
+    refuse(std::to_string(kv_heads) + " KV heads neither divide among them nor divide " +
+           std::to_string(tp) + " (to be replicated)");
+  }
+  if (intermediate % tp != 0) {
+    refuse("an MLP of " + std::to_string(intermediate) + " columns does not divide among them");
+  }
+}
+
 MemoryPlan plan_memory(const MemoryQuery& query) {
-  const model::ModelConfig config = model::resolve_model(query.model);
-  return kvoffload_plan(decoder_memory(query, config), config.layers, query.budget);
+  const model::ModelConfig config =
+      rank_config(model::resolve_model(query.model), query.tp, query.model);
+  return kvoffload_plan(decoder_memory(query, config), config.layers, query.budget, query.tp);
 }
 
 std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query) {
-  const model::ModelConfig config = model::resolve_model(query.model);
+  const model::ModelConfig config =
+      rank_config(model::resolve_model(query.model), query.tp, query.model);
   const model::DecoderMemory m = decoder_memory(query, config);
   const std::uint64_t layer = plain_layer_bytes(m);
   // transformers' static caches keep a sliding-window layer's window alone (min(window,
@@ -122,7 +161,7 @@ std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query) {
   }
   std::vector<MemoryPlan> plans;
 
-  MemoryPlan all = base_plan(Strategy::kAllOnDevice, m, config.layers);
+  MemoryPlan all = base_plan(Strategy::kAllOnDevice, m, config.layers, query.tp);
   all.kv_device_bytes = full_layers * layer + window_bytes;
   all.kv_window_bytes = window_bytes;
   all.window_layers = windows;
@@ -133,7 +172,7 @@ std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query) {
   // transformers' OffloadedStaticCache: the first full layer's K/V stays on the device, two
   // device buffers of one full-length layer each take the prefetched layer and the one being
   // computed, and the other full layers live in pinned host memory.
-  MemoryPlan hf = base_plan(Strategy::kHfOffloadedStatic, m, config.layers);
+  MemoryPlan hf = base_plan(Strategy::kHfOffloadedStatic, m, config.layers, query.tp);
   hf.kv_device_bytes = (full_layers > 1 ? 3 : 1) * layer + window_bytes;
   hf.kv_window_bytes = window_bytes;
   hf.window_layers = windows;
@@ -143,7 +182,7 @@ std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query) {
   plans.push_back(hf);
 
   try {
-    plans.push_back(kvoffload_plan(m, config.layers, query.budget));
+    plans.push_back(kvoffload_plan(m, config.layers, query.budget, query.tp));
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kOutOfMemory) throw;
     // Even the smallest plan does not fit: report it, marked as not fitting.
@@ -153,7 +192,7 @@ std::vector<MemoryPlan> compare_strategies(const MemoryQuery& query) {
           smallest.cache.resident_layers = 0;
           return smallest;
         }(),
-        config.layers, 0));
+        config.layers, 0, query.tp));
     plans.back().fits = false;
   }
   return plans;

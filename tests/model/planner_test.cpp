@@ -222,6 +222,46 @@ TEST(Planner, StrategiesFollowTheirFormulas) {
   EXPECT_LT(plans[2].resident_layers, 32);
 }
 
+// Tensor parallelism: a rank of Llama-3-8B under tp = 2 holds 16 query heads, 4 KV heads, half
+// the MLP and half the vocabulary: half of every layer's K/V (8 KV heads x 128 x bf16 x K and V
+// over 2), and the weights of those shards (norms whole). Under tp = 16 the 8 KV heads are
+// replicated, one a rank: an eighth of the K/V. Shapes that do not divide are refused by name.
+TEST(Planner, TensorParallelPlansOneRanksShard) {
+  MemoryQuery q;
+  q.model = "llama3-8b";
+  q.max_seq = 131072;
+  q.resident_layers = 0;
+  const MemoryPlan whole = plan_memory(q);
+  q.tp = 2;
+  const MemoryPlan half = plan_memory(q);
+  EXPECT_EQ(half.tp, 2);
+  EXPECT_EQ(half.host_bytes * 2, whole.host_bytes);
+  EXPECT_EQ(half.kv_device_bytes * 2, whole.kv_device_bytes);  // the ring's two layers
+  // Llama-3-8B: 8.03e9 parameters, 0.26e9 of them in the 128256 x 4096 embeddings and again
+  // in the head; the norms (65 x 4096) stay whole.
+  const std::uint64_t norms = 2ull * 65 * 4096;
+  EXPECT_EQ((half.weights_bytes - norms) * 2, whole.weights_bytes - norms);
+  EXPECT_EQ(half.host_available_bytes, host_available_bytes() / 2);
+  q.tp = 16;
+  const MemoryPlan replicated = plan_memory(q);
+  EXPECT_EQ(replicated.host_bytes * 8, whole.host_bytes);
+  const auto refused = [&](const std::string& model, int tp, const std::string& needle) {
+    MemoryQuery r;
+    r.model = model;
+    r.tp = tp;
+    kvo::testing::expect_error([&] { plan_memory(r); }, ErrorCode::kInvalidArgument, needle);
+    kvo::testing::expect_error([&] { compare_strategies(r); }, ErrorCode::kInvalidArgument, needle);
+  };
+  refused("llama3-8b", 3, "32 query heads do not divide among them");
+  refused("qwen2.5-7b", 8, "28 query heads");
+  refused("llama3-8b", 0, "1 to 4096 ranks");
+  check_tensor_parallel(32, 8, 14336, 4);
+  kvo::testing::expect_error([] { check_tensor_parallel(24, 6, 96, 4); },
+                             ErrorCode::kInvalidArgument, "6 KV heads neither divide");
+  kvo::testing::expect_error([] { check_tensor_parallel(8, 8, 100, 8); },
+                             ErrorCode::kInvalidArgument, "an MLP of 100 columns");
+}
+
 TEST(Planner, ImpossibleBudgetsNameTheMissingBytes) {
   MemoryQuery q = tiny(1024, 0);
   q.max_prompt = 1024;  // the whole prompt at once: the piece is not planned
