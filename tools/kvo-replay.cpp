@@ -234,14 +234,19 @@ class Replay {
     if (cache_ && stream_ != nullptr) cache_->destroy_stream(stream_);
   }
 
-  // One step: every slot appends `n` rows to every layer. Returns false on a mismatch.
-  bool step(int n) {
-    const int slots = o_.config.slots;
-    cache_->begin_step(std::vector<std::int32_t>(static_cast<std::size_t>(slots), n));
+  // One step: every slot appends `n` rows to every layer; a prefill step never splits (a piece
+  // of one row neither: its split rows are given, none). Returns false on a mismatch.
+  bool step(int n, bool decode) {
+    const auto slots = static_cast<std::size_t>(o_.config.slots);
+    if (decode) {
+      cache_->begin_step(std::vector<std::int32_t>(slots, n));
+    } else {
+      cache_->begin_step(std::vector<std::int32_t>(slots, n), std::vector<std::int32_t>(slots, 0));
+    }
     for (int layer = 0; layer < o_.config.layers; ++layer) {
       const kvo::LayerView view = cache_->acquire(layer, stream_);
       if (o_.verify != "off" && !check(view)) return false;
-      for (int s = 0; s < slots; ++s) {
+      for (int s = 0; s < o_.config.slots; ++s) {
         if (n == 0) continue;
         cache_->synchronize_stream(stream_);  // the previous append has read the input rows
         source_.fill(layer, 0, s, view.lengths[s], n, host_rows_.data());
@@ -261,13 +266,13 @@ class Replay {
     bool ok = true;
     const int piece = o_.piece > 0 ? o_.piece : std::max(o_.prompt, 1);
     for (int done = 0; ok && done < o_.prompt; done += piece) {
-      ok = step(std::min(piece, o_.prompt - done));
+      ok = step(std::min(piece, o_.prompt - done), false);
     }
-    if (o_.prompt == 0) ok = step(0);
+    if (o_.prompt == 0) ok = step(0, false);
     const double prefill_s = seconds_since(start);
     const kvo::CacheStats after_prefill = cache_->stats();
     const auto decode_start = Clock::now();
-    for (int i = 0; ok && i < o_.steps; ++i) ok = step(1);
+    for (int i = 0; ok && i < o_.steps; ++i) ok = step(1, true);
     cache_->synchronize();
     const double decode_s = seconds_since(decode_start);
     return report(ok, prefill_s, decode_s, after_prefill);

@@ -42,7 +42,9 @@ enum class ContextReading { kMapped, kPread };
 // only rows [s, length) are prefetched: the caller attends the two parts apart and merges them
 // by their log-sum-exps, which is exact. kAuto picks s from two rates, kRows takes a row count.
 // A slot that appends other than one row in a step (a prefill chunk, or no row) never splits;
-// resident and window layers never do.
+// resident and window layers never do. The cache cannot tell a prefill chunk of one row from a
+// decode row: a caller that prefills a row at a time opens those steps with
+// begin_step(new_tokens, split_rows) and no split rows.
 enum class SplitMode { kOff, kAuto, kRows };
 struct SplitOptions {
   SplitMode mode = SplitMode::kOff;

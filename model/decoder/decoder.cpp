@@ -227,6 +227,9 @@ LayerContext Decoder::layer_context(int layer) {
 
 void Decoder::prefill_attention(int layer, const LayerView& view, float* x, int n, int slot,
                                 int first_position) {
+  if (view.split_rows != nullptr && view.split_rows[slot] > 0) {
+    throw Error(ErrorCode::kInternal, "a prefill step's view splits slot " + std::to_string(slot));
+  }
   const LayerContext l = layer_context(layer);
   ActivationLayout& a = *act_;
   family_.attention_inputs(l, x, n, nullptr, first_position);
@@ -403,7 +406,9 @@ void Decoder::prefill_piece(int slot, const std::int32_t* tokens, int n, int sta
 
   std::vector<std::int32_t> counts(static_cast<std::size_t>(options_.slots), 0);
   counts[static_cast<std::size_t>(slot)] = n;
-  cache_->begin_step(counts);
+  // A prefill never splits, a piece of one row neither: the cache cannot tell it from a decode
+  // row, so the split rows are given (none).
+  cache_->begin_step(counts, std::vector<std::int32_t>(counts.size(), 0));
   const int chunk = options_.chunk;
   for (int layer = 0; layer < config_.layers; ++layer) {
     const LayerView view = cache_->acquire(layer, stream_);

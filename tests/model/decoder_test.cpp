@@ -564,6 +564,32 @@ TEST(Decoder, SplitAttentionStaysWithinTheReferenceBound) {
   }
 }
 
+// A prefill piece of one row is not a decode row: under a split it is prefilled whole, with the
+// bits of the decoder without a split (a continuation of one token, and a prompt whose last
+// piece is one token), where a split would read rows the step never staged.
+TEST(Decoder, OneRowPrefillPiecesDoNotSplit) {
+  const ModelConfig c = small_config();
+  const auto prompt = random_prompt(129, c.vocab_size, 41);
+  DecoderOptions o = host_options(200);
+  o.resident_layers = 0;
+  o.ring_depth = 1;
+  o.max_prompt = 128;  // the prompt's last piece is its 129th token alone
+  DecoderOptions split = o;
+  split.split.mode = SplitMode::kRows;
+  split.split.rows = 64;
+  Decoder plain(c, WeightSource{"", 23}, o);
+  Decoder d(c, WeightSource{"", 23}, split);
+  std::vector<float> a(static_cast<std::size_t>(c.vocab_size)), b(a.size());
+  plain.prefill(0, prompt, a.data());
+  d.prefill(0, prompt, b.data());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  const std::vector<std::int32_t> one = {prompt[5]};
+  plain.prefill(0, one, a.data());
+  d.prefill(0, one, b.data());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  EXPECT_EQ(d.length(0), 130);
+}
+
 // prefill_scored hears every row's logits in order, computed logit_rows at a time: each equals
 // the logits a prefill of the prompt up to that row ends with.
 TEST(Decoder, PrefillScoredGivesEveryRowsLogits) {
