@@ -48,11 +48,13 @@ enum class ContextReading { kMapped, kPread };
 enum class SplitMode { kOff, kAuto, kRows };
 struct SplitOptions {
   SplitMode mode = SplitMode::kOff;
-  int rows = 0;  // kRows: s = min(rows, length), whole 64s below the length
+  int rows = 0;  // kRows: s = min(rows, length)
   // kAuto: s balances the bus against the host's attention, both reading the same rows:
   // s = length * host / (host + h2d), in whole 64s. Bytes per second; a rate left 0 is measured
-  // when the cache is made (a timed copy into a staging buffer, a timed read of the host store by
-  // every core: at most about 200 ms), and CachePlan reports both.
+  // when the cache is made (a timed copy into a staging buffer; a timed read of the host store
+  // by the cores this process may use, an upper bound of what an attention kernel reads: a
+  // caller with its own kernel gives host_bytes_per_s, as the decoder does, measuring its own:
+  // at most about 200 ms in all), and CachePlan reports both.
   double h2d_bytes_per_s = 0;
   double host_bytes_per_s = 0;
 };

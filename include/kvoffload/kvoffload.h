@@ -95,7 +95,7 @@ typedef enum kvo_backend {
 typedef enum kvo_split_mode {
   KVO_SPLIT_OFF = 0,
   KVO_SPLIT_AUTO = 1, /* the split row from the two rates (measured when the cache is made) */
-  KVO_SPLIT_ROWS = 2  /* split_rows rows, whole 64s below the length */
+  KVO_SPLIT_ROWS = 2  /* min(split_rows, length) rows */
 } kvo_split_mode;
 
 /* kvo_cache_options.resident_layers: as many layers resident as the device budget holds. */

@@ -92,7 +92,8 @@ struct CachePlan {
   std::uint64_t budget = 0;          // the budget the plan was made against (0: none)
 
   // Split attention (CacheConfig::split): the mode, and under kAuto the rates s is chosen by,
-  // given or measured when the cache was made (split_probe_s: the probes' time, 0 if none ran).
+  // given or measured when the cache was made (split_probe_s: the probes' time, 0 if none ran;
+  // both rates 0 under another mode).
   SplitMode split = SplitMode::kOff;
   double split_h2d_bytes_per_s = 0;
   double split_host_bytes_per_s = 0;
@@ -100,8 +101,8 @@ struct CachePlan {
 };
 
 // Rows split attention leaves on the host for a decoding slot of `length` rows: under kRows
-// min(rows, length) rounded down to a whole 64 unless it is the length; under kAuto
-// length * host / (host + h2d) rounded down to a whole 64; 0 under kOff.
+// min(rows, length); under kAuto length * host / (host + h2d) rounded down to a whole 64 (both
+// never shrink as the slot grows); 0 under kOff.
 KVO_API int split_rows(const SplitOptions& split, int length);
 
 // Device memory a CUDA cache leaves to others when its budget is left at 0: cuBLAS's workspace,

@@ -13,6 +13,7 @@
 #include "model/cuda/attention_kernels.hpp"
 #include "model/cuda/cuda_ops.hpp"
 #include "model/decoder/memory_plan.hpp"
+#include "model/host/host_attention.hpp"
 #include "model/host/host_gemm_q8.hpp"
 #include "model/host/host_kernels.hpp"
 #include "model/host/host_linear.hpp"
@@ -102,6 +103,13 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   shape.kernels = memory.kernels;
 
   require_weights_fit(memory, options_.device_budget);
+  if (memory.cache.split.mode == SplitMode::kAuto && memory.cache.split.host_bytes_per_s == 0) {
+    // The host's rate is its attention kernel's (about half the raw read the cache would probe
+    // otherwise), on as many threads as the split's host part runs on.
+    ThreadPool pool(shape.threads);
+    memory.cache.split.host_bytes_per_s =
+        HostAttention::measure_rate(config_, memory.kv_dtype, pool);
+  }
   cache_ = std::make_unique<OffloadedStaticCache>(memory.cache);
 
   kv_row_bytes_ = cache_->stats().plan.row_bytes;

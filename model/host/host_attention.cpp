@@ -3,8 +3,11 @@
 #include "model/host/blas.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <utility>
+#include <vector>
 
 #include "model/decoder/ops.hpp"
 #include "model/host/host_kernels.hpp"
@@ -70,6 +73,35 @@ HostAttention::HostAttention(const ModelConfig& config, DType type, int max_deco
   scratch_ = carve_own(&own_, [&](HostCarver& carver) {
     return HostAttentionScratch::carve(carver, config, type, max_decode_rows, pool.threads());
   });
+}
+
+double HostAttention::measure_rate(const ModelConfig& config, DType type, ThreadPool& pool,
+                                   std::uint64_t bytes) {
+  const std::uint64_t row = kv_row_bytes(type, config.kv_heads, config.head_dim);
+  const int rows = static_cast<int>(std::max<std::uint64_t>(1, bytes / (2 * row)));
+  CacheConfig cache;
+  cache.layers = 1;
+  cache.slots = 1;
+  cache.max_seq = rows;
+  cache.kv_heads = config.kv_heads;
+  cache.head_dim = config.head_dim;
+  cache.dtype = type;
+  const KvLayout layout = kv_layout(cache);
+  // Zeros: real memory (written), and rows of any type that attend to a finite output.
+  std::vector<std::byte> k(layout.k_tensor_bytes), v(layout.v_tensor_bytes);
+  const LayerView view = LayerView::of(layout, k.data(), v.data());
+  HostAttention attention(config, type, 1, pool);
+  std::vector<float> q(static_cast<std::size_t>(config.q_dim()), 0.5f), out(q.size());
+  const std::int32_t slot = 0, position = rows - 1;
+  double best = 0;
+  for (int round = 0; round < 4; ++round) {
+    const auto start = std::chrono::steady_clock::now();
+    attention.decode(q.data(), 1, &slot, &position, 0, view, out.data());
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (round > 0 && s > 0) best = std::max(best, 2.0 * static_cast<double>(rows * row) / s);
+  }
+  return best;
 }
 
 HostAttention::Split HostAttention::split(int keys) {

@@ -67,6 +67,12 @@ class HostAttention {
   void decode(const float* q, int n, const std::int32_t* slots, const std::int32_t* positions,
               int window, const LayerView& view, float* out);
 
+  // Bytes of K and V per second decode reads on `pool`: one query row over a slot of about
+  // `bytes` of rows of `type`, the best of 3 after one untimed (split attention's host rate,
+  // CacheConfig::split kAuto, for the decoder). About 3 passes over `bytes`.
+  static double measure_rate(const ModelConfig& config, DType type, ThreadPool& pool,
+                             std::uint64_t bytes = 64ull << 20);
+
   // How decode splits `keys` keys: parts of part_keys keys (the last may be shorter).
   struct Split {
     int parts = 1;

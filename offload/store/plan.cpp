@@ -103,7 +103,7 @@ int split_rows(const SplitOptions& split, int length) {
     case SplitMode::kOff:
       return 0;
     case SplitMode::kRows:
-      return whole(std::max(0, split.rows));
+      return std::min(std::max(0, split.rows), length);
     case SplitMode::kAuto: {
       if (!(split.host_bytes_per_s + split.h2d_bytes_per_s > 0)) return 0;
       const double share =

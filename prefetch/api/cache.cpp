@@ -90,8 +90,10 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
       if (o.host_bytes_per_s == 0) o.host_bytes_per_s = rates.host_bytes_per_s;
       plan.split_probe_s = rates.seconds;
     }
-    plan.split_h2d_bytes_per_s = o.h2d_bytes_per_s;
-    plan.split_host_bytes_per_s = o.host_bytes_per_s;
+    if (o.mode == SplitMode::kAuto) {
+      plan.split_h2d_bytes_per_s = o.h2d_bytes_per_s;
+      plan.split_host_bytes_per_s = o.host_bytes_per_s;
+    }
   }
 
   // The caller's streams may still read or append to the arena: let them finish before anything
@@ -615,6 +617,10 @@ LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
   }
   m.backend->check_stream(stream);
   const int w = m.window(layer);
+  const bool split = m.splits && !m.on_device(layer);
+  // Rows [0, split) stay in the host store, read there by the host: its last write-back of this
+  // layer (the previous step's rows) must have landed. Waited before anything changes.
+  if (split) m.ring->wait_written(m.full(layer) - m.plan.resident_layers);
   if (m.on_device(layer)) {
     m.backend->wait_measured(stream, m.released[static_cast<std::size_t>(layer)].get());
     m.held_buffer = nullptr;
@@ -636,11 +642,8 @@ LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
     view.window = m.windows.windows[static_cast<std::size_t>(w)].window;
     view.first_positions = m.window_first[static_cast<std::size_t>(w)].data();
   }
-  if (m.splits && !m.on_device(layer)) {
-    // Rows [0, split) stay in the host store, read there by the host: its last write-back of
-    // this layer (the previous step's rows) must have landed.
+  if (split) {
     const int streamed = m.full(layer) - m.plan.resident_layers;
-    m.ring->wait_written(streamed);
     view.split_rows = m.split.data();
     view.host_k = m.store->k(streamed, 0);
     view.host_v = m.store->v(streamed, 0);

@@ -1,5 +1,7 @@
 #include "prefetch/backend/rate_probe.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -46,7 +48,13 @@ SplitRates probe_split_rates(Backend& backend, std::byte* host, std::byte* devic
   }
   rates.h2d_bytes_per_s = best;
 
-  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  // The cores this process may use (its affinity), not the machine's.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const unsigned affinity =
+      sched_getaffinity(0, sizeof(set), &set) == 0 ? static_cast<unsigned>(CPU_COUNT(&set)) : 0;
+  const unsigned threads =
+      std::max(1u, affinity > 0 ? affinity : std::thread::hardware_concurrency());
   const std::size_t chunk = (read_bytes / threads + 63) / 64 * 64;
   std::vector<std::uint64_t> sums(threads);
   best = 0;

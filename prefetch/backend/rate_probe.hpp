@@ -17,7 +17,7 @@ struct SplitRates {
 };
 
 // h2d: the best of 3 timed copies of up to 32 MiB from `host` to `device` (backend.copy_sync).
-// host: the best of 3 timed reads of up to 64 MiB of `host` by every hardware thread at once
+// host: the best of 3 timed reads of up to 64 MiB of `host` by every core this process may use
 // (the store's first pages, written once first so that they are real memory). Both regions are
 // the cache's own, unused yet: `host` and `device` at least `bytes` long. About 50 ms for a
 // buffer of 32 MiB or more on a PCIe 4 machine; less for smaller ones.

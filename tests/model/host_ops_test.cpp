@@ -924,6 +924,20 @@ TEST(HostAttention, SplitDecodeMatchesFloat64) {
   }
 }
 
+// The rate split attention's kAuto takes for the host (the decoder measures it so): decode's own
+// bytes per second over a slot of rows, positive and finite for every cache type, and no more
+// than the bytes could be read by a plain loop in that time many times over (a rate from a timer
+// that never ran would be infinite or 0).
+TEST(HostAttention, MeasuresItsOwnRate) {
+  ThreadPool pool(2);
+  for (DType type : {DType::kBF16, DType::kF32, DType::kInt8}) {
+    const double rate =
+        HostAttention::measure_rate(attention_config(8, 2, 64, 0), type, pool, 4ull << 20);
+    EXPECT_GT(rate, 1e8) << dtype_name(type);
+    EXPECT_LT(rate, 1e13) << dtype_name(type);
+  }
+}
+
 // to_cache_rows writes a quantized cache's rows exactly as quantize_row does.
 TEST(HostOps, QuantizedCacheRowsAreQuantizeRowsBytes) {
   std::mt19937 rng(8);
