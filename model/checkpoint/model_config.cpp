@@ -541,12 +541,16 @@ std::string to_config_json(const ModelConfig& c) {
 }
 
 std::int64_t parameter_count(const ModelConfig& c) {
+  // A layer's tensors as its family lays them out (norms, biases and Qwen3's and Gemma 3's q/k
+  // head norms included), the embeddings, the head unless tied, the final norm.
+  std::int64_t per_layer = 0;
+  for (const LayerTensor& t :
+       family_of_architecture(c.architecture, "parameter_count").layer_tensors(c)) {
+    std::int64_t n = 1;
+    for (const std::int64_t d : t.shape) n *= d;
+    per_layer += n;
+  }
   const std::int64_t h = c.hidden_size;
-  std::int64_t per_layer = 2 * h + h * c.q_dim() + 2 * h * c.kv_dim() + c.q_dim() * h +
-                           3 * h * static_cast<std::int64_t>(c.intermediate_size);
-  if (c.post_norms) per_layer += 2 * h;
-  if (c.qkv_bias) per_layer += c.q_dim() + 2 * c.kv_dim();
-  if (c.o_bias) per_layer += h;
   const std::int64_t embed = static_cast<std::int64_t>(c.vocab_size) * h;
   return per_layer * c.layers + embed * (c.tie_word_embeddings ? 1 : 2) + h;
 }

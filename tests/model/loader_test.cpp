@@ -194,6 +194,20 @@ TEST(ModelConfig, GemmaFieldsReadAsTransformersReadsThem) {
   EXPECT_EQ(parameter_count(p), parameter_count(back));
 }
 
+// parameter_count is the weights' element count as the layout lays them out, for every preset
+// (Qwen3's and Gemma 3's q/k head norms, Gemma's post norms, biases, tied heads): Llama-3-8B's
+// 8.03e9.
+TEST(ModelConfig, ParameterCountIsTheLayoutsElements) {
+  for (const std::string& name : preset_names()) {
+    const ModelConfig c = preset(name);
+    const WeightLayout layout(c, DType::kF32);
+    std::int64_t elements = 0;
+    for (const WeightEntry& e : layout.entries()) elements += e.elements;
+    EXPECT_EQ(parameter_count(c), elements) << name;
+  }
+  EXPECT_EQ(parameter_count(preset("llama3-8b")), 8030261248);
+}
+
 // Every rope scaling type, read with transformers' defaults and derivations, written back by
 // to_config_json unchanged; and what it cannot serve refused by name.
 TEST(ModelConfig, RopeScalingsReadAsTransformersReadsThem) {
