@@ -41,6 +41,13 @@ struct MemoryQuery {
   std::uint64_t budget = 0;  // device bytes; 0: none
   // Which path's workspaces to count: kCuda (cuBLAS and attention partials) or kHost (none).
   BackendKind backend = BackendKind::kCuda;
+  // The host path's options its scratch depends on (DecoderOptions'): threads of a step (0: the
+  // cores this process may use), bf16 weights multiplied in f32, 8-bit activations for weights in
+  // GGUF blocks. And split attention at decode, whose regions the CUDA workspace holds.
+  int threads = 0;
+  bool f32_gemm = false;
+  bool q8_activations = false;
+  SplitMode split = SplitMode::kOff;
   // Tensor parallelism over `tp` devices of one node: the plan is one rank's. A rank holds heads
   // / tp query heads, kv_heads / tp KV heads (one when kv_heads < tp divides tp: each head on
   // tp / kv_heads ranks, as transformers replicates them), intermediate / tp MLP columns and

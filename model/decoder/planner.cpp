@@ -238,6 +238,10 @@ DecoderOptions decoder_options(const MemoryQuery& q) {
   options.weight_format = q.weights;
   options.kv_dtype = q.kv_dtype;
   options.backend = q.backend;
+  options.threads = q.threads;
+  options.f32_gemm = q.f32_gemm;
+  options.q8_activations = q.q8_activations;
+  options.split.mode = q.split;
   return options;
 }
 

@@ -53,8 +53,12 @@ TEST(Planner, TheDecoderAllocatesExactlyThePlan) {
                    ? 0
                    : non_kv + static_cast<std::uint64_t>(c.budget_in_layers *
                                                          static_cast<double>(layer_kv_bytes(q)));
+    // The host path's options reach its scratch: 3 threads and f32 GEMMs in one case.
+    q.threads = c.slots == 3 ? 3 : 0;
+    q.f32_gemm = c.slots == 3;
     const MemoryPlan plan = plan_memory(q);
     model::Decoder decoder(config, {"", 7}, model::decoder_options(q));
+    EXPECT_EQ(decoder.options().threads, q.threads);
     const CacheStats st = decoder.cache().stats();
     EXPECT_EQ(st.plan.device_bytes, plan.total_bytes) << c.max_seq;  // the one arena
     EXPECT_EQ(st.device_allocations, 1u);
@@ -114,6 +118,18 @@ TEST(Planner, TheHostWorkspaceIsTheHostPathsScratch) {
   const std::uint64_t added = threads * (model::HostLinear::kGemmColBlock - 1) * in * 4 + rows;
   EXPECT_GE(mq.workspace - bytes, added);
   EXPECT_LT(mq.workspace - bytes, added + 3 * 64);
+  // The planner's query carries the thread count: a scratch per thread.
+  MemoryQuery one = q;
+  one.threads = 1;
+  if (shape.threads > 1) {
+    EXPECT_LT(plan_memory(one).workspace_bytes, bytes);
+  }
+  // And split attention's regions in the CUDA workspace.
+  MemoryQuery cuda = q;
+  cuda.backend = BackendKind::kCuda;
+  MemoryQuery split = cuda;
+  split.split = SplitMode::kAuto;
+  EXPECT_GT(plan_memory(split).workspace_bytes, plan_memory(cuda).workspace_bytes);
 }
 
 TEST(Planner, KeepsTheLargestResidentCountThatFits) {
