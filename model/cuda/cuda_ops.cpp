@@ -245,14 +245,14 @@ class CudaOps final : public Ops {
       throw Error(ErrorCode::kInternal, "attention_decode_split: more rows than the plan's slots");
     }
     const ModelConfig& c = shape_.config;
+    const int slots = shape_.max_decode_rows;
     const std::size_t q_bytes = sizeof(float) * static_cast<std::size_t>(n) * c.q_dim();
     const std::size_t lse_bytes = sizeof(float) * static_cast<std::size_t>(n) * c.heads;
     KVO_MODEL_CUDA_CHECK(cudaEventSynchronize(split_sent_));
+    std::copy(view.split_rows, view.split_rows + slots, split_first_host_);
     int longest = 0;
     for (int i = 0; i < n; ++i) {
-      const std::int32_t split = view.split_rows[rows.host_slots[i]];
-      split_first_host_[i] = split;
-      longest = std::max(longest, rows.host_positions[i] + 1 - split);
+      longest = std::max(longest, rows.host_positions[i] + 1 - view.split_rows[rows.host_slots[i]]);
     }
     auto* first = reinterpret_cast<std::int32_t*>(base_ + layout_.split_first);
     auto* host_out = reinterpret_cast<float*>(base_ + layout_.split_out);
@@ -261,7 +261,7 @@ class CudaOps final : public Ops {
     KVO_MODEL_CUDA_CHECK(
         cudaMemcpyAsync(split_q_host_, q, q_bytes, cudaMemcpyDeviceToHost, stream_));
     KVO_MODEL_CUDA_CHECK(cudaEventRecord(split_q_ready_, stream_));
-    KVO_MODEL_CUDA_CHECK(cudaMemcpyAsync(first, split_first_host_, sizeof(std::int32_t) * n,
+    KVO_MODEL_CUDA_CHECK(cudaMemcpyAsync(first, split_first_host_, sizeof(std::int32_t) * slots,
                                          cudaMemcpyHostToDevice, stream_));
     cuda::AttentionArgs a = args(q, n, window, view, out);
     a.slots = rows.slots;
@@ -271,14 +271,11 @@ class CudaOps final : public Ops {
     cuda::attention(a, std::clamp(longest / 256, 1, kMaxAttentionSplits), partials_, stream_);
 
     KVO_MODEL_CUDA_CHECK(cudaEventSynchronize(split_q_ready_));
-    LayerView host = view;
-    host.k = const_cast<void*>(view.host_k);
-    host.v = const_cast<void*>(view.host_v);
     HostAttention::KeyRange before;
-    before.end = split_first_host_;
+    before.end = view.split_rows;
     before.lse = split_lse_host_;
-    split_attention_->decode(split_q_host_, n, rows.host_slots, rows.host_positions, window, host,
-                             split_out_host_, before);
+    split_attention_->decode(split_q_host_, n, rows.host_slots, rows.host_positions, window,
+                             host_part(view), split_out_host_, before);
     KVO_MODEL_CUDA_CHECK(
         cudaMemcpyAsync(host_out, split_out_host_, q_bytes, cudaMemcpyHostToDevice, stream_));
     KVO_MODEL_CUDA_CHECK(
@@ -608,8 +605,8 @@ class CudaOps final : public Ops {
   }
 
   // Split attention (OpsShape::split): the host part's pool and attention, its pinned buffers
-  // (the queries copied out, its output and log-sum-exps, each row's split row), the event after
-  // the queries' copy and the one after the host part's copies to the device.
+  // (the queries copied out, its output and log-sum-exps, each slot's split row for the device),
+  // the event after the queries' copy and the one after the host part's copies to the device.
   std::unique_ptr<ThreadPool> split_pool_;
   std::unique_ptr<HostAttention> split_attention_;
   float* split_q_host_ = nullptr;

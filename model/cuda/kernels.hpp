@@ -80,9 +80,9 @@ struct AttentionArgs {
   // Row i: slot slots[i] at position positions[i].
   const std::int32_t* slots = nullptr;
   const std::int32_t* positions = nullptr;
-  // Split attention (device part): row i attends only keys from first_keys[i] on (device [n]);
-  // null: from its window's first key. lse (device [n][heads], f32): where not null, each row's
-  // log-sum-exp in FlashInfer's convention (log2 of the sum of 2^(score log2 e)), for
+  // Split attention (device part): row i attends only keys from first_keys[slots[i]] on (device
+  // [slots]); null: from its window's first key. lse (device [n][heads], f32): where not null, each
+  // row's log-sum-exp in FlashInfer's convention (log2 of the sum of 2^(score log2 e)), for
   // merge_attention_tile.
   const std::int32_t* first_keys = nullptr;
   float* lse = nullptr;

@@ -40,7 +40,7 @@ __global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
   const int pos = a.positions[row];
   int first =
       a.sliding_window > 0 && pos - a.sliding_window + 1 > 0 ? pos - a.sliding_window + 1 : 0;
-  if (a.first_keys != nullptr) first = max(first, a.first_keys[row]);
+  if (a.first_keys != nullptr) first = max(first, a.first_keys[slot]);
   const int keys = pos - first + 1;
   const int per_split = (keys + splits - 1) / splits;
   const int begin = first + split * per_split;
@@ -116,8 +116,8 @@ __global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
 }
 
 // grid (n, heads); threads over head_dim: merges the splits of one (row, head).
-__global__ void merge_kernel(const float* partials, int heads, int head_dim, int splits,
-                             float* out, float* lse) {
+__global__ void merge_kernel(const float* partials, int heads, int head_dim, int splits, float* out,
+                             float* lse) {
   const std::int64_t rh = static_cast<std::int64_t>(blockIdx.x) * heads + blockIdx.y;
   const float* part = partials + rh * splits * (head_dim + 2);
   for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {

@@ -60,7 +60,7 @@ inline constexpr int kBlockDecodeRows = 8;
 //   kv_tile          [2][T][kv_heads][d] bf16: one tile of K, then of V, dequantized
 // With split attention (OpsShape::split): the device part through the built-in kernels, so
 //   partials         as the built-in decode's (below), when FlashInfer decodes otherwise
-//   split_first      [S] int32: each row's split row, its device part's first key
+//   split_first      [S] int32: each slot's split row, its device part's first key
 //   split_out        [S][heads][d] f32: the host part's output, copied in
 //   split_lse        [2][S][heads] f32: the device part's log-sum-exp, then the host part's
 // With the built-in kernels, for decode:

@@ -131,6 +131,15 @@ struct OpsShape {
   bool split = false;
 };
 
+// A split layer's view of the rows before each split (LayerView::split_rows): the host store,
+// laid out as the staged view.
+inline LayerView host_part(const LayerView& view) {
+  LayerView host = view;
+  host.k = const_cast<void*>(view.host_k);
+  host.v = const_cast<void*>(view.host_v);
+  return host;
+}
+
 // Keys a query at `position` attends through a window of `window` keys (0: none):
 // [first_key(window, position), position].
 inline int first_key(int window, int position) {

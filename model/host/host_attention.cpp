@@ -201,11 +201,11 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
   // Row i's keys: [lo, lo + count).
   const auto lo = [&](int i) {
     const int first = first_key(window, positions[i]);
-    return range.begin != nullptr ? std::max(first, range.begin[i]) : first;
+    return range.begin != nullptr ? std::max(first, range.begin[slots[i]]) : first;
   };
   const auto count = [&](int i) {
     const int end =
-        range.end != nullptr ? std::min(positions[i] + 1, range.end[i]) : positions[i] + 1;
+        range.end != nullptr ? std::min(positions[i] + 1, range.end[slots[i]]) : positions[i] + 1;
     return std::max(0, end - lo(i));
   };
   scratch_.first_task[0] = 0;

@@ -50,14 +50,15 @@ class HostAttention {
   void prefill(const float* q, int n, int slot, int first_position, int window,
                const LayerView& view, float* out);
   // Where decode rows' keys are cut, for split attention (the rows before a split row attended
-  // here over the host store, the others elsewhere): row i attends only keys [begin[i], end[i])
-  // of its own (0 and positions[i] + 1 where null), and writes its log-sum-exp per head to lse
-  // [n][heads] where not null: log2 of the sum of exp of its scaled, capped scores, as
-  // FlashInfer's, so that lse_merge (numerics.hpp) joins the parts exactly. A row left with no
-  // keys gives out 0 and lse -inf, which lse_merge drops.
+  // here over the host store, the others elsewhere): row i attends only keys [begin[s], end[s])
+  // of its own, s its slot slots[i] (0 and positions[i] + 1 where null: LayerView::split_rows
+  // serves as either), and writes its log-sum-exp per head to lse [n][heads] where not null:
+  // log2 of the sum of exp of its scaled, capped scores, as FlashInfer's, so that lse_merge
+  // (numerics.hpp) joins the parts exactly. A row left with no keys gives out 0 and lse -inf,
+  // which lse_merge drops.
   struct KeyRange {
-    const std::int32_t* begin = nullptr;  // [n], host
-    const std::int32_t* end = nullptr;    // [n], host
+    const std::int32_t* begin = nullptr;  // [slots], host
+    const std::int32_t* end = nullptr;    // [slots], host
     float* lse = nullptr;                 // [n][heads]
   };
   // Row i: q [heads][head_dim] of slots[i] at positions[i] (host arrays), over keys

@@ -164,27 +164,20 @@ void HostOps::attention_decode_split(const float* q, int n, const DecodeRows& ro
   const int heads = shape_.config.heads;
   const int d = shape_.config.head_dim;
   const auto rows_heads = static_cast<std::size_t>(n) * heads;
-  split_.resize(static_cast<std::size_t>(n));
   host_out_.resize(rows_heads * d);
   lse_.resize(rows_heads);
   host_lse_.resize(rows_heads);
-  for (int i = 0; i < n; ++i) {
-    split_[static_cast<std::size_t>(i)] = view.split_rows[rows.host_slots[i]];
-  }
   // The view's rows from the split on, then the host store's before it: each part normalized,
   // with its log-sum-exp.
   HostAttention::KeyRange tail;
-  tail.begin = split_.data();
+  tail.begin = view.split_rows;
   tail.lse = lse_.data();
   attention_.decode(q, n, rows.host_slots, rows.host_positions, window, view, out, tail);
-  LayerView host = view;
-  host.k = const_cast<void*>(view.host_k);
-  host.v = const_cast<void*>(view.host_v);
   HostAttention::KeyRange head;
-  head.end = split_.data();
+  head.end = view.split_rows;
   head.lse = host_lse_.data();
-  attention_.decode(q, n, rows.host_slots, rows.host_positions, window, host, host_out_.data(),
-                    head);
+  attention_.decode(q, n, rows.host_slots, rows.host_positions, window, host_part(view),
+                    host_out_.data(), head);
   pool_.run(n, [&](int i, int) {
     for (int h = 0; h < heads; ++h) {
       const std::size_t rh = static_cast<std::size_t>(i) * heads + h;

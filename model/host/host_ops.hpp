@@ -62,9 +62,7 @@ class HostOps final : public Ops {
   HostLinear linear_;
   DType kv_elem_;  // the cache's rows
   HostAttention attention_;
-  // Split attention's scratch: each row's split, and the host part's output and both parts'
-  // log-sum-exps.
-  std::vector<std::int32_t> split_;
+  // Split attention's scratch: the host part's output and both parts' log-sum-exps.
   std::vector<float> host_out_;
   std::vector<float> lse_, host_lse_;
 };
