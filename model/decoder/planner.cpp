@@ -34,17 +34,13 @@ model::DecoderMemory decoder_memory(const MemoryQuery& q, const model::ModelConf
 
 // One rank's model under tensor parallelism (MemoryQuery::tp).
 model::ModelConfig rank_config(model::ModelConfig c, int tp, const std::string& model) {
-  if (tp < 1 || tp > 4096) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "tensor parallelism needs 1 to 4096 ranks, not " + std::to_string(tp));
-  }
+  check_tensor_parallel(c.heads, c.kv_heads, c.intermediate_size, tp);
   if (tp == 1) return c;
   if (model::has_gguf_magic(model)) {
     throw Error(ErrorCode::kInvalidArgument,
                 "a tensor-parallel plan shards a preset or a config.json; a GGUF file's blocks "
                 "are counted whole");
   }
-  check_tensor_parallel(c.heads, c.kv_heads, c.intermediate_size, tp);
   c.heads /= tp;
   c.kv_heads = c.kv_heads >= tp ? c.kv_heads / tp : 1;
   c.intermediate_size /= tp;
@@ -122,7 +118,7 @@ void check_tensor_parallel(int heads, int kv_heads, int intermediate, int tp) {
     throw Error(ErrorCode::kInvalidArgument,
                 "tensor parallelism over " + std::to_string(tp) + " ranks: " + what);
   };
-  if (tp < 1) refuse("needs at least one rank");
+  if (tp < 1 || tp > 4096) refuse("needs 1 to 4096 ranks");
   if (heads % tp != 0) refuse(std::to_string(heads) + " query heads do not divide among them");
   if (kv_heads % tp != 0 && tp % kv_heads != 0) {
     refuse(std::to_string(kv_heads) + " KV heads neither divide among them nor divide " +

@@ -96,9 +96,6 @@ std::int64_t window_rows(int window, int max_append) {
 }
 
 int split_rows(const SplitOptions& split, int length) {
-  const auto whole = [length](std::int64_t rows) {
-    return static_cast<int>(rows >= length ? length : rows / 64 * 64);
-  };
   switch (split.mode) {
     case SplitMode::kOff:
       return 0;
@@ -108,7 +105,8 @@ int split_rows(const SplitOptions& split, int length) {
       if (!(split.host_bytes_per_s + split.h2d_bytes_per_s > 0)) return 0;
       const double share =
           split.host_bytes_per_s / (split.host_bytes_per_s + split.h2d_bytes_per_s);
-      return whole(static_cast<std::int64_t>(std::floor(length * share)));
+      const auto rows = static_cast<std::int64_t>(std::floor(length * share));  // <= length
+      return static_cast<int>(rows >= length ? length : rows / 64 * 64);
     }
   }
   return 0;

@@ -159,6 +159,16 @@ kvo::BackendKind to_backend(int backend) {
                   "options->backend is not a kvo_backend (KVO_BACKEND_AUTO, _CUDA or _HOST)"};
 }
 
+// kvo_begin_step's count, checked before an array is read: it says how many ints may be read.
+void check_count(const kvo_cache& c, std::int32_t count, const char* what) {
+  if (count != c.cache.config().slots) {
+    throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                     std::string("begin_step needs one ") + what + " per slot: count is " +
+                         std::to_string(count) + ", the cache has " +
+                         std::to_string(c.cache.config().slots) + " slots");
+  }
+}
+
 kvo::SplitMode to_split(int mode) {
   switch (mode) {
     case KVO_SPLIT_OFF:
@@ -423,13 +433,7 @@ kvo_status kvo_cache_backend(const kvo_cache_t* cache, kvo_backend* out_backend)
 
 kvo_status kvo_begin_step(kvo_cache_t* cache, const int32_t* new_tokens, int32_t count) {
   return on_cache(cache, "kvo_begin_step", [&](kvo_cache& c) {
-    // The count is checked before the array is read: it says how many ints may be read.
-    if (count != c.cache.config().slots) {
-      throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
-                       "begin_step needs one new-token count per slot: count is " +
-                           std::to_string(count) + ", the cache has " +
-                           std::to_string(c.cache.config().slots) + " slots");
-    }
+    check_count(c, count, "new-token count");
     require(new_tokens, "new_tokens is NULL");
     c.new_tokens.assign(new_tokens, new_tokens + count);
     c.cache.begin_step(c.new_tokens);
@@ -439,14 +443,7 @@ kvo_status kvo_begin_step(kvo_cache_t* cache, const int32_t* new_tokens, int32_t
 kvo_status kvo_begin_step_split(kvo_cache_t* cache, const int32_t* new_tokens,
                                 const int32_t* split_rows, int32_t count) {
   return on_cache(cache, "kvo_begin_step_split", [&](kvo_cache& c) {
-    // The count is checked before the arrays are read: it says how many ints may be read.
-    if (count != c.cache.config().slots) {
-      throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
-                       "begin_step needs one new-token count and one split row per slot: count "
-                       "is " +
-                           std::to_string(count) + ", the cache has " +
-                           std::to_string(c.cache.config().slots) + " slots");
-    }
+    check_count(c, count, "new-token count and one split row");
     require(new_tokens, "new_tokens is NULL");
     require(split_rows, "split_rows is NULL");
     c.new_tokens.assign(new_tokens, new_tokens + count);

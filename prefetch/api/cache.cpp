@@ -136,6 +136,8 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
   // whether it is a full layer kept on the device.
   int full(int layer) const { return windows.full_index[static_cast<std::size_t>(layer)]; }
   int window(int layer) const { return windows.window_index[static_cast<std::size_t>(layer)]; }
+  // A streamed layer's index in the ring and the host store.
+  int streamed(int layer) const { return full(layer) - plan.resident_layers; }
   bool is_resident(int layer) const {
     const int f = full(layer);
     return f >= 0 && f < plan.resident_layers;
@@ -620,12 +622,12 @@ LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
   const bool split = m.splits && !m.on_device(layer);
   // Rows [0, split) stay in the host store, read there by the host: its last write-back of this
   // layer (the previous step's rows) must have landed. Waited before anything changes.
-  if (split) m.ring->wait_written(m.full(layer) - m.plan.resident_layers);
+  if (split) m.ring->wait_written(m.streamed(layer));
   if (m.on_device(layer)) {
     m.backend->wait_measured(stream, m.released[static_cast<std::size_t>(layer)].get());
     m.held_buffer = nullptr;
   } else {
-    m.held_buffer = m.ring->acquire(m.full(layer) - m.plan.resident_layers, stream);
+    m.held_buffer = m.ring->acquire(m.streamed(layer), stream);
   }
   m.held_layer = layer;
   std::fill(m.appended.begin(), m.appended.end(), 0);
@@ -643,10 +645,9 @@ LayerView OffloadedStaticCache::acquire(int layer, void* stream) {
     view.first_positions = m.window_first[static_cast<std::size_t>(w)].data();
   }
   if (split) {
-    const int streamed = m.full(layer) - m.plan.resident_layers;
     view.split_rows = m.split.data();
-    view.host_k = m.store->k(streamed, 0);
-    view.host_v = m.store->v(streamed, 0);
+    view.host_k = m.store->k(m.streamed(layer), 0);
+    view.host_v = m.store->v(m.streamed(layer), 0);
   }
   return view;
 }
@@ -706,7 +707,7 @@ void OffloadedStaticCache::release(int layer, void* stream) {
   if (m.on_device(layer)) {
     m.backend->record(m.released[static_cast<std::size_t>(layer)].get(), stream);
   } else {
-    m.ring->release(m.full(layer) - m.plan.resident_layers, stream);
+    m.ring->release(m.streamed(layer), stream);
   }
   m.held_layer = -1;
   m.held_buffer = nullptr;
@@ -741,8 +742,7 @@ void OffloadedStaticCache::abort_step(void* stream) {
     m.backend->record(m.released[static_cast<std::size_t>(m.held_layer)].get(), stream);
   }
   if (m.ring) {
-    const int held =
-        m.held_layer >= 0 && !held_on_device ? m.full(m.held_layer) - m.plan.resident_layers : -1;
+    const int held = m.held_layer >= 0 && !held_on_device ? m.streamed(m.held_layer) : -1;
     m.ring->abort_step(held, stream);
   }
   m.mark_lost_windows();
