@@ -85,7 +85,8 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
     if (o.mode == SplitMode::kAuto && plan.streamed_layers > 0 &&
         (o.h2d_bytes_per_s == 0 || o.host_bytes_per_s == 0)) {
       const prefetch::SplitRates rates = prefetch::probe_split_rates(
-          *backend, store->k(0, 0), arena->staging_buffer(0), plan.layer_bytes);
+          *backend, store->k(0, 0), arena->staging_buffer(0), plan.layer_bytes,
+          o.h2d_bytes_per_s == 0, o.host_bytes_per_s == 0);
       if (o.h2d_bytes_per_s == 0) o.h2d_bytes_per_s = rates.h2d_bytes_per_s;
       if (o.host_bytes_per_s == 0) o.host_bytes_per_s = rates.host_bytes_per_s;
       plan.split_probe_s = rates.seconds;

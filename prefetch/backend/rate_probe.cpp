@@ -31,16 +31,16 @@ std::uint64_t read_words(const std::byte* p, std::size_t bytes) {
 }  // namespace
 
 SplitRates probe_split_rates(Backend& backend, std::byte* host, std::byte* device,
-                             std::uint64_t bytes) {
+                             std::uint64_t bytes, bool h2d, bool host_read) {
   const auto start = Clock::now();
   SplitRates rates;
   const std::size_t copy_bytes =
-      static_cast<std::size_t>(std::min<std::uint64_t>(bytes, 32ull << 20));
+      h2d ? static_cast<std::size_t>(std::min<std::uint64_t>(bytes, 32ull << 20)) : 0;
   const std::size_t read_bytes =
-      static_cast<std::size_t>(std::min<std::uint64_t>(bytes, 64ull << 20));
+      host_read ? static_cast<std::size_t>(std::min<std::uint64_t>(bytes, 64ull << 20)) : 0;
   std::memset(host, 1, std::max(copy_bytes, read_bytes));
   double best = 0;
-  for (int round = 0; round < 3; ++round) {
+  for (int round = 0; h2d && round < 3; ++round) {
     const auto t = Clock::now();
     backend.copy_sync(device, host, copy_bytes);
     const double s = seconds_since(t);
@@ -58,7 +58,7 @@ SplitRates probe_split_rates(Backend& backend, std::byte* host, std::byte* devic
   const std::size_t chunk = (read_bytes / threads + 63) / 64 * 64;
   std::vector<std::uint64_t> sums(threads);
   best = 0;
-  for (int round = 0; round < 3; ++round) {
+  for (int round = 0; host_read && round < 3; ++round) {
     std::vector<std::thread> pool;
     const auto t = Clock::now();
     for (unsigned i = 0; i < threads; ++i) {

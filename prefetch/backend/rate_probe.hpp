@@ -21,7 +21,8 @@ struct SplitRates {
 // (the store's first pages, written once first so that they are real memory). Both regions are
 // the cache's own, unused yet: `host` and `device` at least `bytes` long. About 50 ms for a
 // buffer of 32 MiB or more on a PCIe 4 machine; less for smaller ones.
+// Each rate only where asked for (`h2d`, `host_read`); 0 for the other.
 SplitRates probe_split_rates(Backend& backend, std::byte* host, std::byte* device,
-                             std::uint64_t bytes);
+                             std::uint64_t bytes, bool h2d, bool host_read);
 
 }  // namespace kvo::prefetch
