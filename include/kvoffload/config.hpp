@@ -59,6 +59,18 @@ struct SplitOptions {
   double host_bytes_per_s = 0;
 };
 
+// One rank of a tensor-parallel engine, which shards attention by KV heads: this cache holds the
+// model's KV heads [kv_head_begin, kv_head_begin + kv_heads) of model_kv_heads (the whole model
+// when model_kv_heads is 0). Nothing about the rows changes; the range is what a saved context
+// records, so that a rank never restores another rank's heads, and what the plan reports.
+// ranks_per_node: the processes of this node that share its host memory; each plans its pinned
+// store against available / ranks_per_node.
+struct ShardOptions {
+  int kv_head_begin = 0;
+  int model_kv_heads = 0;  // 0: kv_heads (no shard)
+  int ranks_per_node = 1;
+};
+
 struct CacheConfig {
   // Shape of the cache: K is [layer][slot][token][kv_head][head_dim], V the same with
   // v_head_dim (multi-head latent attention caches keys and values of different head sizes).
@@ -105,6 +117,8 @@ struct CacheConfig {
   ContextReading context_reading = ContextReading::kMapped;
 
   SplitOptions split;
+
+  ShardOptions shard;
 };
 
 // Throws kvo::Error(kInvalidArgument) naming the first field that is out of range.

@@ -150,6 +150,15 @@ typedef struct kvo_cache_options {
   int32_t split_rows;
   double split_h2d_bytes_per_s;
   double split_host_bytes_per_s;
+  /* Since 0.3: one rank of a tensor-parallel engine, which shards attention by KV heads
+   * (kvo::CacheConfig::shard). The cache holds the model's KV heads [kv_head_begin, kv_head_begin
+   * + kv_heads) of model_kv_heads; 0 (default): kv_heads, the whole model. A saved context records
+   * the range and loading another range is refused. ranks_per_node: the processes of this node
+   * sharing its host memory (0 or 1, the default: one); the pinned store is checked against the
+   * node's available memory / ranks_per_node. */
+  int32_t kv_head_begin;
+  int32_t model_kv_heads;
+  int32_t ranks_per_node;
 } kvo_cache_options;
 
 /* A non-owning view of one layer's K and V in device memory, valid from kvo_acquire until
@@ -232,6 +241,12 @@ typedef struct kvo_cache_stats {
    * made), bytes per second; 0 without KVO_SPLIT_AUTO. */
   double split_h2d_bytes_per_s;
   double split_host_bytes_per_s;
+  /* Since 0.3: the KV heads held, [kv_head_begin, kv_head_begin + kv_heads) of model_kv_heads,
+   * and the host bytes the store was checked against (this rank's share of the node's). */
+  int32_t kv_head_begin;
+  int32_t model_kv_heads;
+  int32_t ranks_per_node;
+  uint64_t host_share_bytes;
 } kvo_cache_stats;
 
 /* ---- library -------------------------------------------------------------------------------- */

@@ -98,6 +98,14 @@ struct CachePlan {
   double split_h2d_bytes_per_s = 0;
   double split_host_bytes_per_s = 0;
   double split_probe_s = 0;
+
+  // The KV heads this cache holds, [kv_head_begin, kv_head_begin + kv_heads) of model_kv_heads
+  // (CacheConfig::shard; model_kv_heads is kv_heads without a shard), and the host memory it was
+  // checked against: the node's available bytes / ranks_per_node.
+  int kv_head_begin = 0;
+  int model_kv_heads = 0;
+  int ranks_per_node = 1;
+  std::uint64_t host_share_bytes = 0;
 };
 
 // Rows split attention leaves on the host for a decoding slot of `length` rows: under kRows

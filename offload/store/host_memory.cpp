@@ -54,6 +54,12 @@ std::uint64_t available_bytes(const MemInfo& info) {
 }
 
 void require_host_memory(const CachePlan& plan, BackendKind backend, std::uint64_t available) {
+  // One of several ranks on a node plans against its share of the node's memory.
+  const std::string has = plan.ranks_per_node > 1
+                              ? "this rank's share of the node (its available memory / " +
+                                    std::to_string(plan.ranks_per_node) + " ranks) is " +
+                                    format_bytes(available)
+                              : "this machine has " + format_bytes(available) + " available";
   if (backend == BackendKind::kHost) {
     const std::uint64_t need =
         checked_add(plan.device_bytes, plan.host_bytes, "host bytes of the plan");
@@ -63,8 +69,8 @@ void require_host_memory(const CachePlan& plan, BackendKind backend, std::uint64
         "the plan needs " + format_bytes(need) + " of host memory (" +
             format_bytes(plan.device_bytes) +
             " for the device arena, which is host memory on the host backend, and " +
-            format_bytes(plan.host_bytes) + " for the KV store) but this machine has " +
-            format_bytes(available) + " available: missing " + format_bytes(need - available) +
+            format_bytes(plan.host_bytes) + " for the KV store) but " + has + ": missing " +
+            format_bytes(need - available) +
             ". Lower max_seq or slots (on the host backend, keeping layers resident "
             "does not reduce it), or run on a GPU, where resident layers live in device memory");
   }
@@ -81,9 +87,8 @@ void require_host_memory(const CachePlan& plan, BackendKind backend, std::uint64
                            (l.slots == 1 ? "" : "s") + ")";
   throw Error(ErrorCode::kOutOfMemory,
               "the pinned host KV store needs " + format_bytes(plan.host_bytes) + " (" +
-                  std::to_string(plan.streamed_layers) + " streamed layers) but this machine has " +
-                  format_bytes(available) + " available: missing " +
-                  format_bytes(plan.host_bytes - available) + longest +
+                  std::to_string(plan.streamed_layers) + " streamed layers) but " + has +
+                  ": missing " + format_bytes(plan.host_bytes - available) + longest +
                   ". Keep more layers resident on the device (a larger budget or "
                   "resident_layers), or lower max_seq or slots (on a virtual machine whose memory "
                   "grows as it is used, KVO_HOST_MEMORY states what it can give)");

@@ -214,6 +214,21 @@ void validate_full(const CacheConfig& config) {
   }
   require_positive(config.layers, "layers");
   require_positive(config.kv_heads, "kv_heads");
+  const ShardOptions& shard = config.shard;
+  if (shard.model_kv_heads < 0 || shard.kv_head_begin < 0 ||
+      (shard.model_kv_heads == 0 && shard.kv_head_begin != 0) ||
+      (shard.model_kv_heads > 0 &&
+       static_cast<std::int64_t>(shard.kv_head_begin) + config.kv_heads > shard.model_kv_heads)) {
+    throw invalid(
+        "CacheConfig.shard holds KV heads [kv_head_begin, kv_head_begin + kv_heads) of "
+        "model_kv_heads (0: kv_heads, no shard); got kv_head_begin " +
+        std::to_string(shard.kv_head_begin) + ", kv_heads " + std::to_string(config.kv_heads) +
+        ", model_kv_heads " + std::to_string(shard.model_kv_heads));
+  }
+  if (shard.ranks_per_node < 1 || shard.ranks_per_node > 4096) {
+    throw invalid("CacheConfig.shard.ranks_per_node must be from 1 to 4096, got " +
+                  std::to_string(shard.ranks_per_node));
+  }
   require_positive(config.head_dim, "head_dim");
   if (config.v_head_dim < 0) {
     throw invalid("CacheConfig.v_head_dim must be positive, or 0 for head_dim; got " +
@@ -311,6 +326,10 @@ CachePlan plan_cache(const CacheConfig& config, std::uint64_t budget) {
   const offload::WindowPlan windows = offload::plan_windows(config);
   CachePlan plan = plan_full(windows.full, budget);
   plan.layers = config.layers;
+  plan.kv_head_begin = config.shard.kv_head_begin;
+  plan.model_kv_heads =
+      config.shard.model_kv_heads > 0 ? config.shard.model_kv_heads : config.kv_heads;
+  plan.ranks_per_node = config.shard.ranks_per_node;
   plan.window_layers = static_cast<int>(windows.windows.size());
   if (plan.window_layers > 0) {
     plan.window_bytes = offload::align_up(windows.bytes, offload::kDeviceAlignment);

@@ -239,6 +239,7 @@ kvo_cache_options defaults() {
   options.host_delay_seed = d.host.delay_seed;
   options.v_head_dim = d.v_head_dim;
   options.split_mode = KVO_SPLIT_OFF;
+  options.ranks_per_node = d.shard.ranks_per_node;
   return options;
 }
 
@@ -285,6 +286,9 @@ kvo::CacheConfig to_config(const kvo_cache_options& options) {
   config.split.rows = options.split_rows;
   config.split.h2d_bytes_per_s = options.split_h2d_bytes_per_s;
   config.split.host_bytes_per_s = options.split_host_bytes_per_s;
+  config.shard.kv_head_begin = options.kv_head_begin;
+  config.shard.model_kv_heads = options.model_kv_heads;
+  config.shard.ranks_per_node = options.ranks_per_node == 0 ? 1 : options.ranks_per_node;
   return config;
 }
 
@@ -599,6 +603,10 @@ kvo_status kvo_stats(const kvo_cache_t* cache, kvo_cache_stats* out_stats) {
     out->window_bytes = stats.plan.window_bytes;
     out->split_h2d_bytes_per_s = stats.plan.split_h2d_bytes_per_s;
     out->split_host_bytes_per_s = stats.plan.split_host_bytes_per_s;
+    out->kv_head_begin = stats.plan.kv_head_begin;
+    out->model_kv_heads = stats.plan.model_kv_heads;
+    out->ranks_per_node = stats.plan.ranks_per_node;
+    out->host_share_bytes = stats.plan.host_share_bytes;
     write_out(full, out_stats);
   });
 }

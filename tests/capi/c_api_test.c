@@ -802,8 +802,58 @@ static void split_attention(void) {
   CHECK(cache == NULL);
 }
 
+/* A tensor-parallel rank: heads [kv_head_begin, + kv_heads) of model_kv_heads, on one of
+ * ranks_per_node ranks. The plan reports them; a range past the model is refused; a context saved
+ * by one rank is refused by a cache holding another rank's heads, naming both ranges. */
+static void shard(void) {
+  kvo_cache_options options = small_options(5);
+  kvo_cache_t* rank0 = NULL;
+  kvo_cache_t* rank1 = NULL;
+  kvo_cache_t* bad = NULL;
+  kvo_cache_stats stats;
+  int32_t n[SLOTS] = {0};
+  int32_t count = -1;
+  const char* path = "c_api_test_shard.kvo";
+  float rows[3 * KV_HEADS * HEAD_DIM];
+  int i;
+  CHECK(options.kv_head_begin == 0 && options.model_kv_heads == 0 && options.ranks_per_node == 1);
+  options.model_kv_heads = 2 * KV_HEADS;
+  options.ranks_per_node = 2;
+  options.kv_head_begin = KV_HEADS + 1; /* [KV_HEADS + 1, 2 KV_HEADS + 1): past the model */
+  EXPECT_STATUS(NULL, kvo_cache_create(&options, &bad), KVO_ERROR_INVALID_ARGUMENT,
+                "CacheConfig.shard holds KV heads");
+  CHECK(bad == NULL);
+  options.kv_head_begin = 0;
+  MUST(NULL, kvo_cache_create(&options, &rank0));
+  options.kv_head_begin = KV_HEADS;
+  MUST(NULL, kvo_cache_create(&options, &rank1));
+  stats.struct_size = sizeof stats;
+  MUST(rank1, kvo_stats(rank1, &stats));
+  CHECK(stats.kv_head_begin == KV_HEADS && stats.model_kv_heads == 2 * KV_HEADS);
+  CHECK(stats.ranks_per_node == 2 && stats.host_share_bytes > 0);
+  for (i = 0; i < 3 * KV_HEADS * HEAD_DIM; ++i) rows[i] = (float)i;
+  n[0] = 3;
+  MUST(rank1, kvo_begin_step(rank1, n, SLOTS));
+  for (i = 0; i < LAYERS; ++i) {
+    kvo_layer_view view;
+    view.struct_size = sizeof view;
+    MUST(rank1, kvo_acquire(rank1, i, &view, NULL));
+    MUST(rank1, kvo_append(rank1, i, 0, rows, rows, 3, NULL));
+    MUST(rank1, kvo_release(rank1, i, NULL));
+  }
+  MUST(rank1, kvo_end_step(rank1));
+  MUST(rank1, kvo_save_slot(rank1, 0, path, NULL, 0, "model=c-test"));
+  EXPECT_STATUS(rank0, kvo_load_slot(rank0, 0, path, "model=c-test", NULL, 0, &count),
+                KVO_ERROR_INVALID_ARGUMENT,
+                "holding KV heads [2, 4) of 4, this one holds KV heads [0, 2) of 4");
+  kvo_cache_destroy(rank0);
+  kvo_cache_destroy(rank1);
+  remove(path);
+}
+
 int main(void) {
   check_defaults();
+  shard();
   quantized_rows();
   window_layers();
   split_attention();

@@ -136,5 +136,58 @@ TEST(HostMemory, AStatedFigureReplacesTheMachines) {
   EXPECT_GT(plan.device_bytes + plan.host_bytes, 1ull << 20);  // what 1 MiB refused
 }
 
+// Ranks of one node share its memory: each checks its store against its share, says so when it
+// does not fit, and reports the share and its heads in the plan.
+TEST(HostMemory, EachRankOfANodeGetsItsShare) {
+  struct Unset {
+    ~Unset() { unsetenv("KVO_HOST_MEMORY"); }
+  } unset;
+  ASSERT_EQ(setenv("KVO_HOST_MEMORY", "6MiB", 1), 0);
+  CacheConfig c;
+  c.layers = 2;
+  c.kv_heads = 2;
+  c.head_dim = 64;
+  c.max_seq = 4096;  // 4 MiB of K/V at bf16: host memory, all of it, on the host backend
+  c.resident_layers = 0;
+  c.backend = BackendKind::kHost;
+  c.shard.kv_head_begin = 2;
+  c.shard.model_kv_heads = 4;
+  OffloadedStaticCache alone(c);
+  EXPECT_EQ(alone.stats().plan.host_share_bytes, 6ull << 20);
+  EXPECT_EQ(alone.stats().plan.kv_head_begin, 2);
+  EXPECT_EQ(alone.stats().plan.model_kv_heads, 4);
+  c.shard.ranks_per_node = 2;
+  expect_error([&] { OffloadedStaticCache cache(c); }, ErrorCode::kOutOfMemory,
+               "but this rank's share of the node (its available memory / 2 ranks) is 3.00 MiB");
+  ASSERT_EQ(setenv("KVO_HOST_MEMORY", "12MiB", 1), 0);
+  OffloadedStaticCache shared(c);
+  EXPECT_EQ(shared.stats().plan.host_share_bytes, 6ull << 20);
+  EXPECT_EQ(shared.stats().plan.ranks_per_node, 2);
+}
+
+TEST(HostMemory, AShardOutsideTheModelIsRefused) {
+  CacheConfig c;
+  c.layers = 2;
+  c.kv_heads = 2;
+  c.head_dim = 16;
+  c.max_seq = 64;
+  c.backend = BackendKind::kHost;
+  const char* needle = "CacheConfig.shard holds KV heads [kv_head_begin, kv_head_begin + kv_heads)";
+  c.shard.kv_head_begin = 3;
+  c.shard.model_kv_heads = 4;  // [3, 5) of 4
+  expect_error([&] { validate(c); }, ErrorCode::kInvalidArgument, needle);
+  c.shard.model_kv_heads = 0;  // a begin without a model
+  expect_error([&] { validate(c); }, ErrorCode::kInvalidArgument, needle);
+  c.shard.kv_head_begin = -1;
+  c.shard.model_kv_heads = 4;
+  expect_error([&] { validate(c); }, ErrorCode::kInvalidArgument, needle);
+  c.shard.kv_head_begin = 2;
+  c.shard.ranks_per_node = 0;
+  expect_error([&] { validate(c); }, ErrorCode::kInvalidArgument,
+               "CacheConfig.shard.ranks_per_node must be from 1 to 4096, got 0");
+  c.shard.ranks_per_node = 2;
+  validate(c);  // [2, 4) of 4 on one of two ranks
+}
+
 }  // namespace
 }  // namespace kvo
