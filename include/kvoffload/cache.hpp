@@ -126,6 +126,7 @@ struct SavedContextInfo {
   int layers = 0;
   int kv_heads = 0;
   int head_dim = 0;
+  int v_head_dim = 0;  // 0: head_dim (V rows the size of K rows)
   int max_seq = 0;
   DType dtype = DType::kBF16;
   std::vector<int> lengths;           // rows of each record (one record per saved slot)

@@ -28,7 +28,8 @@ void xxh3_update_avx2(void* state, const void* data, std::size_t bytes);  // con
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'O', 'C', 'T', 'X', '\r', '\n'};
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 1;        // V rows the size of K rows
+constexpr std::uint32_t kVersionVSized = 2;  // and v_head_dim after the fixed header
 // magic, version, layers, kv_heads, head_dim, max_seq, dtype, length, row_bytes, model_bytes,
 // token_count
 constexpr std::size_t kFixedHeaderBytes = 8 + 4 * 7 + 8 + 4 + 4;
@@ -111,16 +112,37 @@ std::string layer_name(int layer, int layers) {
   return "layer " + std::to_string(layer) + " of " + std::to_string(layers);
 }
 
-std::uint64_t tensor_bytes(const ContextHeader& header) {
-  return checked_mul(static_cast<std::uint64_t>(header.length), header.shape.row_bytes,
-                     "context rows");
+int v_head_dim(const ContextShape& s) {
+  return s.v_head_dim > 0 ? s.v_head_dim : s.head_dim;
+}
+
+// One layer's rows in a record: K's bytes, then V's.
+struct BlockBytes {
+  std::uint64_t k = 0;
+  std::uint64_t v = 0;
+  std::uint64_t of(int kv) const { return kv == 0 ? k : v; }
+  std::uint64_t at(int kv) const { return kv == 0 ? 0 : k; }  // where kv's rows start
+  std::uint64_t rows() const { return k + v; }
+};
+
+BlockBytes block_bytes(const ContextHeader& header) {
+  const ContextShape& s = header.shape;
+  const auto length = static_cast<std::uint64_t>(header.length);
+  BlockBytes b;
+  b.k = checked_mul(length, s.row_bytes, "context rows");
+  b.v = checked_mul(length, s.v_row_bytes > 0 ? s.v_row_bytes : s.row_bytes, "context rows");
+  checked_add(b.k, b.v, "context rows");
+  return b;
+}
+
+bool v_sized(const ContextShape& s) {
+  return v_head_dim(s) != s.head_dim;
 }
 
 }  // namespace
 
 void skip_context_rows(ByteSource& source, const ContextHeader& header, const std::string& what) {
-  const std::uint64_t block =
-      checked_add(checked_mul(2, tensor_bytes(header), "context"), 8, "context");
+  const std::uint64_t block = checked_add(block_bytes(header).rows(), 8, "context");
   // Block by block, so that a truncation names its layer as a read would.
   for (int layer = 0; layer < header.shape.layers; ++layer) {
     if (!source.skip(block)) {
@@ -131,9 +153,9 @@ void skip_context_rows(ByteSource& source, const ContextHeader& header, const st
 }
 
 std::uint64_t context_record_bytes(const ContextHeader& header) {
-  const std::uint64_t head = kFixedHeaderBytes + header.model.size() + 4 * header.tokens.size() + 8;
-  const std::uint64_t block =
-      checked_add(checked_mul(2, tensor_bytes(header), "context block"), 8, "context block");
+  const std::uint64_t head = kFixedHeaderBytes + (v_sized(header.shape) ? 4 : 0) +
+                             header.model.size() + 4 * header.tokens.size() + 8;
+  const std::uint64_t block = checked_add(block_bytes(header).rows(), 8, "context block");
   return checked_add(head,
                      checked_mul(static_cast<std::uint64_t>(header.shape.layers), block, "context"),
                      "context");
@@ -142,7 +164,7 @@ std::uint64_t context_record_bytes(const ContextHeader& header) {
 void write_context(ByteSink& sink, const ContextHeader& header, SlotRows& rows) {
   const ContextShape& s = header.shape;
   std::string head(kMagic, sizeof(kMagic));
-  put_u32(head, kVersion);
+  put_u32(head, v_sized(s) ? kVersionVSized : kVersion);
   for (int value :
        {s.layers, s.kv_heads, s.head_dim, s.max_seq, dtype_code(s.dtype), header.length}) {
     put_u32(head, static_cast<std::uint32_t>(value));
@@ -150,16 +172,18 @@ void write_context(ByteSink& sink, const ContextHeader& header, SlotRows& rows) 
   put_u64(head, s.row_bytes);
   put_u32(head, static_cast<std::uint32_t>(header.model.size()));
   put_u32(head, static_cast<std::uint32_t>(header.tokens.size()));
+  if (v_sized(s)) put_u32(head, static_cast<std::uint32_t>(v_head_dim(s)));
   head += header.model;
   for (std::int32_t id : header.tokens) put_u32(head, static_cast<std::uint32_t>(id));
   put_u64(head, XXH3_64bits(head.data(), head.size()));
   sink.write(head.data(), head.size());
 
-  const std::uint64_t bytes = tensor_bytes(header);
+  const BlockBytes b = block_bytes(header);
   std::unique_ptr<std::byte[]> bounce;
   for (int layer = 0; layer < s.layers; ++layer) {
     Hash hash;
     for (int kv = 0; kv < 2; ++kv) {
+      const std::uint64_t bytes = b.of(kv);
       if (const std::byte* host = rows.host_rows(layer, kv)) {
         hash.update(host, bytes);
         sink.write(host, bytes);
@@ -189,9 +213,10 @@ ContextHeader read_context_header(ByteSource& source, const std::string& what) {
   }
   if (got < sizeof(fixed)) throw bad_file(what, "truncated inside the header");
   const std::uint32_t version = get_u32(fixed + 8);
-  if (version != kVersion) {
+  if (version != kVersion && version != kVersionVSized) {
     throw bad_file(what, "a saved context of format version " + std::to_string(version) +
-                             "; this library reads version " + std::to_string(kVersion));
+                             "; this library reads versions " + std::to_string(kVersion) + " and " +
+                             std::to_string(kVersionVSized));
   }
   const unsigned char* p = fixed + 12;
   ContextHeader header;
@@ -216,6 +241,15 @@ ContextHeader read_context_header(ByteSource& source, const std::string& what) {
 
   Hash hash;
   hash.update(fixed, sizeof(fixed));
+  std::uint32_t v_dim = 0;  // version 1: V rows are K's size
+  if (version == kVersionVSized) {
+    unsigned char extra[4];
+    if (read_fully(source, extra, sizeof(extra)) < sizeof(extra)) {
+      throw bad_file(what, "truncated inside the header");
+    }
+    hash.update(extra, sizeof(extra));
+    v_dim = get_u32(extra);
+  }
   header.model.resize(model_bytes);
   if (read_fully(source, header.model.data(), model_bytes) < model_bytes) {
     throw bad_file(what, "truncated inside the header (model fingerprint)");
@@ -268,7 +302,32 @@ ContextHeader read_context_header(ByteSource& source, const std::string& what) {
       s.row_bytes != kv_row_bytes(s.dtype, s.kv_heads, s.head_dim)) {
     throw bad_file(what, corrupted + " (row size does not match the shape)");
   }
+  if (version == kVersionVSized) {
+    if (v_dim == 0 || v_dim > max_int) throw bad_file(what, corrupted + " (v_head_dim)");
+    s.v_head_dim = static_cast<int>(v_dim);
+    s.v_row_bytes = kv_row_bytes(s.dtype, s.kv_heads, s.v_head_dim);
+  }
   return header;
+}
+
+namespace {
+
+constexpr char kShardKey[] = "kv_heads_held=";
+
+// The heads a model text's shard line names ("all" without one).
+std::string held_heads(const std::string& model) {
+  if (model.rfind(kShardKey, 0) != 0) return "all of its KV heads";
+  const std::size_t end = model.find('\n');
+  const std::string value = model.substr(sizeof(kShardKey) - 1, end - (sizeof(kShardKey) - 1));
+  return "KV heads " + printable(value, 100);
+}
+
+}  // namespace
+
+std::string shard_line(int kv_head_begin, int kv_heads, int model_kv_heads) {
+  if (model_kv_heads <= 0 || (kv_head_begin == 0 && kv_heads == model_kv_heads)) return "";
+  return std::string(kShardKey) + "[" + std::to_string(kv_head_begin) + ", " +
+         std::to_string(kv_head_begin + kv_heads) + ") of " + std::to_string(model_kv_heads) + "\n";
 }
 
 void check_context_fits(const ContextHeader& file, const ContextShape& shape,
@@ -281,11 +340,23 @@ void check_context_fits(const ContextHeader& file, const ContextShape& shape,
   if (f.layers != shape.layers) {
     refuse("layers", std::to_string(f.layers), std::to_string(shape.layers));
   }
+  // A tensor-parallel rank's heads first: the file of another rank or world size has the same
+  // shape, or another kv_heads, and either way this says why.
+  const std::string file_heads = held_heads(file.model);
+  const std::string heads = held_heads(model);
+  if (file_heads != heads) {
+    throw bad_file(what, "saved by a cache holding " + file_heads + ", this one holds " + heads +
+                             " (a tensor-parallel rank restores only its own heads' file); "
+                             "nothing was loaded");
+  }
   if (f.kv_heads != shape.kv_heads) {
     refuse("kv_heads", std::to_string(f.kv_heads), std::to_string(shape.kv_heads));
   }
   if (f.head_dim != shape.head_dim) {
     refuse("head_dim", std::to_string(f.head_dim), std::to_string(shape.head_dim));
+  }
+  if (v_head_dim(f) != v_head_dim(shape)) {
+    refuse("v_head_dim", std::to_string(v_head_dim(f)), std::to_string(v_head_dim(shape)));
   }
   if (f.dtype != shape.dtype) refuse("K/V dtype", dtype_name(f.dtype), dtype_name(shape.dtype));
   if (f.max_seq != shape.max_seq) {
@@ -338,8 +409,8 @@ int reader_threads(int layers) {
 // bench/results/context-restore-host.json). Other sources, a file shorter than the blocks, and
 // every file opened with ContextReading::kPread are read with read_ahead.
 void read_blocks_in_parallel(ByteSource& source, const std::vector<std::byte*>& dst, int layers,
-                             std::uint64_t bytes, const std::string& what) {
-  const std::uint64_t block = 2 * bytes + 8;
+                             const BlockBytes& b, const std::string& what) {
+  const std::uint64_t block = b.rows() + 8;
   enum class Problem : unsigned char { kNone, kTruncated, kCorrupted };
   std::vector<Problem> problems(static_cast<std::size_t>(layers), Problem::kNone);
   std::atomic<int> next{0};
@@ -356,10 +427,11 @@ void read_blocks_in_parallel(ByteSource& source, const std::vector<std::byte*>& 
     Hash hash;
     for (int kv = 0; kv < 2; ++kv) {
       std::byte* rows = dst[2 * static_cast<std::size_t>(layer) + kv];
+      const std::uint64_t bytes = b.of(kv);
       for (std::uint64_t offset = 0; offset < bytes; offset += kCachedBytes) {
         const std::size_t piece =
             static_cast<std::size_t>(std::min<std::uint64_t>(kCachedBytes, bytes - offset));
-        const std::uint64_t from = at + kv * bytes + offset;
+        const std::uint64_t from = at + b.at(kv) + offset;
         if (from_mapping) {
           hash.update(mapped + from, piece);
           copy(rows + offset, mapped + from, piece);
@@ -372,8 +444,8 @@ void read_blocks_in_parallel(ByteSource& source, const std::vector<std::byte*>& 
     }
     unsigned char sum[8];
     if (from_mapping) {
-      std::memcpy(sum, mapped + at + 2 * bytes, sizeof(sum));
-    } else if (source.read_ahead(sum, sizeof(sum), at + 2 * bytes) < sizeof(sum)) {
+      std::memcpy(sum, mapped + at + b.rows(), sizeof(sum));
+    } else if (source.read_ahead(sum, sizeof(sum), at + b.rows()) < sizeof(sum)) {
       return Problem::kTruncated;
     }
     return get_u64(sum) != hash.digest() ? Problem::kCorrupted : Problem::kNone;
@@ -417,24 +489,26 @@ void read_blocks_in_parallel(ByteSource& source, const std::vector<std::byte*>& 
 void read_context_rows(ByteSource& source, const ContextHeader& header, SlotRows& rows,
                        std::vector<std::byte>* staged, const std::string& what) {
   const int layers = header.shape.layers;
-  const std::uint64_t bytes = tensor_bytes(header);
+  const BlockBytes b = block_bytes(header);
   if (staged != nullptr) {
     staged->resize(static_cast<std::size_t>(
-        checked_mul(2 * static_cast<std::uint64_t>(layers), bytes, "staged context")));
+        checked_mul(static_cast<std::uint64_t>(layers), b.rows(), "staged context")));
   }
+  // Where kv's rows of a layer go in the staged bytes (one block after another, as in the file).
+  auto staged_rows = [&](int layer, int kv) {
+    return staged->data() + static_cast<std::size_t>(layer) * b.rows() + b.at(kv);
+  };
   // Where each block's rows go; all of them in host memory and a file to read from: in
   // parallel.
   std::vector<std::byte*> dst;
-  for (int layer = 0; layer < layers && bytes > 0; ++layer) {
+  for (int layer = 0; layer < layers && b.rows() > 0; ++layer) {
     for (int kv = 0; kv < 2; ++kv) {
-      dst.push_back(staged != nullptr
-                        ? staged->data() + (2 * static_cast<std::size_t>(layer) + kv) * bytes
-                        : rows.host_rows(layer, kv));
+      dst.push_back(staged != nullptr ? staged_rows(layer, kv) : rows.host_rows(layer, kv));
     }
   }
   if (source.positional() && !dst.empty() &&
       std::find(dst.begin(), dst.end(), nullptr) == dst.end()) {
-    read_blocks_in_parallel(source, dst, layers, bytes, what);
+    read_blocks_in_parallel(source, dst, layers, b, what);
     return;
   }
   std::unique_ptr<std::byte[]> bounce;
@@ -445,9 +519,8 @@ void read_context_rows(ByteSource& source, const ContextHeader& header, SlotRows
     };
     Hash hash;
     for (int kv = 0; kv < 2; ++kv) {
-      std::byte* host = staged != nullptr
-                            ? staged->data() + (2 * static_cast<std::size_t>(layer) + kv) * bytes
-                            : rows.host_rows(layer, kv);
+      const std::uint64_t bytes = b.of(kv);
+      std::byte* host = staged != nullptr ? staged_rows(layer, kv) : rows.host_rows(layer, kv);
       if (host != nullptr) {
         for (std::uint64_t offset = 0; offset < bytes; offset += kChunkBytes) {
           const std::size_t piece =
@@ -479,10 +552,11 @@ void read_context_rows(ByteSource& source, const ContextHeader& header, SlotRows
 
 void commit_staged_rows(const ContextHeader& header, SlotRows& rows,
                         const std::vector<std::byte>& staged) {
-  const std::uint64_t bytes = tensor_bytes(header);
+  const BlockBytes b = block_bytes(header);
   for (int layer = 0; layer < header.shape.layers; ++layer) {
     for (int kv = 0; kv < 2; ++kv) {
-      const std::byte* src = staged.data() + (2 * static_cast<std::size_t>(layer) + kv) * bytes;
+      const std::uint64_t bytes = b.of(kv);
+      const std::byte* src = staged.data() + static_cast<std::size_t>(layer) * b.rows() + b.at(kv);
       if (std::byte* host = rows.host_rows(layer, kv)) {
         std::memcpy(host, src, bytes);
       } else if (bytes > 0) {

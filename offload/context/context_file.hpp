@@ -5,10 +5,14 @@
 //
 //   header  magic "KVOCTX\r\n", u32 version, u32 layers, kv_heads, head_dim, max_seq, dtype,
 //           u32 length, u64 row_bytes, u32 model_bytes, u32 token_count,
+//           version 2 only: u32 v_head_dim,
 //           model text [model_bytes], token ids i32 [token_count] (0 or `length` of them),
 //           u64 XXH3 of the header bytes before it
-//   blocks  for each layer l: K rows [length][row_bytes], V rows [length][row_bytes],
+//   blocks  for each layer l: K rows [length][row_bytes], V rows [length][v_row_bytes],
 //           u64 XXH3 of the block's K and V bytes
+//
+// Version 1 is a record whose V rows are the size of its K rows (v_head_dim = head_dim); version
+// 2, written only when they differ (multi-head latent attention), adds v_head_dim.
 //
 // The model text is the caller's fingerprint of the model, lines "key=value" (architecture,
 // shapes, the tensor table), compared line by line so that a refusal names the first difference.
@@ -51,6 +55,8 @@ struct ContextShape {
   int max_seq = 0;
   DType dtype = DType::kBF16;
   std::uint64_t row_bytes = 0;
+  int v_head_dim = 0;             // 0: head_dim
+  std::uint64_t v_row_bytes = 0;  // 0: row_bytes
 };
 
 struct ContextHeader {
@@ -59,6 +65,13 @@ struct ContextHeader {
   std::string model;                 // the caller's fingerprint of the model
   std::vector<std::int32_t> tokens;  // empty, or one id per row
 };
+
+// The first line of the model text of a context saved by a cache that holds a shard of the model's
+// KV heads (CacheConfig::shard): "kv_heads_held=[begin, end) of model_kv_heads", and empty for a
+// cache that holds them all. The cache puts it before the caller's fingerprint when it saves, and
+// before the caller's when it loads, so that check_context_fits refuses another rank's heads by
+// name.
+std::string shard_line(int kv_head_begin, int kv_heads, int model_kv_heads);
 
 // Writes one record: the header, then each layer's rows with their checksum.
 // REQUIRES: header.tokens is empty or header.length long; rows hold header.length rows.

@@ -51,7 +51,10 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
     // The full layers are planned, stored and streamed as a cache of their own; the window
     // layers' buffers are a region of its arena.
     windows = offload::plan_windows(config);
-    offload::require_host_memory(plan, backend->kind(), host_available_bytes());
+    // A node's ranks share its memory: each checks its store against its share.
+    plan.host_share_bytes =
+        host_available_bytes() / static_cast<std::uint64_t>(config.shard.ranks_per_node);
+    offload::require_host_memory(plan, backend->kind(), plan.host_share_bytes);
     store = std::make_unique<offload::HostStore>(*backend, plan);
     arena = std::make_unique<offload::DeviceArena>(*backend, plan, windows.full.reserved);
     lengths.assign(static_cast<std::size_t>(config.slots), 0);
@@ -173,15 +176,17 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
       }
     }
   }
-  offload::ContextShape context_shape(const char* call) const {
-    if (plan.layout.v_row_bytes != plan.layout.k_row_bytes) {
-      throw invalid(std::string(call) +
-                    ": saved contexts hold K and V rows of one size; this cache's V rows "
-                    "(v_head_dim " +
-                    std::to_string(plan.layout.v_head_dim) + ") differ from its K rows");
-    }
-    return {config.layers,  config.kv_heads, config.head_dim,
-            config.max_seq, config.dtype,    plan.row_bytes};
+  // The shard line this cache's saved contexts start their model text with (or none).
+  std::string held() const {
+    return offload::shard_line(config.shard.kv_head_begin, config.kv_heads,
+                               config.shard.model_kv_heads);
+  }
+  offload::ContextShape context_shape() const {
+    offload::ContextShape shape{config.layers,  config.kv_heads, config.head_dim,
+                                config.max_seq, config.dtype,    plan.row_bytes};
+    shape.v_head_dim = plan.layout.v_head_dim;
+    shape.v_row_bytes = plan.layout.v_row_bytes;
+    return shape;
   }
   // A window layer's rows of one append: after the slot's held rows, in order. When they would
   // pass the buffer, the window - 1 rows before the first new one (all its window needs) move
@@ -396,10 +401,11 @@ void OffloadedStaticCache::Impl::save(const std::vector<int>& slots, offload::By
                     " token ids were given (give one per row, or none)");
     }
   }
-  const offload::ContextShape shape = context_shape(call);
+  const offload::ContextShape shape = context_shape();
   quiesce();
   for (std::size_t i = 0; i < slots.size(); ++i) {
-    offload::ContextHeader header{shape, lengths[slots[i]], contexts[i].model, contexts[i].tokens};
+    offload::ContextHeader header{shape, lengths[slots[i]], held() + contexts[i].model,
+                                  contexts[i].tokens};
     CacheSlotRows rows(*backend, *store, *arena, plan, slots[i]);
     offload::write_context(sink, header, rows);
   }
@@ -412,7 +418,7 @@ std::vector<SlotContext> OffloadedStaticCache::Impl::load(const std::vector<int>
                                                           bool whole_input) {
   check_slots(slots, "load_slot");
   check_no_windows("load_slot");
-  const offload::ContextShape shape = context_shape("load_slot");
+  const offload::ContextShape shape = context_shape();
   quiesce();
   // Every record is read and checked before any length changes: a slot that holds rows gets
   // its record staged, an empty one gets it in place (rows past length 0 are nobody's).
@@ -424,7 +430,7 @@ std::vector<SlotContext> OffloadedStaticCache::Impl::load(const std::vector<int>
                                          std::to_string(slots.size()) + ")"
                                    : what;
     offload::ContextHeader header = offload::read_context_header(source, record);
-    offload::check_context_fits(header, shape, model, record);
+    offload::check_context_fits(header, shape, held() + model, record);
     CacheSlotRows rows(*backend, *store, *arena, plan, slots[i]);
     const bool in_place = lengths[slots[i]] == 0;
     offload::read_context_rows(source, header, rows, in_place ? nullptr : &staged[i], record);
@@ -467,12 +473,13 @@ SavedContextFile::SavedContextFile(const std::string& path, ContextReading readi
     if (!info.lengths.empty() &&
         (header.shape.layers != info.layers || header.shape.kv_heads != info.kv_heads ||
          header.shape.head_dim != info.head_dim || header.shape.max_seq != info.max_seq ||
-         header.shape.dtype != info.dtype)) {
+         header.shape.v_head_dim != info.v_head_dim || header.shape.dtype != info.dtype)) {
       throw invalid(what + ": its saved contexts differ in shape");
     }
     info.layers = header.shape.layers;
     info.kv_heads = header.shape.kv_heads;
     info.head_dim = header.shape.head_dim;
+    info.v_head_dim = header.shape.v_head_dim;
     info.max_seq = header.shape.max_seq;
     info.dtype = header.shape.dtype;
     info.lengths.push_back(header.length);

@@ -44,6 +44,10 @@ CacheConfig small_config(int resident) {
 std::size_t row_bytes(const CacheConfig& c) {
   return static_cast<std::size_t>(kv_row_bytes(c.dtype, c.kv_heads, c.head_dim));
 }
+std::size_t v_row_bytes(const CacheConfig& c) {
+  return static_cast<std::size_t>(
+      kv_row_bytes(c.dtype, c.kv_heads, c.v_head_dim > 0 ? c.v_head_dim : c.head_dim));
+}
 
 // Appends `count` random rows to `slot` (every layer, K and V) in one step.
 void fill(OffloadedStaticCache& cache, int slot, int count, std::uint64_t seed) {
@@ -52,7 +56,7 @@ void fill(OffloadedStaticCache& cache, int slot, int count, std::uint64_t seed) 
   std::vector<std::int32_t> n(static_cast<std::size_t>(c.slots), 0);
   n[static_cast<std::size_t>(slot)] = count;
   std::vector<std::uint8_t> k(static_cast<std::size_t>(count) * row_bytes(c));
-  std::vector<std::uint8_t> v(k.size());
+  std::vector<std::uint8_t> v(static_cast<std::size_t>(count) * v_row_bytes(c));
   cache.begin_step(n);
   for (int layer = 0; layer < c.layers; ++layer) {
     for (auto& byte : k) byte = static_cast<std::uint8_t>(rng());
@@ -81,9 +85,11 @@ Snapshot snapshot(OffloadedStaticCache& cache) {
   for (int layer = 0; layer < c.layers; ++layer) {
     const LayerView view = cache.acquire(layer);
     for (int s = 0; s < c.slots; ++s) {
-      const std::size_t bytes = static_cast<std::size_t>(view.lengths[s]) * row_bytes(c);
-      for (void* base : {view.k_row(s, 0), view.v_row(s, 0)}) {
-        const auto* p = static_cast<const std::uint8_t*>(base);
+      for (int kv = 0; kv < 2; ++kv) {
+        const std::size_t bytes =
+            static_cast<std::size_t>(view.lengths[s]) * (kv == 0 ? row_bytes(c) : v_row_bytes(c));
+        const auto* p =
+            static_cast<const std::uint8_t*>(kv == 0 ? view.k_row(s, 0) : view.v_row(s, 0));
         snap.rows[static_cast<std::size_t>(s)].insert(snap.rows[static_cast<std::size_t>(s)].end(),
                                                       p, p + bytes);
       }
@@ -149,6 +155,60 @@ TEST_F(CacheContextTest, RoundTripAcrossResidentSplits) {
       EXPECT_EQ(snapshot(target), snapshot(source));
     }
   }
+}
+
+// Multi-head latent attention's rows (K and V of different head sizes) round-trip too, in a
+// record of format version 2 that names V's head size; a cache whose V head size differs refuses
+// it by name. Rows of one size keep writing version 1, byte for byte as before.
+TEST_F(CacheContextTest, VRowsOfTheirOwnSizeRoundTrip) {
+  auto latent = [](int resident, int v_head_dim) {
+    CacheConfig c = small_config(resident);
+    c.head_dim = 16;  // the latent
+    c.v_head_dim = v_head_dim;
+    return c;
+  };
+  for (int saved_resident : {0, 5}) {
+    for (int loaded_resident : {0, 2, 5}) {
+      SCOPED_TRACE("resident " + std::to_string(saved_resident) + " -> " +
+                   std::to_string(loaded_resident));
+      OffloadedStaticCache source(latent(saved_resident, 6));
+      fill(source, 0, 13, 21);
+      fill(source, 1, 5, 22);
+      source.save_slots({0, 1}, path("latent"), {{{}, "mla"}, {{}, "mla"}});
+      const std::vector<std::uint8_t> file = read_bytes(path("latent"));
+      // Each record: the fixed header (52 bytes), v_head_dim (4), the model text, the header's
+      // checksum (8); then per layer its K rows, its V rows and a checksum.
+      const CacheConfig c = latent(0, 6);
+      auto record = [&](std::size_t rows) {
+        return 52 + 4 + 3 + 8 + 5 * (rows * (row_bytes(c) + v_row_bytes(c)) + 8);
+      };
+      ASSERT_EQ(file.size(), record(13) + record(5));
+      EXPECT_EQ(file[8], 2);  // version 2: V rows have a head size of their own
+      const SavedContextInfo info = inspect_saved_context(path("latent"));
+      EXPECT_EQ(info.head_dim, 16);
+      EXPECT_EQ(info.v_head_dim, 6);
+
+      OffloadedStaticCache target(latent(loaded_resident, 6));
+      fill(target, 0, 2, 23);  // rows to replace
+      target.load_slots({0, 1}, path("latent"), "mla");
+      EXPECT_EQ(snapshot(target), snapshot(source));
+      fill(source, 0, 3, 24);
+      fill(target, 0, 3, 24);
+      EXPECT_EQ(snapshot(target), snapshot(source));
+    }
+  }
+  OffloadedStaticCache other(latent(2, 8));
+  const Snapshot before = snapshot(other);
+  expect_error(
+      [&] {
+        other.load_slots({0, 1}, path("latent"), "mla");
+      },
+      ErrorCode::kInvalidArgument, "v_head_dim 6, this one has v_head_dim 8");
+  EXPECT_EQ(snapshot(other), before);
+  OffloadedStaticCache same_size(small_config(2));
+  fill(same_size, 0, 4, 25);
+  same_size.save_slot(0, path("plain"), {{}, "plain"});
+  EXPECT_EQ(read_bytes(path("plain"))[8], 1);
 }
 
 // Files are restored from a mapping with streaming stores that start at an aligned address and
@@ -377,6 +437,67 @@ std::vector<Region> regions(std::size_t model_bytes, std::size_t tokens, int lay
     add("layer " + std::to_string(layer) + " checksum", 8, block);
   }
   return out;
+}
+
+// A tensor-parallel rank's file holds its own KV heads: a cache holding other heads of the same
+// model (another rank), all of them (another world size) or none of a shard refuses it by name
+// before any row moves, though its shape may match to the byte; the same range restores it.
+TEST_F(CacheContextTest, ARankRestoresOnlyItsOwnHeads) {
+  auto rank = [](int begin, int model_heads) {
+    CacheConfig c = small_config(2);
+    c.shard.kv_head_begin = begin;
+    c.shard.model_kv_heads = model_heads;
+    return c;
+  };
+  const std::string model = "architecture=LlamaForCausalLM\nhidden_size=64";
+  OffloadedStaticCache source(rank(2, 4));  // heads [2, 4) of 4: rank 1 of 2
+  fill(source, 0, 10, 11);
+  fill(source, 1, 7, 12);
+  source.save_slots({0, 1}, path("rank1"), {{{}, model}, {{}, model}});
+  EXPECT_EQ(inspect_saved_context(path("rank1")).contexts[0].model,
+            "kv_heads_held=[2, 4) of 4\n" + model);
+
+  struct Case {
+    CacheConfig config;
+    const char* needle;
+  };
+  const Case cases[] = {
+      {rank(0, 4),
+       "saved by a cache holding KV heads [2, 4) of 4, this one holds KV heads [0, 2) of 4"},
+      {rank(2, 6),
+       "saved by a cache holding KV heads [2, 4) of 4, this one holds KV heads [2, 4) "
+       "of 6"},
+      {rank(0, 0),
+       "saved by a cache holding KV heads [2, 4) of 4, this one holds all of its KV "
+       "heads"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.needle);
+    OffloadedStaticCache target(k.config);
+    fill(target, 0, 3, 4);
+    const Snapshot before = snapshot(target);
+    expect_error(
+        [&] {
+          target.load_slots({0, 1}, path("rank1"), model);
+        },
+        ErrorCode::kInvalidArgument, k.needle);
+    EXPECT_EQ(snapshot(target), before);
+  }
+  // A whole-model file on a shard: refused the other way round.
+  OffloadedStaticCache whole(rank(0, 0));
+  fill(whole, 0, 5, 13);
+  whole.save_slot(0, path("whole"), {{}, model});
+  OffloadedStaticCache shard(rank(0, 4));
+  expect_error([&] { shard.load_slot(0, path("whole"), model); }, ErrorCode::kInvalidArgument,
+               "saved by a cache holding all of its KV heads, this one holds KV heads [0, 2) of 4");
+  // A cache whose range is the whole model is no shard: its files are any whole cache's.
+  OffloadedStaticCache full_range(rank(0, 2));
+  full_range.load_slot(0, path("whole"), model);
+  EXPECT_EQ(full_range.length(0), 5);
+
+  OffloadedStaticCache same(rank(2, 4));
+  same.load_slots({0, 1}, path("rank1"), model);
+  EXPECT_EQ(snapshot(same), snapshot(source));
 }
 
 TEST_F(CacheContextTest, AFlippedByteInEachRegionIsRefusedAndChangesNothing) {
