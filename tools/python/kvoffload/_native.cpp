@@ -16,6 +16,7 @@
 
 #include <pybind11/stl.h>
 
+#include "kvoffload/plan.hpp"
 #include "kvoffload/torch.hpp"
 
 namespace py = pybind11;
@@ -28,12 +29,11 @@ using Adapter = kvo::torch::OffloadedStaticCache;
 // regions: the model's own memory is torch's business).
 // states_dtype: "" for the stored dtype; for quantized K/V, the dtype the model computes in.
 // static_shapes: update returns max_seq rows per batch row (kvoffload/torch.hpp).
-std::unique_ptr<Adapter> make_cache(int layers, int kv_heads, int head_dim, int max_seq, int slots,
-                                    const std::string& dtype, const std::string& backend,
-                                    int device, int resident_layers, int ring_depth,
-                                    std::uint64_t device_budget, std::uint32_t host_max_delay_us,
-                                    std::uint64_t host_delay_seed, int v_head_dim,
-                                    const std::string& states_dtype, bool static_shapes) {
+// The shape and plan fields of a CacheConfig, for the cache and for planning one alone.
+kvo::CacheConfig make_config(int layers, int kv_heads, int head_dim, int max_seq, int slots,
+                             const std::string& dtype, int resident_layers, int ring_depth,
+                             std::uint64_t device_budget, int v_head_dim, int kv_head_begin,
+                             int model_kv_heads, int ranks_per_node) {
   kvo::CacheConfig config;
   config.layers = layers;
   config.kv_heads = kv_heads;
@@ -42,11 +42,31 @@ std::unique_ptr<Adapter> make_cache(int layers, int kv_heads, int head_dim, int 
   config.max_seq = max_seq;
   config.slots = slots;
   config.dtype = kvo::parse_dtype(dtype);
-  config.backend = kvo::parse_backend(backend);
-  config.device = device;
   config.resident_layers = resident_layers;
   config.ring_depth = ring_depth;
   config.device_budget = device_budget;
+  config.shard.kv_head_begin = kv_head_begin;
+  config.shard.model_kv_heads = model_kv_heads;
+  config.shard.ranks_per_node = ranks_per_node;
+  return config;
+}
+
+// Every field of CacheConfig the Python side sets; the rest keep their defaults (no reserved
+// regions: the model's own memory is torch's business).
+// states_dtype: "" for the stored dtype; for quantized K/V, the dtype the model computes in.
+// static_shapes: update returns max_seq rows per batch row (kvoffload/torch.hpp).
+std::unique_ptr<Adapter> make_cache(int layers, int kv_heads, int head_dim, int max_seq, int slots,
+                                    const std::string& dtype, const std::string& backend,
+                                    int device, int resident_layers, int ring_depth,
+                                    std::uint64_t device_budget, std::uint32_t host_max_delay_us,
+                                    std::uint64_t host_delay_seed, int v_head_dim,
+                                    const std::string& states_dtype, bool static_shapes,
+                                    int kv_head_begin, int model_kv_heads, int ranks_per_node) {
+  kvo::CacheConfig config =
+      make_config(layers, kv_heads, head_dim, max_seq, slots, dtype, resident_layers, ring_depth,
+                  device_budget, v_head_dim, kv_head_begin, model_kv_heads, ranks_per_node);
+  config.backend = kvo::parse_backend(backend);
+  config.device = device;
   config.host.max_delay_us = host_max_delay_us;
   config.host.delay_seed = host_delay_seed;
   at::ScalarType states = at::ScalarType::Undefined;
@@ -84,6 +104,10 @@ py::dict plan_dict(const kvo::CachePlan& plan) {
   d["device_bytes"] = plan.device_bytes;
   d["host_bytes"] = plan.host_bytes;
   d["budget"] = plan.budget;
+  d["kv_head_begin"] = plan.kv_head_begin;
+  d["model_kv_heads"] = plan.model_kv_heads;
+  d["ranks_per_node"] = plan.ranks_per_node;
+  d["host_share_bytes"] = plan.host_share_bytes;
   return d;
 }
 
@@ -136,12 +160,35 @@ PYBIND11_MODULE(_native, m) {
         d["layers"] = info.layers;
         d["kv_heads"] = info.kv_heads;
         d["head_dim"] = info.head_dim;
+        d["v_head_dim"] = info.v_head_dim > 0 ? info.v_head_dim : info.head_dim;
         d["max_seq"] = info.max_seq;
         d["dtype"] = kvo::dtype_name(info.dtype);
         d["lengths"] = info.lengths;
+        std::vector<std::string> models;
+        for (const kvo::SlotContext& c : info.contexts) models.push_back(c.model);
+        d["models"] = models;
         return d;
       },
       py::arg("path"), "What a saved-context file holds, from its headers alone.");
+  m.def(
+      "plan",
+      [](int layers, int kv_heads, int head_dim, int max_seq, int slots, const std::string& dtype,
+         int resident_layers, int ring_depth, std::uint64_t device_budget, int v_head_dim,
+         int kv_head_begin, int model_kv_heads) {
+        const kvo::CacheConfig config =
+            make_config(layers, kv_heads, head_dim, max_seq, slots, dtype, resident_layers,
+                        ring_depth, device_budget, v_head_dim, kv_head_begin, model_kv_heads, 1);
+        return plan_dict(kvo::plan_cache(config, device_budget));
+      },
+      py::arg("layers"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("max_seq"),
+      py::arg("slots"), py::arg("dtype"), py::arg("resident_layers"), py::arg("ring_depth"),
+      py::arg("device_budget"), py::arg("v_head_dim") = 0, py::arg("kv_head_begin") = 0,
+      py::arg("model_kv_heads") = 0,
+      "The plan a cache of these arguments would get under device_budget (0: unlimited), "
+      "allocating nothing (kvo::plan_cache).");
+  m.def("default_device_budget", &kvo::default_device_budget, py::arg("free_bytes"),
+        py::arg("total_bytes"),
+        "The budget a CUDA cache with none takes: free memory less max(1 GiB, 5% of total).");
   m.def("cuda_device_count", &kvo::cuda_device_count,
         "Usable CUDA devices for the library (0 when built without CUDA).");
 
@@ -152,7 +199,8 @@ PYBIND11_MODULE(_native, m) {
            py::arg("ring_depth") = 2, py::arg("device_budget") = 0,
            py::arg("host_max_delay_us") = 0, py::arg("host_delay_seed") = 0,
            py::arg("v_head_dim") = 0, py::arg("states_dtype") = "",
-           py::arg("static_shapes") = false,
+           py::arg("static_shapes") = false, py::arg("kv_head_begin") = 0,
+           py::arg("model_kv_heads") = 0, py::arg("ranks_per_node") = 1,
            "Plans and allocates every byte of the cache (see kvoffload/cache.hpp).")
       // The GIL is released while the adapter works: on CUDA it only enqueues, on the host
       // backend it copies on the calling thread.

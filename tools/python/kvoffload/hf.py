@@ -47,6 +47,10 @@ length after the first decode steps. With ``static_shapes=True`` every offloaded
 ``max_cache_len`` rows and every window its whole window, and a compiled forward reads no
 Python length at all, so one graph serves every decode step under ``dynamic=False`` too.
 
+Tensor parallelism: on a model loaded with ``tp_plan="auto"`` under ``torchrun``, each rank's cache
+holds that rank's KV heads, read from the model's config and torch.distributed; the ranks agree on
+one plan while the caches are built, and save and load one file per rank (kvoffload/hf_tp.py).
+
 Streams: on a CUDA device the native cache orders its work on torch's *current* CUDA stream of
 that device (acquire waits on an event, release records one; copies run on the cache's own copy
 streams). For CPU tensors it uses the host backend: "device" memory is host memory and every byte
@@ -55,6 +59,7 @@ count is exact.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import warnings
@@ -63,12 +68,15 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DummyLayer
 
-from . import _native, hf_ops
-from .hf_layers import OFFLOADED, WINDOW, UnsupportedModelError, describe_layers
+from . import _native, hf_ops, hf_tp
+from .hf_layers import OFFLOADED, WINDOW, KvLayout, UnsupportedModelError, describe_layers
 from .hf_local import StateLayer, WindowLayer, WindowStateLayer
 from .hf_offloaded import OffloadedLayer, OffloadedStateLayer
 
-__all__ = ["OffloadedStaticCache", "OffloadedLayer", "UnsupportedModelError"]
+__all__ = ["OffloadedStaticCache", "OffloadedLayer", "UnsupportedModelError",
+           "TensorParallelError"]
+
+TensorParallelError = hf_tp.TensorParallelError
 
 # torch dtype -> the library's name for it (kvoffload/types.hpp: parse_dtype).
 _DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -151,6 +159,13 @@ def _check_config(config) -> None:
     if not hasattr(config, "get_text_config"):
         raise TypeError(f"config must be the model's config (model.config, a transformers "
                         f"PretrainedConfig), got {type(config).__name__}")
+
+
+def _shard_of(config, text_config, specs) -> hf_tp.Shard:
+    """This process's part of the model under tensor parallelism (hf_tp.find_shard)."""
+    kv_specs = [s for s in specs if s.attention]
+    return hf_tp.find_shard(config, text_config, kv_specs[0].kv.kv_heads if kv_specs else None,
+                            any(s.states for s in specs))
 
 
 def _check_path(path) -> str:
@@ -241,6 +256,10 @@ class OffloadedStaticCache(Cache):
             _check_int(name, value, 1, _INT32_MAX)
         _check_int("ring_depth", ring_depth, 1, 64)
         specs = describe_layers(text_config, max_cache_len)
+        self.shard = _shard_of(config, text_config, specs)
+        if self.shard.sharded:  # this rank's heads of every layer that keeps keys and values
+            specs = [dataclasses.replace(s, kv=self._rank_layout(s)) if s.kv else s
+                     for s in specs]
         self._specs = specs
         self.device = _resolve_device(device)
         if static_shapes is None:
@@ -287,22 +306,27 @@ class OffloadedStaticCache(Cache):
         # The native cache plans and allocates every byte of the offloaded layers now
         # (kvoffload/cache.hpp); the budget it gets is what the windows and states leave.
         self._native = None
+        shape = None
+        native_budget = 0 if budget is None else budget - local_bytes
+        planned = -1 if resident_layers is None else int(resident_layers)
+        if offloaded:
+            shape = dict(layers=len(offloaded), kv_heads=kv.kv_heads, head_dim=kv.k_head_dim,
+                         v_head_dim=kv.v_head_dim, max_seq=max_cache_len, slots=max_batch_size,
+                         dtype=self.kv_dtype, ring_depth=ring_depth,
+                         kv_head_begin=self.shard.kv_head_begin if self.shard.sharded else 0,
+                         model_kv_heads=self.shard.model_kv_heads if self.shard.sharded else 0)
+        if self.shard.parallel:
+            native_budget, planned = self._agree_on_plan(shape, native_budget, planned)
         if offloaded:
             self._native = _native.Cache(
-                layers=len(offloaded),
-                kv_heads=kv.kv_heads,
-                head_dim=kv.k_head_dim,
-                v_head_dim=kv.v_head_dim,
-                max_seq=max_cache_len,
-                slots=max_batch_size,
-                dtype=self.kv_dtype,
+                **shape,
                 states_dtype=_DTYPES[self.dtype] if self._quantized else "",
                 backend=backend,
                 device=self.device.index or 0,
-                resident_layers=-1 if resident_layers is None else int(resident_layers),
-                ring_depth=ring_depth,
-                device_budget=0 if budget is None else budget - local_bytes,
+                resident_layers=planned,
+                device_budget=native_budget,
                 static_shapes=static_shapes,
+                ranks_per_node=self.shard.ranks_per_node,
             )
             self._handle = hf_ops.register(self)
             granted = self._native.stats()["plan"]["resident_layers"]
@@ -353,6 +377,53 @@ class OffloadedStaticCache(Cache):
         self._length = 0
         self._forward_tokens = 0
         self._open = False
+
+    def _rank_layout(self, spec) -> KvLayout:
+        kv, world = spec.kv, self.shard.world_size
+        if kv.kv_heads % world:
+            raise TensorParallelError(
+                f"layer {spec.index} has {kv.kv_heads} KV heads, which {world} tensor-parallel "
+                "ranks do not share evenly")
+        return dataclasses.replace(kv, kv_heads=kv.kv_heads // world)
+
+    def _agree_on_plan(self, shape, budget: int, resident: int) -> tuple[int, int]:
+        """Under tensor parallelism: the ranks' one plan. Each plans against its own budget (on
+        CUDA without one, its device's free memory less the headroom the native cache keeps);
+        then one all_reduce(MIN), issued by every rank, gives all of them the fewest resident
+        layers any rank can hold, and checks that every rank asked for the same capacity. A rank
+        whose plan failed sends -1, so that every rank raises rather than waits."""
+        failure = None
+        mine = 0
+        if shape is not None:
+            try:
+                if budget == 0 and self.device.type == "cuda":
+                    free, total = torch.cuda.mem_get_info(self.device)
+                    budget = _native.default_device_budget(free, total)
+                    if budget == 0:
+                        raise MemoryError(
+                            f"rank {self.shard.rank}: the GPU has no memory free beyond the "
+                            "headroom kept for cuBLAS, kernel modules and torch's tensors")
+                plan = _native.plan(**shape, resident_layers=resident, device_budget=budget)
+                mine = plan["resident_layers"]
+            except (MemoryError, ValueError) as error:
+                failure, mine = error, -1
+        capacity = [self.max_cache_len, self.max_batch_size, shape["ring_depth"] if shape else 0,
+                    int(self._quantized)]
+        agreed = hf_tp.agree(self.shard, self.device,
+                             [mine] + capacity + [-v for v in capacity])
+        lowest, highest = agreed[1:1 + len(capacity)], [-v for v in agreed[1 + len(capacity):]]
+        if lowest != highest:
+            raise TensorParallelError(
+                f"the tensor-parallel ranks built caches of different sizes (max_cache_len, "
+                f"max_batch_size, ring_depth, quantized from {lowest} to {highest}); every rank "
+                "builds its cache with the same arguments")
+        if failure is not None:
+            raise failure
+        if agreed[0] < 0:
+            raise MemoryError(
+                f"rank {self.shard.rank}: another tensor-parallel rank could not plan its cache "
+                "(its own error says why); no rank built one")
+        return budget, agreed[0]
 
     def __repr__(self) -> str:
         plan = self.plan()
@@ -701,7 +772,8 @@ class OffloadedStaticCache(Cache):
             plan = dict.fromkeys(
                 ("layers", "resident_layers", "streamed_layers", "ring_depth", "row_bytes",
                  "tensor_bytes", "layer_bytes", "resident_bytes", "staging_bytes",
-                 "reserved_bytes", "device_bytes", "host_bytes", "budget"), 0)
+                 "reserved_bytes", "device_bytes", "host_bytes", "budget", "ranks_per_node",
+                 "host_share_bytes"), 0)
         plan["offloaded_layers"] = plan.pop("layers")
         plan["resident_layers_requested"] = self._resident_requested
         plan["layers"] = len(self._specs)
@@ -711,6 +783,13 @@ class OffloadedStaticCache(Cache):
         plan["state_layers"] = sum(1 for s in self._specs if s.states)
         plan["state_bytes"] = self._state_bytes
         plan["device_bytes"] += self._window_bytes + self._state_bytes
+        shard = self.shard
+        plan["rank"], plan["world_size"] = shard.rank, shard.world_size
+        plan["ranks_per_node"] = shard.ranks_per_node
+        plan["kv_heads_sharded"] = shard.sharded
+        plan["kv_head_begin"] = shard.kv_head_begin
+        plan["kv_heads"] = shard.kv_heads
+        plan["model_kv_heads"] = shard.model_kv_heads
         return plan
 
     # ---- saved contexts ------------------------------------------------------------------------
@@ -728,13 +807,33 @@ class OffloadedStaticCache(Cache):
         head_dim, hidden size, vocabulary, rope theta) and the K/V dtype; each layer's rows carry
         a checksum. ``tokens``: the ids each row holds (a list per row, or one list for a single
         row), kept in the file and returned by ``load``. A forward left half-done is refused, and
-        so is a model with window or state layers."""
+        so is a model with window or state layers.
+
+        Under tensor parallelism every rank calls it with the same ``path``. With KV heads
+        sharded each rank writes its own file, ``saved_context_path(path, rank, world_size)``
+        (``path.rank{r}of{w}``), naming its rank, the world size and its heads; with attention
+        replicated (the same rows on every rank: multi-head latent attention) rank 0 alone writes
+        ``path``. It returns on every rank once every file is written."""
         path = _check_path(path)
         self._check_saveable()
         if tokens is not None and tokens and isinstance(tokens[0], int):
             tokens = [tokens]
         tokens = [[_check_int("a token id", i, 0, _INT32_MAX) for i in t] for t in (tokens or [])]
-        self._native.save(path, tokens, self._fingerprint)
+        failure = None
+        if self.shard.sharded or self.shard.rank == 0:
+            target = saved_context_path(path, self.shard) if self.shard.sharded else path
+            try:
+                self._native.save(target, tokens, self._fingerprint)
+            except (ValueError, OSError, RuntimeError) as error:
+                failure = error
+        if self.shard.parallel:  # every rank waits for every file, and learns of any failure
+            if hf_tp.agree(self.shard, self.device, [0 if failure is None else 1]) != [0]:
+                if failure is not None:
+                    raise failure
+                raise RuntimeError(f"rank {self.shard.rank}: another tensor-parallel rank could "
+                                   "not write its saved context (its own error says why)")
+        if failure is not None:
+            raise failure
 
     @classmethod
     def load(cls, path, config, device=None, dtype=None, vram_budget=None,
@@ -745,9 +844,35 @@ class OffloadedStaticCache(Cache):
         and dtype (refused otherwise, naming the difference; a truncated or corrupted file is
         refused naming the failing layer block). ``cache.saved_tokens`` holds each row's token
         ids. Continue with ``model.generate(full_ids, cache=cache)``: transformers feeds only the
-        ids past ``cache.get_seq_length()``."""
+        ids past ``cache.get_seq_length()``.
+
+        Under tensor parallelism every rank calls it with the ``path`` given to ``save``, and
+        each reads its own rank's file (or, attention replicated, ``path``); a context saved
+        under another world size, or by a single process, is refused on every rank, naming both
+        world sizes (a rank never restores another rank's heads)."""
         path = _check_path(path)
-        info = _native.inspect_saved_context(path)
+        _check_config(config)
+        text_config = config.get_text_config(decoder=True)
+        shard = _shard_of(config, text_config, describe_layers(text_config, _INT32_MAX))
+        info, failure = None, None
+        try:
+            info = _inspect_for(path, shard)
+        except (ValueError, OSError) as error:
+            failure = error
+        if shard.parallel:  # every rank reads its file or every rank raises: none waits
+            sizes = [len(info["lengths"]), info["max_seq"]] if info else [-1, -1]
+            agreed = hf_tp.agree(shard, torch.device("cpu") if device is None else
+                                 torch.device(device), [int(failure is not None)] + sizes +
+                                 [-v for v in sizes])
+            if failure is None and agreed[0] == 0 and agreed[1:3] != [-v for v in agreed[3:]]:
+                failure = ValueError(
+                    f"{path}: the ranks' saved contexts hold different batch sizes or lengths; "
+                    "they were not saved together")
+            if failure is None and agreed[0] != 0:
+                failure = ValueError(f"rank {shard.rank}: another tensor-parallel rank could not "
+                                     f"read its saved context of {path} (its own error says why)")
+        if failure is not None:
+            raise failure
         kv_dtype = None
         if info["dtype"] in _QUANTIZED:  # quantized rows: the model computes in `dtype`
             kv_dtype = info["dtype"]
@@ -758,7 +883,8 @@ class OffloadedStaticCache(Cache):
                     resident_layers=resident_layers, ring_depth=ring_depth, kv_dtype=kv_dtype,
                     static_shapes=static_shapes)
         cache._check_saveable()
-        cache.saved_tokens = cache._native.load(path, cache._fingerprint)
+        target = saved_context_path(path, shard) if shard.sharded else path
+        cache.saved_tokens = cache._native.load(target, cache._fingerprint)
         cache._set_length(cache._native.get_seq_length())
         cache._open = False
         return cache
@@ -770,4 +896,53 @@ class OffloadedStaticCache(Cache):
                   "hidden_size", "intermediate_size", "vocab_size", "rope_theta")
         lines = [f"{name}={getattr(text, name, None)}" for name in fields]
         lines.append(f"head_dim={self.head_dim}")
+        if self.shard.sharded:
+            lines += [f"tp_world_size={self.shard.world_size}", f"tp_rank={self.shard.rank}"]
         return "\n".join(lines)
+
+
+def saved_context_path(path: str, shard) -> str:
+    """The file a tensor-parallel rank whose KV heads are sharded saves to and loads from."""
+    return f"{path}.rank{shard.rank}of{shard.world_size}"
+
+
+def _world_of(model_text: str) -> tuple[int, int] | None:
+    """(rank, world size) a saved context's fingerprint names, or None (saved by one process)."""
+    fields = dict(line.split("=", 1) for line in model_text.splitlines() if "=" in line)
+    try:
+        return int(fields["tp_rank"]), int(fields["tp_world_size"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _inspect_for(path: str, shard) -> dict:
+    """The headers of the file this rank restores, after refusing, in words, a context saved
+    under another world size or rank (the native cache checks the heads again)."""
+    here = (f"rank {shard.rank} of a world size of {shard.world_size}" if shard.sharded
+            else "one process (world size 1)" if not shard.parallel
+            else f"{shard.world_size} ranks holding every KV head")
+    target = saved_context_path(path, shard) if shard.sharded else path
+    if not os.path.exists(target):
+        directory, base = os.path.split(os.path.abspath(path))
+        prefix = base + ".rank"
+        others = sorted(n for n in os.listdir(directory or ".") if n.startswith(prefix)) \
+            if os.path.isdir(directory or ".") else []
+        if others:
+            worlds = sorted({n.rsplit("of", 1)[-1] for n in others})
+            raise ValueError(
+                f"{path} was saved under tensor parallelism with a world size of "
+                f"{' or '.join(worlds)} (files {', '.join(others[:4])}), and this is {here}: "
+                "load it with the world size it was saved with; nothing was loaded")
+        if shard.sharded and os.path.exists(path):
+            raise ValueError(
+                f"{path} was saved by one process (world size 1), and this is {here}: load it "
+                "with the world size it was saved with; nothing was loaded")
+        raise ValueError(f"{target}: no such saved context")
+    info = _native.inspect_saved_context(target)
+    saved = _world_of(info["models"][0]) if info["models"] else None
+    mine = (shard.rank, shard.world_size) if shard.sharded else None
+    if saved != mine:
+        was = (f"rank {saved[0]} of a world size of {saved[1]}" if saved
+               else "one process (world size 1)")
+        raise ValueError(f"{target} was saved by {was}, and this is {here}; nothing was loaded")
+    return info
