@@ -118,6 +118,8 @@ struct SlotContext {
   std::vector<std::int32_t> tokens;
   // The caller's fingerprint of the model, as "key=value" lines (architecture, shapes, tensor
   // table). A load refuses a context whose fingerprint differs, naming the first differing line.
+  // What load_slot and inspect_saved_context return of a shard's record (CacheConfig::shard)
+  // starts with the line naming the heads it holds, "kv_heads_held=[b, e) of M".
   std::string model;
 };
 

@@ -64,11 +64,14 @@ struct SplitOptions {
 // when model_kv_heads is 0). Nothing about the rows changes; the range is what a saved context
 // records, so that a rank never restores another rank's heads, and what the plan reports.
 // ranks_per_node: the processes of this node that share its host memory; each plans its pinned
-// store against available / ranks_per_node.
+// store against available / ranks_per_node. node_available_bytes: that available memory as the
+// ranks measured it together before any of them allocated (0: host_available_bytes() when the
+// cache is made, which counts the stores of ranks built before it as taken).
 struct ShardOptions {
   int kv_head_begin = 0;
   int model_kv_heads = 0;  // 0: kv_heads (no shard)
   int ranks_per_node = 1;
+  std::uint64_t node_available_bytes = 0;
 };
 
 struct CacheConfig {

@@ -155,10 +155,13 @@ typedef struct kvo_cache_options {
    * + kv_heads) of model_kv_heads; 0 (default): kv_heads, the whole model. A saved context records
    * the range and loading another range is refused. ranks_per_node: the processes of this node
    * sharing its host memory (0 or 1, the default: one); the pinned store is checked against the
-   * node's available memory / ranks_per_node. */
+   * node's available memory / ranks_per_node, that memory being node_available_bytes where the
+   * ranks measured it together before any allocated (0, the default: measured at creation, when
+   * the stores of ranks created earlier count as taken). */
   int32_t kv_head_begin;
   int32_t model_kv_heads;
   int32_t ranks_per_node;
+  uint64_t node_available_bytes;
 } kvo_cache_options;
 
 /* A non-owning view of one layer's K and V in device memory, valid from kvo_acquire until

@@ -303,7 +303,10 @@ ContextHeader read_context_header(ByteSource& source, const std::string& what) {
     throw bad_file(what, corrupted + " (row size does not match the shape)");
   }
   if (version == kVersionVSized) {
-    if (v_dim == 0 || v_dim > max_int) throw bad_file(what, corrupted + " (v_head_dim)");
+    // Version 2 is written only for V rows of their own size.
+    if (v_dim == 0 || v_dim > max_int || static_cast<int>(v_dim) == s.head_dim) {
+      throw bad_file(what, corrupted + " (v_head_dim)");
+    }
     s.v_head_dim = static_cast<int>(v_dim);
     s.v_row_bytes = kv_row_bytes(s.dtype, s.kv_heads, s.v_head_dim);
   }

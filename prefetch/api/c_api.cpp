@@ -289,6 +289,7 @@ kvo::CacheConfig to_config(const kvo_cache_options& options) {
   config.shard.kv_head_begin = options.kv_head_begin;
   config.shard.model_kv_heads = options.model_kv_heads;
   config.shard.ranks_per_node = options.ranks_per_node == 0 ? 1 : options.ranks_per_node;
+  config.shard.node_available_bytes = options.node_available_bytes;
   return config;
 }
 

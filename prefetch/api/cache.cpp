@@ -52,8 +52,10 @@ struct __attribute__((visibility("hidden"))) OffloadedStaticCache::Impl {
     // layers' buffers are a region of its arena.
     windows = offload::plan_windows(config);
     // A node's ranks share its memory: each checks its store against its share.
-    plan.host_share_bytes =
-        host_available_bytes() / static_cast<std::uint64_t>(config.shard.ranks_per_node);
+    const std::uint64_t node = config.shard.node_available_bytes > 0
+                                   ? config.shard.node_available_bytes
+                                   : host_available_bytes();
+    plan.host_share_bytes = node / static_cast<std::uint64_t>(config.shard.ranks_per_node);
     offload::require_host_memory(plan, backend->kind(), plan.host_share_bytes);
     store = std::make_unique<offload::HostStore>(*backend, plan);
     arena = std::make_unique<offload::DeviceArena>(*backend, plan, windows.full.reserved);

@@ -163,6 +163,11 @@ TEST(HostMemory, EachRankOfANodeGetsItsShare) {
   OffloadedStaticCache shared(c);
   EXPECT_EQ(shared.stats().plan.host_share_bytes, 6ull << 20);
   EXPECT_EQ(shared.stats().plan.ranks_per_node, 2);
+  // The node's memory as the ranks measured it together, before any allocated, replaces what
+  // this one would find now.
+  c.shard.node_available_bytes = 6ull << 20;
+  expect_error([&] { OffloadedStaticCache cache(c); }, ErrorCode::kOutOfMemory,
+               "(its available memory / 2 ranks) is 3.00 MiB");
 }
 
 TEST(HostMemory, AShardOutsideTheModelIsRefused) {

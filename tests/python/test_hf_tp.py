@@ -161,6 +161,13 @@ class TensorParallelTest(unittest.TestCase):
                                                 "this is one process"):
             OffloadedStaticCache.load(path + ".rank1of2", model.config)
 
+    def test_a_rank_that_cannot_restore_stops_every_rank(self):
+        self.assertRegex(self.ranks[1]["corrupted"]["refused"] or "",
+                         "context.kvo.rank1of2: the block of layer 3 of 4 is corrupted")
+        self.assertRegex(self.ranks[0]["corrupted"]["refused"] or "",
+                         "rank 0: another tensor-parallel rank could not restore its saved "
+                         "context")
+
     def test_refusals_name_why(self):
         for rank in self.ranks:
             # The refusal follows transformers, whose own forward fails on this model under two

@@ -71,6 +71,19 @@ def main(models, out):
     seen["resumed"] = {"length": loaded.get_seq_length(), "saved_tokens": loaded.saved_tokens,
                        "tokens": generate(model, loaded, half, NEW_TOKENS - NEW_TOKENS // 2)}
 
+    # One rank's file corrupted: that rank finds it only when it reads the rows, and every rank
+    # raises (none goes on to wait for the other in the model's collectives).
+    if rank == 1:
+        with open(path + ".rank1of2", "r+b") as f:
+            f.seek(-3, os.SEEK_END)
+            f.write(b"xyz")
+    dist.barrier()
+    try:
+        OffloadedStaticCache.load(path, model.config, resident_layers=0)
+        seen["corrupted"] = {"refused": None}
+    except (ValueError, RuntimeError) as error:
+        seen["corrupted"] = {"refused": str(error)}
+
     # A replicated latent cache (DeepSeek V3): rank 0 writes one file, every rank loads it.
     model = load(models, "deepseek_v3")
     first = OffloadedStaticCache(model.config, 1, MAX_CACHE_LEN, device="cpu",

@@ -33,7 +33,8 @@ using Adapter = kvo::torch::OffloadedStaticCache;
 kvo::CacheConfig make_config(int layers, int kv_heads, int head_dim, int max_seq, int slots,
                              const std::string& dtype, int resident_layers, int ring_depth,
                              std::uint64_t device_budget, int v_head_dim, int kv_head_begin,
-                             int model_kv_heads, int ranks_per_node) {
+                             int model_kv_heads, int ranks_per_node,
+                             std::uint64_t node_available_bytes) {
   kvo::CacheConfig config;
   config.layers = layers;
   config.kv_heads = kv_heads;
@@ -48,6 +49,7 @@ kvo::CacheConfig make_config(int layers, int kv_heads, int head_dim, int max_seq
   config.shard.kv_head_begin = kv_head_begin;
   config.shard.model_kv_heads = model_kv_heads;
   config.shard.ranks_per_node = ranks_per_node;
+  config.shard.node_available_bytes = node_available_bytes;
   return config;
 }
 
@@ -61,10 +63,11 @@ std::unique_ptr<Adapter> make_cache(int layers, int kv_heads, int head_dim, int 
                                     std::uint64_t device_budget, std::uint32_t host_max_delay_us,
                                     std::uint64_t host_delay_seed, int v_head_dim,
                                     const std::string& states_dtype, bool static_shapes,
-                                    int kv_head_begin, int model_kv_heads, int ranks_per_node) {
-  kvo::CacheConfig config =
-      make_config(layers, kv_heads, head_dim, max_seq, slots, dtype, resident_layers, ring_depth,
-                  device_budget, v_head_dim, kv_head_begin, model_kv_heads, ranks_per_node);
+                                    int kv_head_begin, int model_kv_heads, int ranks_per_node,
+                                    std::uint64_t node_available_bytes) {
+  kvo::CacheConfig config = make_config(
+      layers, kv_heads, head_dim, max_seq, slots, dtype, resident_layers, ring_depth, device_budget,
+      v_head_dim, kv_head_begin, model_kv_heads, ranks_per_node, node_available_bytes);
   config.backend = kvo::parse_backend(backend);
   config.device = device;
   config.host.max_delay_us = host_max_delay_us;
@@ -177,7 +180,7 @@ PYBIND11_MODULE(_native, m) {
          int kv_head_begin, int model_kv_heads) {
         const kvo::CacheConfig config =
             make_config(layers, kv_heads, head_dim, max_seq, slots, dtype, resident_layers,
-                        ring_depth, device_budget, v_head_dim, kv_head_begin, model_kv_heads, 1);
+                        ring_depth, device_budget, v_head_dim, kv_head_begin, model_kv_heads, 1, 0);
         return plan_dict(kvo::plan_cache(config, device_budget));
       },
       py::arg("layers"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("max_seq"),
@@ -186,6 +189,8 @@ PYBIND11_MODULE(_native, m) {
       py::arg("model_kv_heads") = 0,
       "The plan a cache of these arguments would get under device_budget (0: unlimited), "
       "allocating nothing (kvo::plan_cache).");
+  m.def("host_available_bytes", &kvo::host_available_bytes,
+        "What this machine can give the pinned store (kvoffload/plan.hpp).");
   m.def("default_device_budget", &kvo::default_device_budget, py::arg("free_bytes"),
         py::arg("total_bytes"),
         "The budget a CUDA cache with none takes: free memory less max(1 GiB, 5% of total).");
@@ -201,6 +206,7 @@ PYBIND11_MODULE(_native, m) {
            py::arg("v_head_dim") = 0, py::arg("states_dtype") = "",
            py::arg("static_shapes") = false, py::arg("kv_head_begin") = 0,
            py::arg("model_kv_heads") = 0, py::arg("ranks_per_node") = 1,
+           py::arg("node_available_bytes") = 0,
            "Plans and allocates every byte of the cache (see kvoffload/cache.hpp).")
       // The GIL is released while the adapter works: on CUDA it only enqueues, on the host
       // backend it copies on the calling thread.

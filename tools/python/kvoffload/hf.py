@@ -62,7 +62,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import re
 import warnings
+import zlib
 from typing import Any
 
 import torch
@@ -163,7 +165,8 @@ def _check_config(config) -> None:
 
 def _shard_of(config, text_config, specs) -> hf_tp.Shard:
     """This process's part of the model under tensor parallelism (hf_tp.find_shard)."""
-    kv_specs = [s for s in specs if s.attention]
+    # The offloaded layers' heads name the native cache's range; windows are sharded alike.
+    kv_specs = sorted((s for s in specs if s.attention), key=lambda s: s.attention != OFFLOADED)
     return hf_tp.find_shard(config, text_config, kv_specs[0].kv.kv_heads if kv_specs else None,
                             any(s.states for s in specs))
 
@@ -315,19 +318,28 @@ class OffloadedStaticCache(Cache):
                          dtype=self.kv_dtype, ring_depth=ring_depth,
                          kv_head_begin=self.shard.kv_head_begin if self.shard.sharded else 0,
                          model_kv_heads=self.shard.model_kv_heads if self.shard.sharded else 0)
+        node_bytes = 0  # measured by the native cache
         if self.shard.parallel:
-            native_budget, planned = self._agree_on_plan(shape, native_budget, planned)
+            native_budget, planned, node_bytes = self._agree_on_plan(shape, native_budget,
+                                                                     planned)
+        failure = None
         if offloaded:
-            self._native = _native.Cache(
-                **shape,
-                states_dtype=_DTYPES[self.dtype] if self._quantized else "",
-                backend=backend,
-                device=self.device.index or 0,
-                resident_layers=planned,
-                device_budget=native_budget,
-                static_shapes=static_shapes,
-                ranks_per_node=self.shard.ranks_per_node,
-            )
+            try:
+                self._native = _native.Cache(
+                    **shape,
+                    states_dtype=_DTYPES[self.dtype] if self._quantized else "",
+                    backend=backend,
+                    device=self.device.index or 0,
+                    resident_layers=planned,
+                    device_budget=native_budget,
+                    static_shapes=static_shapes,
+                    ranks_per_node=self.shard.ranks_per_node,
+                    node_available_bytes=node_bytes,
+                )
+            except Exception as error:  # every rank learns of it below
+                failure = error
+        hf_tp.all_succeeded(self.shard, self.device, failure, "allocate its cache")
+        if offloaded:
             self._handle = hf_ops.register(self)
             granted = self._native.stats()["plan"]["resident_layers"]
             if resident_layers is not None and granted != resident_layers:
@@ -386,14 +398,17 @@ class OffloadedStaticCache(Cache):
                 "ranks do not share evenly")
         return dataclasses.replace(kv, kv_heads=kv.kv_heads // world)
 
-    def _agree_on_plan(self, shape, budget: int, resident: int) -> tuple[int, int]:
+    def _agree_on_plan(self, shape, budget: int, resident: int) -> tuple[int, int, int]:
         """Under tensor parallelism: the ranks' one plan. Each plans against its own budget (on
-        CUDA without one, its device's free memory less the headroom the native cache keeps);
-        then one all_reduce(MIN), issued by every rank, gives all of them the fewest resident
-        layers any rank can hold, and checks that every rank asked for the same capacity. A rank
-        whose plan failed sends -1, so that every rank raises rather than waits."""
+        CUDA without one, its device's free memory less the headroom the native cache keeps) and
+        measures the node's available host memory before any rank allocates; then one
+        all_reduce(MIN), issued by every rank, gives all of them the fewest resident layers any
+        rank can hold and the least memory any measured, and checks that every rank asked for
+        the same capacity. A rank whose plan failed sends -1, so that every rank raises rather
+        than waits. Returns (budget, resident layers, the node's available bytes)."""
         failure = None
         mine = 0
+        node = min(_native.host_available_bytes(), 1 << 62)
         if shape is not None:
             try:
                 if budget == 0 and self.device.type == "cuda":
@@ -405,12 +420,13 @@ class OffloadedStaticCache(Cache):
                             "headroom kept for cuBLAS, kernel modules and torch's tensors")
                 plan = _native.plan(**shape, resident_layers=resident, device_budget=budget)
                 mine = plan["resident_layers"]
-            except (MemoryError, ValueError) as error:
+            except Exception as error:  # every rank learns of it below
                 failure, mine = error, -1
         capacity = [self.max_cache_len, self.max_batch_size, shape["ring_depth"] if shape else 0,
                     int(self._quantized)]
         agreed = hf_tp.agree(self.shard, self.device,
-                             [mine] + capacity + [-v for v in capacity])
+                             [mine, node] + capacity + [-v for v in capacity])
+        node = agreed.pop(1)
         lowest, highest = agreed[1:1 + len(capacity)], [-v for v in agreed[1 + len(capacity):]]
         if lowest != highest:
             raise TensorParallelError(
@@ -423,7 +439,7 @@ class OffloadedStaticCache(Cache):
             raise MemoryError(
                 f"rank {self.shard.rank}: another tensor-parallel rank could not plan its cache "
                 "(its own error says why); no rank built one")
-        return budget, agreed[0]
+        return budget, agreed[0], node
 
     def __repr__(self) -> str:
         plan = self.plan()
@@ -824,16 +840,10 @@ class OffloadedStaticCache(Cache):
             target = saved_context_path(path, self.shard) if self.shard.sharded else path
             try:
                 self._native.save(target, tokens, self._fingerprint)
-            except (ValueError, OSError, RuntimeError) as error:
+            except Exception as error:  # every rank learns of it below
                 failure = error
-        if self.shard.parallel:  # every rank waits for every file, and learns of any failure
-            if hf_tp.agree(self.shard, self.device, [0 if failure is None else 1]) != [0]:
-                if failure is not None:
-                    raise failure
-                raise RuntimeError(f"rank {self.shard.rank}: another tensor-parallel rank could "
-                                   "not write its saved context (its own error says why)")
-        if failure is not None:
-            raise failure
+        # Every rank returns once every file is written, or raises.
+        hf_tp.all_succeeded(self.shard, self.device, failure, "write its saved context")
 
     @classmethod
     def load(cls, path, config, device=None, dtype=None, vram_budget=None,
@@ -847,9 +857,10 @@ class OffloadedStaticCache(Cache):
         ids past ``cache.get_seq_length()``.
 
         Under tensor parallelism every rank calls it with the ``path`` given to ``save``, and
-        each reads its own rank's file (or, attention replicated, ``path``); a context saved
-        under another world size, or by a single process, is refused on every rank, naming both
-        world sizes (a rank never restores another rank's heads)."""
+        each reads its own rank's file (or, attention replicated, ``path``, which any world size
+        reads); a context of sharded heads saved under another world size, or by a single
+        process, is refused on every rank, naming both world sizes (a rank never restores
+        another rank's heads), and so are rank files whose rows differ in count or length."""
         path = _check_path(path)
         _check_config(config)
         text_config = config.get_text_config(decoder=True)
@@ -857,17 +868,20 @@ class OffloadedStaticCache(Cache):
         info, failure = None, None
         try:
             info = _inspect_for(path, shard)
-        except (ValueError, OSError) as error:
+        except Exception as error:  # every rank learns of it below
             failure = error
         if shard.parallel:  # every rank reads its file or every rank raises: none waits
-            sizes = [len(info["lengths"]), info["max_seq"]] if info else [-1, -1]
+            # What the ranks' files must share: rows per slot, max_seq and every slot's length.
+            sizes = [len(info["lengths"]), info["max_seq"],
+                     zlib.crc32(repr(info["lengths"]).encode()) & 0x7FFFFFFF] if info else [0] * 3
             agreed = hf_tp.agree(shard, torch.device("cpu") if device is None else
-                                 torch.device(device), [int(failure is not None)] + sizes +
+                                 torch.device(device), [-int(failure is not None)] + sizes +
                                  [-v for v in sizes])
-            if failure is None and agreed[0] == 0 and agreed[1:3] != [-v for v in agreed[3:]]:
+            if failure is None and agreed[0] == 0 and agreed[1:4] != [-v for v in agreed[4:]]:
                 failure = ValueError(
-                    f"{path}: the ranks' saved contexts hold different batch sizes or lengths; "
-                    "they were not saved together")
+                    f"{path}: the ranks' saved contexts hold different slots, max_seq or lengths "
+                    "(were they saved together? a save that failed on one rank leaves the others' "
+                    "files newer)")
             if failure is None and agreed[0] != 0:
                 failure = ValueError(f"rank {shard.rank}: another tensor-parallel rank could not "
                                      f"read its saved context of {path} (its own error says why)")
@@ -884,7 +898,12 @@ class OffloadedStaticCache(Cache):
                     static_shapes=static_shapes)
         cache._check_saveable()
         target = saved_context_path(path, shard) if shard.sharded else path
-        cache.saved_tokens = cache._native.load(target, cache._fingerprint)
+        failure = None
+        try:  # a corrupted block is found only now, on its rank alone
+            cache.saved_tokens = cache._native.load(target, cache._fingerprint)
+        except Exception as error:
+            failure = error
+        hf_tp.all_succeeded(shard, cache.device, failure, f"restore its saved context of {path}")
         cache._set_length(cache._native.get_seq_length())
         cache._open = False
         return cache
@@ -924,11 +943,15 @@ def _inspect_for(path: str, shard) -> dict:
     target = saved_context_path(path, shard) if shard.sharded else path
     if not os.path.exists(target):
         directory, base = os.path.split(os.path.abspath(path))
-        prefix = base + ".rank"
-        others = sorted(n for n in os.listdir(directory or ".") if n.startswith(prefix)) \
-            if os.path.isdir(directory or ".") else []
+        rank_file = re.compile(re.escape(base) + r"\.rank(\d+)of(\d+)")
+        others = sorted(n for n in os.listdir(directory) if rank_file.fullmatch(n)) \
+            if os.path.isdir(directory) else []
+        worlds = sorted({rank_file.fullmatch(n).group(2) for n in others})
+        if shard.sharded and worlds == [str(shard.world_size)]:
+            raise ValueError(
+                f"{target}: no such saved context, though other ranks' files of {path} are there "
+                f"({', '.join(others[:4])}): rank {shard.rank}'s file is missing")
         if others:
-            worlds = sorted({n.rsplit("of", 1)[-1] for n in others})
             raise ValueError(
                 f"{path} was saved under tensor parallelism with a world size of "
                 f"{' or '.join(worlds)} (files {', '.join(others[:4])}), and this is {here}: "

@@ -96,7 +96,7 @@ def _heads_sharded(config, text_config) -> bool:
 
 def find_shard(config, text_config, kv_heads: int | None, has_states: bool) -> Shard:
     """This process's Shard, from the model's config and torch.distributed. ``kv_heads``: the
-    model's KV heads per offloaded or window layer (None: no such layer)."""
+    model's KV heads per offloaded layer (else per window layer; None: no such layer)."""
     tp = _tp_size(config, text_config)
     if tp <= 1:
         return Shard(kv_heads=kv_heads or 0, model_kv_heads=kv_heads or 0)
@@ -153,8 +153,15 @@ def agree(shard: Shard, device: torch.device, values: list[int]) -> list[int]:
     return [int(v) for v in tensor.tolist()]
 
 
-def barrier(shard: Shard) -> None:
-    if shard.parallel:
-        import torch.distributed as dist
-
-        dist.barrier()
+def all_succeeded(shard: Shard, device: torch.device, failure: BaseException | None,
+                  what: str) -> None:
+    """After a step every rank takes that may fail on some ranks alone (an allocation, a file):
+    one all_reduce, so that every rank raises if any failed, none goes on to wait for the
+    others in the model's next collective. Raises ``failure`` where it happened."""
+    # -1 where a rank failed: the minimum says whether any did.
+    if shard.parallel and agree(shard, device, [-int(failure is not None)]) != [0]:
+        if failure is None:
+            raise RuntimeError(f"rank {shard.rank}: another tensor-parallel rank could not {what} "
+                               "(its own error says why)")
+    if failure is not None:
+        raise failure
