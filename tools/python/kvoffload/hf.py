@@ -407,9 +407,12 @@ class OffloadedStaticCache(Cache):
         the same capacity. A rank whose plan failed sends -1, so that every rank raises rather
         than waits. Returns (budget, resident layers, the node's available bytes)."""
         failure = None
-        mine = 0
-        node = min(_native.host_available_bytes(), 1 << 62)
-        if shape is not None:
+        mine = node = 0
+        try:  # (KVO_HOST_MEMORY may be unreadable on one rank)
+            node = min(_native.host_available_bytes(), 1 << 62)
+        except Exception as error:  # every rank learns of it below
+            failure, mine = error, -1
+        if shape is not None and failure is None:
             try:
                 if budget == 0 and self.device.type == "cuda":
                     free, total = torch.cuda.mem_get_info(self.device)
