@@ -123,6 +123,10 @@ struct BlockBytes {
   std::uint64_t of(int kv) const { return kv == 0 ? k : v; }
   std::uint64_t at(int kv) const { return kv == 0 ? 0 : k; }  // where kv's rows start
   std::uint64_t rows() const { return k + v; }
+  // Where kv's rows of a layer start in a record's rows staged as the file holds them.
+  std::size_t staged(int layer, int kv) const {
+    return static_cast<std::size_t>(static_cast<std::uint64_t>(layer) * rows() + at(kv));
+  }
 };
 
 BlockBytes block_bytes(const ContextHeader& header) {
@@ -497,10 +501,7 @@ void read_context_rows(ByteSource& source, const ContextHeader& header, SlotRows
     staged->resize(static_cast<std::size_t>(
         checked_mul(static_cast<std::uint64_t>(layers), b.rows(), "staged context")));
   }
-  // Where kv's rows of a layer go in the staged bytes (one block after another, as in the file).
-  auto staged_rows = [&](int layer, int kv) {
-    return staged->data() + static_cast<std::size_t>(layer) * b.rows() + b.at(kv);
-  };
+  auto staged_rows = [&](int layer, int kv) { return staged->data() + b.staged(layer, kv); };
   // Where each block's rows go; all of them in host memory and a file to read from: in
   // parallel.
   std::vector<std::byte*> dst;
@@ -559,7 +560,7 @@ void commit_staged_rows(const ContextHeader& header, SlotRows& rows,
   for (int layer = 0; layer < header.shape.layers; ++layer) {
     for (int kv = 0; kv < 2; ++kv) {
       const std::uint64_t bytes = b.of(kv);
-      const std::byte* src = staged.data() + static_cast<std::size_t>(layer) * b.rows() + b.at(kv);
+      const std::byte* src = staged.data() + b.staged(layer, kv);
       if (std::byte* host = rows.host_rows(layer, kv)) {
         std::memcpy(host, src, bytes);
       } else if (bytes > 0) {

@@ -316,8 +316,8 @@ class OffloadedStaticCache(Cache):
             shape = dict(layers=len(offloaded), kv_heads=kv.kv_heads, head_dim=kv.k_head_dim,
                          v_head_dim=kv.v_head_dim, max_seq=max_cache_len, slots=max_batch_size,
                          dtype=self.kv_dtype, ring_depth=ring_depth,
-                         kv_head_begin=self.shard.kv_head_begin if self.shard.sharded else 0,
-                         model_kv_heads=self.shard.model_kv_heads if self.shard.sharded else 0)
+                         kv_head_begin=self.shard.kv_head_begin,
+                         model_kv_heads=self.shard.model_kv_heads)
         node_bytes = 0  # measured by the native cache
         if self.shard.parallel:
             native_budget, planned, node_bytes = self._agree_on_plan(shape, native_budget,
@@ -427,22 +427,19 @@ class OffloadedStaticCache(Cache):
                 failure, mine = error, -1
         capacity = [self.max_cache_len, self.max_batch_size, shape["ring_depth"] if shape else 0,
                     int(self._quantized)]
-        agreed = hf_tp.agree(self.shard, self.device,
-                             [mine, node] + capacity + [-v for v in capacity])
-        node = agreed.pop(1)
-        lowest, highest = agreed[1:1 + len(capacity)], [-v for v in agreed[1 + len(capacity):]]
-        if lowest != highest:
+        lowest, highest = hf_tp.agree_range(self.shard, self.device, [mine, node] + capacity)
+        if lowest[2:] != highest[2:]:
             raise TensorParallelError(
                 f"the tensor-parallel ranks built caches of different sizes (max_cache_len, "
-                f"max_batch_size, ring_depth, quantized from {lowest} to {highest}); every rank "
-                "builds its cache with the same arguments")
+                f"max_batch_size, ring_depth, quantized from {lowest[2:]} to {highest[2:]}); "
+                "every rank builds its cache with the same arguments")
         if failure is not None:
             raise failure
-        if agreed[0] < 0:
+        if lowest[0] < 0:
             raise MemoryError(
                 f"rank {self.shard.rank}: another tensor-parallel rank could not plan its cache "
                 "(its own error says why); no rank built one")
-        return budget, agreed[0], node
+        return budget, lowest[0], lowest[1]
 
     def __repr__(self) -> str:
         plan = self.plan()
@@ -840,9 +837,8 @@ class OffloadedStaticCache(Cache):
         tokens = [[_check_int("a token id", i, 0, _INT32_MAX) for i in t] for t in (tokens or [])]
         failure = None
         if self.shard.sharded or self.shard.rank == 0:
-            target = saved_context_path(path, self.shard) if self.shard.sharded else path
             try:
-                self._native.save(target, tokens, self._fingerprint)
+                self._native.save(saved_context_path(path, self.shard), tokens, self._fingerprint)
             except Exception as error:  # every rank learns of it below
                 failure = error
         # Every rank returns once every file is written, or raises.
@@ -873,23 +869,18 @@ class OffloadedStaticCache(Cache):
             info = _inspect_for(path, shard)
         except Exception as error:  # every rank learns of it below
             failure = error
-        if shard.parallel:  # every rank reads its file or every rank raises: none waits
-            # What the ranks' files must share: rows per slot, max_seq and every slot's length.
-            sizes = [len(info["lengths"]), info["max_seq"],
-                     zlib.crc32(repr(info["lengths"]).encode()) & 0x7FFFFFFF] if info else [0] * 3
-            agreed = hf_tp.agree(shard, torch.device("cpu") if device is None else
-                                 torch.device(device), [-int(failure is not None)] + sizes +
-                                 [-v for v in sizes])
-            if failure is None and agreed[0] == 0 and agreed[1:4] != [-v for v in agreed[4:]]:
-                failure = ValueError(
-                    f"{path}: the ranks' saved contexts hold different slots, max_seq or lengths "
-                    "(were they saved together? a save that failed on one rank leaves the others' "
-                    "files newer)")
-            if failure is None and agreed[0] != 0:
-                failure = ValueError(f"rank {shard.rank}: another tensor-parallel rank could not "
-                                     f"read its saved context of {path} (its own error says why)")
-        if failure is not None:
-            raise failure
+        # Every rank reads its file or every rank raises: none waits.
+        on = torch.device("cpu") if device is None else torch.device(device)
+        hf_tp.all_succeeded(shard, on, failure, f"read its saved context of {path}", ValueError)
+        # What the ranks' files must share: rows per slot, max_seq and every slot's length.
+        sizes = [len(info["lengths"]), info["max_seq"],
+                 zlib.crc32(repr(info["lengths"]).encode()) & 0x7FFFFFFF]
+        lowest, highest = hf_tp.agree_range(shard, on, sizes)
+        if lowest != highest:
+            raise ValueError(
+                f"{path}: the ranks' saved contexts hold different slots, max_seq or lengths "
+                "(were they saved together? a save that failed on one rank leaves the others' "
+                "files newer)")
         kv_dtype = None
         if info["dtype"] in _QUANTIZED:  # quantized rows: the model computes in `dtype`
             kv_dtype = info["dtype"]
@@ -900,10 +891,10 @@ class OffloadedStaticCache(Cache):
                     resident_layers=resident_layers, ring_depth=ring_depth, kv_dtype=kv_dtype,
                     static_shapes=static_shapes)
         cache._check_saveable()
-        target = saved_context_path(path, shard) if shard.sharded else path
         failure = None
         try:  # a corrupted block is found only now, on its rank alone
-            cache.saved_tokens = cache._native.load(target, cache._fingerprint)
+            cache.saved_tokens = cache._native.load(saved_context_path(path, shard),
+                                                    cache._fingerprint)
         except Exception as error:
             failure = error
         hf_tp.all_succeeded(shard, cache.device, failure, f"restore its saved context of {path}")
@@ -924,8 +915,9 @@ class OffloadedStaticCache(Cache):
 
 
 def saved_context_path(path: str, shard) -> str:
-    """The file a tensor-parallel rank whose KV heads are sharded saves to and loads from."""
-    return f"{path}.rank{shard.rank}of{shard.world_size}"
+    """The file a process saves to and loads from: its rank's where its KV heads are sharded,
+    else ``path`` itself."""
+    return f"{path}.rank{shard.rank}of{shard.world_size}" if shard.sharded else path
 
 
 def _world_of(model_text: str) -> tuple[int, int] | None:
@@ -943,7 +935,7 @@ def _inspect_for(path: str, shard) -> dict:
     here = (f"rank {shard.rank} of a world size of {shard.world_size}" if shard.sharded
             else "one process (world size 1)" if not shard.parallel
             else f"{shard.world_size} ranks holding every KV head")
-    target = saved_context_path(path, shard) if shard.sharded else path
+    target = saved_context_path(path, shard)
     if not os.path.exists(target):
         directory, base = os.path.split(os.path.abspath(path))
         rank_file = re.compile(re.escape(base) + r"\.rank(\d+)of(\d+)")

@@ -10,9 +10,11 @@ one "head") caches the same rows on every rank: replicated.
 
 What this module reads: the config (never the caller) for the plan and tp_size; torch.distributed
 for the rank; the launcher's ``LOCAL_WORLD_SIZE`` for the ranks that share this node's memory.
-The only collective is one ``all_reduce(MIN)`` while the cache is built, issued by every rank
-whatever its inputs (``agree``), so that a rank that cannot plan makes every rank raise instead of
-leaving the others waiting.
+Collectives are issued by every rank whatever happened on it before (``agree_range``,
+``all_succeeded``): one ``all_reduce(MIN)`` to plan the cache and one after allocating it; one
+after saving; to load, one on reading the files, one on their sizes and one after restoring the
+rows, besides building the cache. A rank that cannot plan, allocate, save or restore thus makes every rank
+raise instead of leaving the others waiting.
 """
 
 from __future__ import annotations
@@ -138,30 +140,33 @@ def find_shard(config, text_config, kv_heads: int | None, has_states: bool) -> S
                  kv_head_begin=rank * local, kv_heads=local, model_kv_heads=kv_heads)
 
 
-def agree(shard: Shard, device: torch.device, values: list[int]) -> list[int]:
-    """The minimum of each of ``values`` over the ranks (one all_reduce(MIN)). Every rank calls it
-    once while its cache is built, with as many values, whatever happened before."""
+def agree_range(shard: Shard, device: torch.device,
+                values: list[int]) -> tuple[list[int], list[int]]:
+    """The minimum and the maximum of each of ``values`` over the ranks, in one all_reduce(MIN)
+    (of the values and their negations). Every rank calls it with as many values, whatever
+    happened before."""
     if not shard.parallel:
-        return list(values)
+        return list(values), list(values)
     import torch.distributed as dist
 
     on = torch.device("cpu")
     if dist.get_backend() == "nccl":  # NCCL reduces device tensors only
         on = device if device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
-    tensor = torch.tensor(values, dtype=torch.int64, device=on)
+    tensor = torch.tensor(values + [-v for v in values], dtype=torch.int64, device=on)
     dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
-    return [int(v) for v in tensor.tolist()]
+    reduced = [int(v) for v in tensor.tolist()]
+    return reduced[:len(values)], [-v for v in reduced[len(values):]]
 
 
 def all_succeeded(shard: Shard, device: torch.device, failure: BaseException | None,
-                  what: str) -> None:
+                  what: str, error: type = RuntimeError) -> None:
     """After a step every rank takes that may fail on some ranks alone (an allocation, a file):
     one all_reduce, so that every rank raises if any failed, none goes on to wait for the
-    others in the model's next collective. Raises ``failure`` where it happened."""
-    # -1 where a rank failed: the minimum says whether any did.
-    if shard.parallel and agree(shard, device, [-int(failure is not None)]) != [0]:
-        if failure is None:
-            raise RuntimeError(f"rank {shard.rank}: another tensor-parallel rank could not {what} "
-                               "(its own error says why)")
+    others in the model's next collective. Raises ``failure`` where it happened, ``error``
+    naming ``what`` elsewhere."""
     if failure is not None:
+        agree_range(shard, device, [1])  # the others learn of it
         raise failure
+    if agree_range(shard, device, [0])[1] != [0]:
+        raise error(f"rank {shard.rank}: another tensor-parallel rank could not {what} (its own "
+                    "error says why)")
