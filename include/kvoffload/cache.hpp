@@ -116,8 +116,10 @@ struct CacheStats {
 struct SlotContext {
   // The token ids the rows were computed from: empty, or one per row.
   std::vector<std::int32_t> tokens;
-  // The caller's fingerprint of the model, as "key=value" lines (architecture, shapes, tensor
-  // table). A load refuses a context whose fingerprint differs, naming the first differing line.
+  // The caller's fingerprint of the model: the library's format (kvoffload/fingerprint.hpp,
+  // compared field by field; a load names the first field that differs and both values, and
+  // refuses a context of an older fingerprint as such), or the caller's own "key=value" lines
+  // (compared line by line, naming the first that differs).
   // What load_slot and inspect_saved_context return of a shard's record (CacheConfig::shard)
   // starts with the line naming the heads it holds, "kv_heads_held=[b, e) of M".
   std::string model;

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "kvoffload/error.hpp"
+#include "kvoffload/fingerprint.hpp"
 #include "kvoffload/plan.hpp"
 #include "offload/util/checked_math.hpp"
 #include "offload/util/printable.hpp"
@@ -370,7 +371,26 @@ void check_context_fits(const ContextHeader& file, const ContextShape& shape,
     refuse("max_seq", std::to_string(f.max_seq), std::to_string(shape.max_seq));
   }
   if (file.model == model) return;
-  // Name the first line that differs (the fingerprint is "key=value" lines).
+  // Past the shard line (equal, checked above), the writers' fingerprints.
+  const auto body = [](const std::string& text) {
+    return text.rfind(kShardKey, 0) == 0 && text.find('\n') != std::string::npos
+               ? text.substr(text.find('\n') + 1)
+               : text;
+  };
+  const std::string saved = body(file.model);
+  const std::string mine = body(model);
+  if (is_fingerprint(mine)) {
+    if (!is_fingerprint(saved)) {
+      throw bad_file(what,
+                     "saved with a fingerprint that predates the full model fingerprint (" +
+                         std::string(kFingerprintFormat) +
+                         "): it cannot be checked against this model's config, weights and load "
+                         "options; prefill the context again to save it anew; nothing was loaded");
+    }
+    throw bad_file(what, "saved for another model: " + fingerprint_difference(saved, mine) +
+                             "; nothing was loaded");
+  }
+  // A caller's own fingerprint: name the first line that differs.
   auto lines = [](const std::string& text) {
     std::vector<std::string> out;
     std::size_t start = 0;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "expect_error.hpp"
+#include "kvoffload/fingerprint.hpp"
 #include "kvoffload/kvoffload.hpp"
 #include "offload/util/byte_io.hpp"
 #include "offload/util/stream_copy.hpp"
@@ -442,6 +443,32 @@ std::vector<Region> regions(std::size_t model_bytes, std::size_t tokens, int lay
 // A tensor-parallel rank's file holds its own KV heads: a cache holding other heads of the same
 // model (another rank), all of them (another world size) or none of a shard refuses it by name
 // before any row moves, though its shape may match to the byte; the same range restores it.
+// Fingerprints of the library's format (kvoffload/fingerprint.hpp) are compared field by field;
+// a context saved with an older fingerprint cannot be checked against one, and says so.
+TEST_F(CacheContextTest, FingerprintsAreComparedFieldByFieldAndOlderOnesRefused) {
+  Fingerprint model;
+  model.set_number("config.rope_parameters.rope_theta", 500000);
+  model.set("weights.xxh3", "0123456789abcdef0123456789abcdef");
+  OffloadedStaticCache source(small_config(2));
+  fill(source, 0, 10, 1);
+  source.save_slot(0, path("ctx"), {{}, model.text()});
+  source.save_slot(1, path("older"), {{}, "architecture=LlamaForCausalLM\nhidden_size=64"});
+
+  OffloadedStaticCache target(small_config(1));
+  fill(target, 0, 3, 4);
+  const Snapshot before = snapshot(target);
+  Fingerprint other = model;
+  other.set_number("config.rope_parameters.rope_theta", 10000);
+  expect_error([&] { target.load_slot(0, path("ctx"), other.text()); }, ErrorCode::kInvalidArgument,
+               "saved for another model: config.rope_parameters.rope_theta is 500000 in the file "
+               "and 10000 here; nothing was loaded");
+  expect_error([&] { target.load_slot(0, path("older"), model.text()); },
+               ErrorCode::kInvalidArgument, "predates the full model fingerprint");
+  EXPECT_EQ(snapshot(target), before);
+  target.load_slot(0, path("ctx"), model.text());
+  EXPECT_EQ(target.length(0), 10);
+}
+
 TEST_F(CacheContextTest, ARankRestoresOnlyItsOwnHeads) {
   auto rank = [](int begin, int model_heads) {
     CacheConfig c = small_config(2);
