@@ -106,24 +106,18 @@ void declare_options(CLI::App& app, Args& a) {
 // transformers derives (yarn's and longrope's attention factor) and checks it.
 ModelConfig with_rope(const ModelConfig& c, const Args& a) {
   nlohmann::ordered_json config = nlohmann::ordered_json::parse(kvo::model::to_config_json(c));
-  config.erase("rope_scaling");
   config.erase("original_max_position_embeddings");
-  // Gemma 3's block is its full layers' entry of rope_parameters.
-  const bool per_type =
-      config.contains("rope_parameters") && config["rope_parameters"].contains("full_attention");
-  if (per_type) {
-    nlohmann::ordered_json& full = config["rope_parameters"]["full_attention"];
-    full = {{"rope_type", "default"}, {"rope_theta", full["rope_theta"]}};
-  }
+  // The block of rope_parameters (Gemma 3's: its full layers' entry), its base kept; built apart
+  // and put back, as a reference into the ordered object would not survive an insertion.
+  const bool per_type = config["rope_parameters"].contains("full_attention");
+  nlohmann::ordered_json& where =
+      per_type ? config["rope_parameters"]["full_attention"] : config["rope_parameters"];
+  nlohmann::ordered_json r = {{"rope_type", "default"}, {"rope_theta", where["rope_theta"]}};
   if (a.rope != "default") {
-    nlohmann::ordered_json& r =
-        per_type ? config["rope_parameters"]["full_attention"] : config["rope_scaling"];
     r["rope_type"] = a.rope;
     r["factor"] = a.rope_factor;
     if (a.rope == "llama3" || a.rope == "yarn" || a.rope == "longrope") {
-      // In the block and at the top level, where Phi-3's class reads it first.
       r["original_max_position_embeddings"] = a.rope_original;
-      config["original_max_position_embeddings"] = a.rope_original;
     }
     if (a.rope == "longrope") {
       const int half = c.head_dim / 2;
@@ -132,6 +126,11 @@ ModelConfig with_rope(const ModelConfig& c, const Args& a) {
         r["long_factor"].push_back(1 + (a.rope_factor - 1) * i / std::max(half - 1, 1));
       }
     }
+  }
+  where = r;
+  if (r.contains("original_max_position_embeddings")) {
+    // At the top level too, where Phi-3's class reads it first.
+    config["original_max_position_embeddings"] = a.rope_original;
   }
   try {
     return kvo::model::parse_model_config(config.dump(), "--rope " + a.rope);

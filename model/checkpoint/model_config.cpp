@@ -54,7 +54,7 @@ std::vector<double> rope_factors(const JsonField& s, const char* key, int head_d
 // below 1, in the block or at the top level) is refused. Needs max_position_embeddings and
 // head_dim read.
 void parse_rope(const JsonField& f, ModelConfig& c, const Family& family) {
-  c.rope_theta = static_cast<float>(f.real_or("rope_theta", 10000.0));
+  c.rope_theta = f.real_or("rope_theta", 10000.0);
   std::optional<JsonField> scaling = f.find("rope_scaling");
   if (!scaling) scaling = f.find("rope_parameters");
   for (const JsonField& where : {f, scaling ? *scaling : f}) {
@@ -71,7 +71,7 @@ void parse_rope(const JsonField& f, ModelConfig& c, const Family& family) {
 void read_rope_scaling(const JsonField& f, const JsonField& s, ModelConfig& c,
                        const Family& family) {
   s.require_object();
-  c.rope_theta = static_cast<float>(s.real_or("rope_theta", c.rope_theta));
+  c.rope_theta = s.real_or("rope_theta", c.rope_theta);
   std::string type = "default";
   for (const char* key : {"type", "rope_type"}) type = s.text_or(key, type);
   for (const auto& [name, meaning] : family.rope_aliases) {
@@ -162,21 +162,6 @@ double ModelConfig::attention_scale() const {
   return 1.0 / std::sqrt(scalar);
 }
 
-namespace {
-
-// The shortest decimal that reads back as `value`, so that 1e-5f is written "1e-05" and not
-// "9.99999975e-06".
-double shortest(float value) {
-  char text[32];
-  for (int digits = 1; digits <= 9; ++digits) {
-    std::snprintf(text, sizeof text, "%.*g", digits, static_cast<double>(value));
-    if (std::strtof(text, nullptr) == value) break;
-  }
-  return std::strtod(text, nullptr);
-}
-
-}  // namespace
-
 std::string model_file_bounds() {
   const auto size = [](std::uint64_t bytes) {
     return bytes >= (std::uint64_t{1} << 40) ? std::to_string(bytes >> 40) + " TiB"
@@ -223,7 +208,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   c.heads = required("num_attention_heads", 1, L::kHeads);
   c.kv_heads = optional("num_key_value_heads", 1, L::kHeads, c.heads);
   c.head_dim = optional("head_dim", 2, L::kHeadDim, c.hidden_size / c.heads);
-  c.rms_norm_eps = static_cast<float>(f.real_or("rms_norm_eps", 1e-6));
+  c.rms_norm_eps = f.real_or("rms_norm_eps", 1e-6);
   c.max_position_embeddings = optional("max_position_embeddings", 1, L::kPositions, 4096);
   c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
   parse_rope(f, c, *family);
@@ -286,7 +271,7 @@ void validate(const ModelConfig& c) {
   }
   const struct {
     const char* name;
-    float value;
+    double value;
   } reals[] = {{"attn_logit_softcapping", c.attn_softcap},
                {"final_logit_softcapping", c.final_softcap},
                {"query_pre_attn_scalar", c.query_pre_attn_scalar},
@@ -504,14 +489,15 @@ std::string to_config_json(const ModelConfig& c) {
   o["num_key_value_heads"] = c.kv_heads;
   o["head_dim"] = c.head_dim;
   o["hidden_act"] = activation_name(c.hidden_act);
-  o["rms_norm_eps"] = shortest(c.rms_norm_eps);
-  o["rope_theta"] = shortest(c.rope_theta);
+  o["rms_norm_eps"] = c.rms_norm_eps;
   o["max_position_embeddings"] = c.max_position_embeddings;
   o["tie_word_embeddings"] = c.tie_word_embeddings;
+  // The rotation as transformers 5 states it: rope_parameters, its base inside.
+  nlohmann::ordered_json& j = o["rope_parameters"];
   const RopeScaling& r = c.rope_scaling;
+  j["rope_type"] = rope_type_name(r.type);
+  j["rope_theta"] = c.rope_theta;
   if (r.type != RopeType::kDefault) {
-    nlohmann::ordered_json& j = o["rope_scaling"];
-    j["rope_type"] = rope_type_name(r.type);
     j["factor"] = r.factor;
     if (r.type != RopeType::kLinear && r.type != RopeType::kDynamic) {
       j["original_max_position_embeddings"] = static_cast<std::int64_t>(r.original_max_position);

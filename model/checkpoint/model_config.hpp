@@ -25,8 +25,10 @@ struct ModelConfig {
   int heads = 32;      // num_attention_heads
   int kv_heads = 32;   // num_key_value_heads
   int head_dim = 128;  // head_dim, else hidden_size / heads
-  float rms_norm_eps = 1e-5f;
-  float rope_theta = 10000.0f;
+  // Reals as config.json states them (the kernels take them as float): a saved context's
+  // fingerprint records them exactly.
+  double rms_norm_eps = 1e-5;
+  double rope_theta = 10000.0;
   RopeScaling rope_scaling;  // rope_scaling / rope_parameters: its type and parameters
   int max_position_embeddings = 4096;
   int sliding_window = 0;  // Mistral: attend to the last N keys; 0: full attention
@@ -34,8 +36,8 @@ struct ModelConfig {
   // every layer does when sliding_window is set.
   std::vector<std::uint8_t> sliding_layers;
   Activation hidden_act = Activation::kSilu;
-  float attn_softcap = 0;   // Gemma 2: scores become cap * tanh(score / cap); 0: none
-  float final_softcap = 0;  // Gemma 2: the same on the logits
+  double attn_softcap = 0;   // Gemma 2: scores become cap * tanh(score / cap); 0: none
+  double final_softcap = 0;  // Gemma 2: the same on the logits
   // Gemma: the scores are scaled by query_pre_attn_scalar^-1/2; 0: head_dim^-1/2.
   float query_pre_attn_scalar = 0;
   // Gemma: every RMSNorm multiplies by (norm_offset + weight) and the embeddings are scaled by
@@ -45,7 +47,7 @@ struct ModelConfig {
   bool post_norms = false;  // Gemma: the attention's and the MLP's outputs are normed too
   // Gemma 3: the window layers rotate with this base and no scaling (the full layers with
   // rope_theta and rope_scaling); 0: every layer rotates alike.
-  float rope_local_theta = 0;
+  double rope_local_theta = 0;
   bool qkv_bias = false;  // Qwen2, or Llama's attention_bias
   bool o_bias = false;    // Llama's attention_bias
   bool tie_word_embeddings = false;

@@ -75,7 +75,7 @@ class CudaOps final : public Ops {
     }
   }
   void rms_norm(const float* x, int n, int width, const void* weight, float* out) override {
-    cuda::rms_norm(x, n, width, weight, elem_, shape_.config.rms_norm_eps,
+    cuda::rms_norm(x, n, width, weight, elem_, static_cast<float>(shape_.config.rms_norm_eps),
                    shape_.config.norm_offset, out, stream_);
   }
   void linear(const float* x, int n, int in, WeightRef w, const void* bias, int out, float* y,
@@ -191,7 +191,7 @@ class CudaOps final : public Ops {
     call.first_position = first_position;
     call.window_left = window_left(window);
     call.sm_scale = sm_scale();
-    call.soft_cap = shape_.config.attn_softcap;
+    call.soft_cap = static_cast<float>(shape_.config.attn_softcap);
     call.tmp = prefill_tmp_;
     call.tmp_bytes = layout_.prefill_tmp_bytes;
     flashinfer_ops::prefill(kv_layer(view), call, stream_);
@@ -224,7 +224,7 @@ class CudaOps final : public Ops {
     call.kv_lens = kv_lens_.data();
     call.window_left = window_left(window);
     call.sm_scale = sm_scale();
-    call.soft_cap = shape_.config.attn_softcap;
+    call.soft_cap = static_cast<float>(shape_.config.attn_softcap);
     flashinfer_ops::decode(kv_layer(view), call, decode_ws_, stream_);
     cuda::widen(attn_out_, count, kv_elem_, out, stream_);
   }
@@ -381,7 +381,7 @@ class CudaOps final : public Ops {
       call.n = n;
       call.heads = c.heads;
       call.sm_scale = sm_scale();
-      call.soft_cap = c.attn_softcap;
+      call.soft_cap = static_cast<float>(c.attn_softcap);
       call.tmp = prefill_tmp_;
       call.tmp_bytes = layout_.prefill_tmp_bytes;
       call.lse = tile_lse;
@@ -424,7 +424,7 @@ class CudaOps final : public Ops {
     block.head_dim = d;
     block.first_position = first_position;
     block.sliding_window = window;
-    block.softcap = c.attn_softcap;
+    block.softcap = static_cast<float>(c.attn_softcap);
     block.key_stride = B;
     const int begin = first_key(window, first_position);
     for (int k0 = begin; k0 <= last; k0 += B) {
@@ -592,7 +592,7 @@ class CudaOps final : public Ops {
     a.head_dim = shape_.config.head_dim;
     a.sliding_window = window;
     a.scale = sm_scale();
-    a.softcap = shape_.config.attn_softcap;
+    a.softcap = static_cast<float>(shape_.config.attn_softcap);
     a.k = view.k;
     a.v = view.v;
     a.type = view.layout.dtype;

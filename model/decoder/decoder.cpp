@@ -122,8 +122,8 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   shape.rope_scale = rope.scale;
   shape.inv_freq = act_->inv_freq;
   if (config_.rope_local_theta > 0) {  // Gemma 3's window layers: the default rope, own base
-    const RopeTable local = rope_table(RopeScaling{}, config_.rope_local_theta, config_.head_dim,
-                                       config_.max_position_embeddings, 1);
+    const RopeTable local = rope_table(RopeScaling{}, static_cast<float>(config_.rope_local_theta),
+                                       config_.head_dim, config_.max_position_embeddings, 1);
     cache_->copy_to_device(act_->inv_freq_local, local.inv_freq.data(),
                            local.inv_freq.size() * sizeof(float));
     shape.inv_freq_local = act_->inv_freq_local;
@@ -297,7 +297,7 @@ void Decoder::head(const float* rows, int n) {
                act_->logits, false);
   if (config_.final_softcap > 0) {
     ops_->soft_cap(act_->logits, static_cast<std::int64_t>(n) * config_.vocab_size,
-                   config_.final_softcap);
+                   static_cast<float>(config_.final_softcap));
   }
 }
 

@@ -175,12 +175,13 @@ RopeTable rope_table(const RopeScaling& s, float theta, int head_dim, int max_po
 }
 
 RopeTable rope_table(const ModelConfig& c, std::int64_t seq_len) {
-  return rope_table(c.rope_scaling, c.rope_theta, c.head_dim, c.max_position_embeddings, seq_len);
+  return rope_table(c.rope_scaling, static_cast<float>(c.rope_theta), c.head_dim,
+                    c.max_position_embeddings, seq_len);
 }
 
 RopeSchedule::RopeSchedule(const ModelConfig& c)
     : scaling_(c.rope_scaling),
-      theta_(c.rope_theta),
+      theta_(static_cast<float>(c.rope_theta)),
       head_dim_(c.head_dim),
       max_position_(c.max_position_embeddings),
       cached_len_(c.max_position_embeddings),

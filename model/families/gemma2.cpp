@@ -21,12 +21,12 @@ void every_gemma(ModelConfig& c) {
 }
 
 // A soft-capping field: absent, its default; null, none (0); else positive.
-float softcap(const JsonField& f, const char* key, double fallback) {
-  if (!f.json().contains(key)) return static_cast<float>(fallback);
+double softcap(const JsonField& f, const char* key, double fallback) {
+  if (!f.json().contains(key)) return fallback;
   if (f.json().at(key).is_null()) return 0;
   const double value = f.at(key).real();
   if (!(value > 0)) throw f.at(key).error("must be positive (or null for none)");
-  return static_cast<float>(value);
+  return value;
 }
 
 }  // namespace
@@ -126,7 +126,7 @@ void write_config(const ModelConfig& c, nlohmann::ordered_json& o) {
     types.push_back(c.window(i) > 0 ? "sliding_attention" : "full_attention");
   }
   o["layer_types"] = types;
-  const auto cap = [](float v) {
+  const auto cap = [](double v) {
     return v > 0 ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
   };
   o["attn_logit_softcapping"] = cap(c.attn_softcap);

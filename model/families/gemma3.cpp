@@ -19,7 +19,7 @@ void read_config(const JsonField& f, ModelConfig& c) {
       f.integer_or("sliding_window_pattern", f.integer_or("_sliding_window_pattern", 6, 1, 1 << 20),
                    1, 1 << 20));
   gemma::read_config(f, c, 0, 0, 4096, 131072, pattern);
-  c.rope_local_theta = static_cast<float>(f.real_or("rope_local_base_freq", 10000.0));
+  c.rope_local_theta = f.real_or("rope_local_base_freq", 10000.0);
   const auto params = f.find("rope_parameters");
   if (!params || !params->json().is_object() || !params->json().contains("full_attention")) {
     return;  // the older form: the shared reader took rope_theta and rope_scaling
@@ -32,19 +32,14 @@ void read_config(const JsonField& f, ModelConfig& c) {
       throw local->error("rope_type \"" + type +
                          "\" is not supported for the window layers (supported: default)");
     }
-    c.rope_local_theta = static_cast<float>(local->real_or("rope_theta", c.rope_local_theta));
+    c.rope_local_theta = local->real_or("rope_theta", c.rope_local_theta);
   }
 }
 
 void write_config(const ModelConfig& c, nlohmann::ordered_json& o) {
   gemma::write_config(c, o);
   // rope_parameters keyed by layer type, as transformers writes Gemma 3's.
-  nlohmann::ordered_json full = o.contains("rope_scaling")
-                                    ? o["rope_scaling"]
-                                    : nlohmann::ordered_json{{"rope_type", "default"}};
-  full["rope_theta"] = o["rope_theta"];
-  o.erase("rope_scaling");
-  o.erase("rope_theta");
+  const nlohmann::ordered_json full = o["rope_parameters"];
   o["rope_parameters"] = {
       {"full_attention", full},
       {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", c.rope_local_theta}}}};

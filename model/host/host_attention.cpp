@@ -63,7 +63,7 @@ HostAttention::HostAttention(const ModelConfig& config, DType type, ThreadPool& 
       pool_(pool),
       group_(config.heads / config.kv_heads),
       scale_(static_cast<float>(config.attention_scale())),
-      softcap_(config.attn_softcap),
+      softcap_(static_cast<float>(config.attn_softcap)),
       avx512_(kernels::have_avx512() && config.head_dim % 16 == 0),
       scratch_(std::move(scratch)) {}
 

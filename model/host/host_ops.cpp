@@ -85,7 +85,7 @@ void HostOps::rms_norm(const float* x, int n, int width, const void* weight, flo
     const int t0 = b * kRowBlock;
     const std::int64_t at = static_cast<std::int64_t>(t0) * h;
     kernels::rms_norm_rows(x + at, std::min(kRowBlock, n - t0), h, layout_.norm_weight.data(),
-                           shape_.config.rms_norm_eps, out + at);
+                           static_cast<float>(shape_.config.rms_norm_eps), out + at);
   });
 }
 

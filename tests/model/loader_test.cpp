@@ -83,7 +83,7 @@ TEST(ModelConfig, ParsesHuggingFaceFields) {
   EXPECT_FALSE(c.o_bias);
   EXPECT_EQ(c.head_dim, 16);
   EXPECT_EQ(c.dtype, DType::kBF16);
-  EXPECT_FLOAT_EQ(c.rope_theta, 1e6f);
+  EXPECT_EQ(c.rope_theta, 1e6);
   // rope_parameters (newer transformers) carries theta and the llama3 scaling.
   const ModelConfig l = parse_model_config(R"({"architectures": ["LlamaForCausalLM"],
     "vocab_size": 10, "hidden_size": 64, "intermediate_size": 100, "num_hidden_layers": 1,
@@ -93,7 +93,7 @@ TEST(ModelConfig, ParsesHuggingFaceFields) {
                                            "test");
   EXPECT_EQ(l.kv_heads, 4);
   EXPECT_EQ(l.head_dim, 32);
-  EXPECT_FLOAT_EQ(l.rope_theta, 500000.0f);
+  EXPECT_EQ(l.rope_theta, 500000.0);
   EXPECT_DOUBLE_EQ(l.rope_scaling.factor, 8.0);
   // What to_config_json writes reads back the same.
   const ModelConfig t = preset("tiny");
@@ -120,8 +120,8 @@ TEST(ModelConfig, GemmaFieldsReadAsTransformersReadsThem) {
   };
   const ModelConfig g2 = gemma2("");
   EXPECT_EQ(g2.head_dim, 256);
-  EXPECT_FLOAT_EQ(g2.attn_softcap, 50);
-  EXPECT_FLOAT_EQ(g2.final_softcap, 30);
+  EXPECT_EQ(g2.attn_softcap, 50);
+  EXPECT_EQ(g2.final_softcap, 30);
   EXPECT_FLOAT_EQ(g2.query_pre_attn_scalar, 256);
   EXPECT_EQ(g2.hidden_act, Activation::kGeluTanh);
   EXPECT_TRUE(g2.tie_word_embeddings);
@@ -166,8 +166,8 @@ TEST(ModelConfig, GemmaFieldsReadAsTransformersReadsThem) {
     EXPECT_EQ(c.final_softcap, 0);
     EXPECT_EQ(c.rope_scaling.type, RopeType::kLinear);
     EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 8);
-    EXPECT_FLOAT_EQ(c.rope_theta, 1e6f);
-    EXPECT_FLOAT_EQ(c.rope_local_theta, 1e4f);
+    EXPECT_EQ(c.rope_theta, 1e6);
+    EXPECT_EQ(c.rope_local_theta, 1e4);
     for (int l = 0; l < 12; ++l) {
       EXPECT_EQ(c.window(l), (l + 1) % 6 == 0 ? 0 : 1024) << l;
       EXPECT_EQ(c.local_rope(l), (l + 1) % 6 != 0) << l;
@@ -188,7 +188,7 @@ TEST(ModelConfig, GemmaFieldsReadAsTransformersReadsThem) {
   EXPECT_EQ(back.sliding_window, 1024);
   EXPECT_EQ(back.hidden_act, Activation::kGeluTanh);
   EXPECT_FLOAT_EQ(back.query_pre_attn_scalar, 256);
-  EXPECT_FLOAT_EQ(back.rope_local_theta, 1e4f);
+  EXPECT_EQ(back.rope_local_theta, 1e4);
   EXPECT_EQ(describe(back.rope_scaling), describe(p.rope_scaling));
   EXPECT_EQ(back.norm_offset, 1);
   EXPECT_EQ(parameter_count(p), parameter_count(back));

@@ -234,7 +234,7 @@ class ReferenceModel {
     Rows logits = linear(rms_norm(x, n, w_.final_norm, r), n, h, w_.lm_head.data, nullptr,
                          c_.vocab_size, nullptr, r);
     if (c_.final_softcap > 0) {
-      for (double& l : logits) l = soft_cap(l, c_.final_softcap, r);
+      for (double& l : logits) l = soft_cap(l, static_cast<float>(c_.final_softcap), r);
     }
     return logits;
   }
@@ -281,7 +281,8 @@ class ReferenceModel {
         const double square = x[t * h + i] * x[t * h + i];
         ms = float_mean_square_ ? r(ms + r(square)) : ms + square;
       }
-      const double scale = r(1 / std::sqrt(ms / h + static_cast<double>(c_.rms_norm_eps)));
+      const double scale =
+          r(1 / std::sqrt(ms / h + static_cast<double>(static_cast<float>(c_.rms_norm_eps))));
       for (int i = 0; i < h; ++i) {
         // Gemma's (1 + w), in float32 as transformers takes it.
         const double wi = c_.norm_offset != 0
@@ -313,8 +314,8 @@ class ReferenceModel {
     const int d = c_.head_dim;
     const int half = d / 2;
     const std::vector<RopeTable> tables = rope_tables(n);
-    const RopeTable local_table =
-        rope_table(RopeScaling{}, c_.rope_local_theta, d, c_.max_position_embeddings, 1);
+    const RopeTable local_table = rope_table(RopeScaling{}, static_cast<float>(c_.rope_local_theta),
+                                             d, c_.max_position_embeddings, 1);
     for (int t = 0; t < n; ++t) {
       const RopeTable& table = local ? local_table : tables[static_cast<std::size_t>(t)];
       for (int head = 0; head < heads; ++head) {
@@ -393,7 +394,8 @@ class ReferenceModel {
           double dot = 0;
           for (int i = 0; i < d; ++i) dot = r(dot + r(qv[i] * k[j * kvd + g * d + i]));
           p[j - first] = r(scale * dot);
-          if (c_.attn_softcap > 0) p[j - first] = soft_cap(p[j - first], c_.attn_softcap, r);
+          if (c_.attn_softcap > 0)
+            p[j - first] = soft_cap(p[j - first], static_cast<float>(c_.attn_softcap), r);
           m = std::max(m, p[j - first]);
         }
         double sum = 0;

@@ -74,7 +74,7 @@ class Windows(unittest.TestCase):
         cache = cpu_cache(model)
         greedy(model, cache, *prompts(1, 6, seed=7), 2)
         with self.assertRaises(ValueError) as raised:
-            cache.save("/nonexistent/never-written.kvo")
+            cache.save("/nonexistent/never-written.kvo", model=model)
         self.assertIn("windows or states", str(raised.exception))
 
 
@@ -268,9 +268,9 @@ class Construction(unittest.TestCase):
             cache.get_mask_sizes(-1, 0)
         with self.assertRaises(TypeError):
             cache.crop("x")
-        with self.assertRaises(TypeError):
-            cache.save(5)
-        with self.assertRaises(TypeError):
+        with self.assertRaisesRegex(TypeError, "path must be a str or os.PathLike"):
+            cache.save(5, model=None)
+        with self.assertRaisesRegex(TypeError, "path must be a str or os.PathLike"):
             OffloadedStaticCache.load(5, config)
         self.assertEqual(cache.get_seq_length(), 0)
 

@@ -155,11 +155,11 @@ class TensorParallelTest(unittest.TestCase):
         path = os.path.join(self.out, "context.kvo")
         with self.assertRaisesRegex(ValueError, "saved under tensor parallelism with a world size "
                                                 "of 2 .* this is one process \\(world size 1\\)"):
-            OffloadedStaticCache.load(path, model.config)
+            OffloadedStaticCache.load(path, model)
         # Nor can it read one rank's file under its own name: the heads differ.
         with self.assertRaisesRegex(ValueError, "was saved by rank 1 of a world size of 2, and "
                                                 "this is one process"):
-            OffloadedStaticCache.load(path + ".rank1of2", model.config)
+            OffloadedStaticCache.load(path + ".rank1of2", model)
 
     def test_a_rank_that_cannot_restore_stops_every_rank(self):
         self.assertRegex(self.ranks[1]["corrupted"]["refused"] or "",

@@ -66,8 +66,8 @@ def main(models, out):
     first = OffloadedStaticCache(model.config, 1, MAX_CACHE_LEN, device="cpu",
                                  dtype=torch.float32, resident_layers=0)
     half = model.generate(ids, max_new_tokens=NEW_TOKENS // 2, do_sample=False, cache=first)
-    first.save(path, tokens=half[0, :-1].tolist())
-    loaded = OffloadedStaticCache.load(path, model.config, resident_layers=0)
+    first.save(path, tokens=half[0, :-1].tolist(), model=model)
+    loaded = OffloadedStaticCache.load(path, model, resident_layers=0)
     seen["resumed"] = {"length": loaded.get_seq_length(), "saved_tokens": loaded.saved_tokens,
                        "tokens": generate(model, loaded, half, NEW_TOKENS - NEW_TOKENS // 2)}
 
@@ -79,7 +79,7 @@ def main(models, out):
             f.write(b"xyz")
     dist.barrier()
     try:
-        OffloadedStaticCache.load(path, model.config, resident_layers=0)
+        OffloadedStaticCache.load(path, model, resident_layers=0)
         seen["corrupted"] = {"refused": None}
     except (ValueError, RuntimeError) as error:
         seen["corrupted"] = {"refused": str(error)}
@@ -89,9 +89,8 @@ def main(models, out):
     first = OffloadedStaticCache(model.config, 1, MAX_CACHE_LEN, device="cpu",
                                  dtype=torch.float32, resident_layers=0)
     half = model.generate(ids, max_new_tokens=NEW_TOKENS // 2, do_sample=False, cache=first)
-    first.save(os.path.join(out, "latent.kvo"))
-    loaded = OffloadedStaticCache.load(os.path.join(out, "latent.kvo"), model.config,
-                                       resident_layers=0)
+    first.save(os.path.join(out, "latent.kvo"), model=model)
+    loaded = OffloadedStaticCache.load(os.path.join(out, "latent.kvo"), model, resident_layers=0)
     seen["latent_resumed"] = {"tokens": generate(model, loaded, half,
                                                  NEW_TOKENS - NEW_TOKENS // 2)}
 

@@ -262,52 +262,10 @@ std::string TextSession::json_text(int slot) const {
 
 std::string TextSession::fingerprint(const model::Decoder& decoder,
                                      const model::WeightSource& source) {
-  const model::ModelConfig& c = decoder.config();
-  const DType dtype = const_cast<model::Decoder&>(decoder).cache().config().dtype;
-  std::ostringstream out;
-  out << "architecture=" << c.architecture << "\nmodel_type=" << c.model_type
-      << "\nvocab_size=" << c.vocab_size << "\nhidden_size=" << c.hidden_size
-      << "\nintermediate_size=" << c.intermediate_size << "\nlayers=" << c.layers
-      << "\nheads=" << c.heads << "\nkv_heads=" << c.kv_heads << "\nhead_dim=" << c.head_dim
-      << "\nrms_norm_eps=" << c.rms_norm_eps << "\nrope_theta=" << c.rope_theta
-      << "\nrope=" << model::describe(c.rope_scaling) << "\nsliding_window=" << c.sliding_window
-      << "\nqkv_bias=" << c.qkv_bias << "\no_bias=" << c.o_bias
-      << "\ntie_word_embeddings=" << c.tie_word_embeddings << "\ndtype=" << dtype_name(dtype)
-      << "\nweights="
-      << (source.checkpoint.empty() ? "seed " + std::to_string(source.seed) : "checkpoint");
-  // What Gemma adds, only where a model has it (the lines of other models stay as they were).
-  if (!c.sliding_layers.empty()) {
-    out << "\nwindow_layers=";
-    for (const std::uint8_t sliding : c.sliding_layers) out << (sliding != 0 ? 'w' : 'f');
-  }
-  if (c.hidden_act != model::Activation::kSilu) {
-    out << "\nhidden_act=" << model::activation_name(c.hidden_act);
-  }
-  if (c.norm_offset != 0 || c.embed_scaled || c.post_norms) {
-    out << "\nnorm_offset=" << c.norm_offset << "\nembed_scaled=" << c.embed_scaled
-        << "\npost_norms=" << c.post_norms;
-  }
-  if (c.attn_softcap > 0 || c.final_softcap > 0) {
-    out << "\nsoftcaps=" << c.attn_softcap << "," << c.final_softcap;
-  }
-  if (c.query_pre_attn_scalar > 0) out << "\nquery_pre_attn_scalar=" << c.query_pre_attn_scalar;
-  if (c.rope_local_theta > 0) out << "\nrope_local_theta=" << c.rope_local_theta;
-  if (!source.checkpoint.empty()) {
-    // The weights' and the tokenizer's bytes: another model of the same shape is refused.
-    if (model::is_gguf_model(source.checkpoint)) {  // the tokenizer is inside the file
-      out << "\ngguf_xxh3=" << model::file_digest(source.checkpoint);
-    } else {
-      out << "\nweights_xxh3=" << model::weights_digest(source.checkpoint)
-          << "\ntokenizer_xxh3=" << model::tokenizer_digest(source.checkpoint);
-    }
-  }
-  const model::WeightLayout layout(c, dtype);
-  for (const model::WeightEntry& e : layout.entries()) {
-    out << "\ntensor " << e.name << " [";
-    for (std::size_t i = 0; i < e.shape.size(); ++i) out << (i ? "," : "") << e.shape[i];
-    out << "]";
-  }
-  return out.str();
+  const model::DecoderOptions& o = decoder.options();
+  return model::model_fingerprint(
+      decoder.config(), source.checkpoint, source.seed,
+      {decoder.weights_text(), o.weight_format == "int8", o.q8_activations});
 }
 
 }  // namespace kvo::tools

@@ -91,9 +91,9 @@ class TextSession {
   double load_seconds() const { return load_s_; }
   std::int64_t loaded_tokens() const { return loaded_tokens_; }
 
-  // The model fingerprint a saved context carries: architecture, shapes, K/V dtype, where the
-  // weights come from (a seed, or a checkpoint with the digests of its weights and tokenizer
-  // files, model/checkpoint/fingerprint.hpp) and the tensor table, as "key=value" lines.
+  // The model fingerprint a saved context carries (model/checkpoint/fingerprint.hpp): the
+  // config, the weights' and tokenizer's digests (or the seed the weights were drawn from) and
+  // how the weights were loaded.
   static std::string fingerprint(const model::Decoder& decoder, const model::WeightSource& source);
 
  private:

@@ -9,6 +9,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -16,6 +17,7 @@
 
 #include <pybind11/stl.h>
 
+#include "kvoffload/fingerprint.hpp"
 #include "kvoffload/plan.hpp"
 #include "kvoffload/torch.hpp"
 
@@ -197,6 +199,58 @@ PYBIND11_MODULE(_native, m) {
   m.def("cuda_device_count", &kvo::cuda_device_count,
         "Usable CUDA devices for the library (0 when built without CUDA).");
 
+  // A saved context's model fingerprint (kvoffload/fingerprint.hpp), written by the library so
+  // that every writer states a fact in the same bytes.
+  m.def("fingerprint_number", &kvo::fingerprint_number, py::arg("value"),
+        "A finite number in the fingerprint's canonical text.");
+  m.def(
+      "fingerprint",
+      [](const std::map<std::string, std::string>& fields) {
+        kvo::Fingerprint f;
+        for (const auto& [key, value] : fields) f.set(key, value);
+        return f.text();
+      },
+      py::arg("fields"), "The fingerprint of these fields (each value its text).");
+  m.def("fingerprint_field", &kvo::fingerprint_field, py::arg("text"), py::arg("key"),
+        "A field's value in a fingerprint, '' when it has none.");
+  m.def("is_fingerprint", &kvo::is_fingerprint, py::arg("text"));
+  m.def(
+      "bytes_digest",
+      [](std::uintptr_t data, std::uint64_t bytes) {
+        return kvo::WeightsDigest::bytes_digest(reinterpret_cast<const void*>(data), bytes);
+      },
+      py::arg("data"), py::arg("bytes"), py::call_guard<py::gil_scoped_release>(),
+      "The digest of `bytes` host bytes at address `data` (a tensor's bytes).");
+  py::class_<kvo::WeightsDigest::TensorBytes>(m, "TensorBytes",
+                                              "The digest of bytes fed in pieces.")
+      .def(py::init<>())
+      .def(
+          "update",
+          [](kvo::WeightsDigest::TensorBytes& d, std::uintptr_t data, std::uint64_t bytes) {
+            d.update(reinterpret_cast<const void*>(data), bytes);
+          },
+          py::arg("data"), py::arg("bytes"), py::call_guard<py::gil_scoped_release>())
+      .def("digest", &kvo::WeightsDigest::TensorBytes::digest);
+  m.def(
+      "weights_digest",
+      [](const std::vector<
+          std::tuple<std::string, std::string, std::vector<std::int64_t>, std::string>>& tensors) {
+        kvo::WeightsDigest digest;
+        for (const auto& [name, dtype, shape, bytes] : tensors) {
+          digest.add_digest(name, dtype, shape, bytes);
+        }
+        return digest.hex();
+      },
+      py::arg("tensors"),
+      "The weights' digest of (name, dtype, shape, bytes' digest) tuples, in any order.");
+  m.def(
+      "tokenizer_digest",
+      [](const std::string& dir) {
+        return kvo::files_digest(dir, std::vector<std::string>(std::begin(kvo::kTokenizerFiles),
+                                                               std::end(kvo::kTokenizerFiles)));
+      },
+      py::arg("dir"), "The digest of a tokenizer's files in dir, '' when it has none.");
+
   py::class_<Adapter>(m, "Cache")
       .def(py::init(&make_cache), py::arg("layers"), py::arg("kv_heads"), py::arg("head_dim"),
            py::arg("max_seq"), py::arg("slots"), py::arg("dtype"), py::arg("backend"),
@@ -250,6 +304,12 @@ PYBIND11_MODULE(_native, m) {
              const std::vector<std::vector<std::int32_t>>& tokens, const std::string& model) {
             cache.end_step();
             const int slots = cache.cache().config().slots;
+            if (tokens.size() > static_cast<std::size_t>(slots)) {
+              throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                               "tokens has " + std::to_string(tokens.size()) +
+                                   " rows, and the cache holds " + std::to_string(slots) +
+                                   "; nothing was saved");
+            }
             std::vector<int> order;
             std::vector<kvo::SlotContext> contexts;
             for (int s = 0; s < slots; ++s) {

@@ -70,7 +70,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DummyLayer
 
-from . import _native, hf_ops, hf_tp
+from . import _native, hf_fingerprint, hf_ops, hf_tp
 from .hf_layers import OFFLOADED, WINDOW, KvLayout, UnsupportedModelError, describe_layers
 from .hf_local import StateLayer, WindowLayer, WindowStateLayer
 from .hf_offloaded import OffloadedLayer, OffloadedStateLayer
@@ -817,13 +817,15 @@ class OffloadedStaticCache(Cache):
                 "windows or states on the device, which the file does not hold"
             )
 
-    def save(self, path, tokens=None) -> None:
+    def save(self, path, tokens=None, *, model, tokenizer=None) -> None:
         """Saves every row (its keys and values in every layer, and its length) to ``path``,
-        written atomically, with a fingerprint of the model config (model_type, layers, heads,
-        head_dim, hidden size, vocabulary, rope theta) and the K/V dtype; each layer's rows carry
-        a checksum. ``tokens``: the ids each row holds (a list per row, or one list for a single
-        row), kept in the file and returned by ``load``. A forward left half-done is refused, and
-        so is a model with window or state layers.
+        written atomically, with the K/V dtype and the fingerprint of ``model``, the model whose
+        forward filled the cache (kvoffload/hf_fingerprint.py: its whole config, a digest of its
+        weights as loaded, how they were loaded, and with ``tokenizer``, its directory or a
+        tokenizer loaded from one, the tokenizer's files); each layer's rows carry a checksum.
+        ``tokens``: the ids each row holds (a list per row, or one list for a single row), kept
+        in the file and returned by ``load``; more lists than rows are refused. A forward left
+        half-done is refused, and so is a model with window or state layers.
 
         Under tensor parallelism every rank calls it with the same ``path``. With KV heads
         sharded each rank writes its own file, ``saved_context_path(path, rank, world_size)``
@@ -831,29 +833,38 @@ class OffloadedStaticCache(Cache):
         replicated (the same rows on every rank: multi-head latent attention) rank 0 alone writes
         ``path``. It returns on every rank once every file is written."""
         path = _check_path(path)
+        hf_fingerprint.check_model(model, "save")
         self._check_saveable()
         if tokens is not None and tokens and isinstance(tokens[0], int):
             tokens = [tokens]
         tokens = [[_check_int("a token id", i, 0, _INT32_MAX) for i in t] for t in (tokens or [])]
+        if len(tokens) > self.max_batch_size:
+            raise ValueError(f"tokens holds {len(tokens)} lists of ids, and the cache has "
+                             f"{self.max_batch_size} row(s); nothing was saved")
+        # On every rank: the weights' digest gathers a tensor-parallel model's shards.
+        fingerprint = hf_fingerprint.model_fingerprint(model, self.head_dim, self.shard, tokenizer,
+                                                       self.device)
         failure = None
         if self.shard.sharded or self.shard.rank == 0:
             try:
-                self._native.save(saved_context_path(path, self.shard), tokens, self._fingerprint)
+                self._native.save(saved_context_path(path, self.shard), tokens, fingerprint)
             except Exception as error:  # every rank learns of it below
                 failure = error
         # Every rank returns once every file is written, or raises.
         hf_tp.all_succeeded(self.shard, self.device, failure, "write its saved context")
 
     @classmethod
-    def load(cls, path, config, device=None, dtype=None, vram_budget=None,
+    def load(cls, path, model, device=None, dtype=None, vram_budget=None,
              resident_layers: int | None = None, ring_depth: int = 2,
-             static_shapes: bool | None = None) -> "OffloadedStaticCache":
-        """A new cache holding the rows saved in ``path`` (no prefill): max_batch_size and
-        max_cache_len come from the file, which must have been saved for the same model config
-        and dtype (refused otherwise, naming the difference; a truncated or corrupted file is
-        refused naming the failing layer block). ``cache.saved_tokens`` holds each row's token
-        ids. Continue with ``model.generate(full_ids, cache=cache)``: transformers feeds only the
-        ids past ``cache.get_seq_length()``.
+             static_shapes: bool | None = None, tokenizer=None) -> "OffloadedStaticCache":
+        """A new cache holding the rows saved in ``path`` (no prefill), for ``model``:
+        max_batch_size and max_cache_len come from the file, which must have been saved from
+        the same model (its config, its weights as loaded, how they were loaded, and the
+        tokenizer where ``save`` was given one: pass the same ``tokenizer`` here) and K/V dtype;
+        anything else is refused naming the first field that differs and both values, and a
+        truncated or corrupted file naming the failing layer block. ``cache.saved_tokens``
+        holds each row's token ids. Continue with ``model.generate(full_ids, cache=cache)``:
+        transformers feeds only the ids past ``cache.get_seq_length()``.
 
         Under tensor parallelism every rank calls it with the ``path`` given to ``save``, and
         each reads its own rank's file (or, attention replicated, ``path``, which any world size
@@ -861,7 +872,7 @@ class OffloadedStaticCache(Cache):
         process, is refused on every rank, naming both world sizes (a rank never restores
         another rank's heads), and so are rank files whose rows differ in count or length."""
         path = _check_path(path)
-        _check_config(config)
+        config = hf_fingerprint.check_model(model, "load").config
         text_config = config.get_text_config(decoder=True)
         shard = _shard_of(config, text_config, describe_layers(text_config, _INT32_MAX))
         info, failure = None, None
@@ -893,25 +904,16 @@ class OffloadedStaticCache(Cache):
         cache._check_saveable()
         failure = None
         try:  # a corrupted block is found only now, on its rank alone
+            fingerprint = hf_fingerprint.model_fingerprint(model, cache.head_dim, shard,
+                                                           tokenizer, cache.device)
             cache.saved_tokens = cache._native.load(saved_context_path(path, shard),
-                                                    cache._fingerprint)
+                                                    fingerprint)
         except Exception as error:
             failure = error
         hf_tp.all_succeeded(shard, cache.device, failure, f"restore its saved context of {path}")
         cache._set_length(cache._native.get_seq_length())
         cache._open = False
         return cache
-
-    @property
-    def _fingerprint(self) -> str:
-        text = self._text_config
-        fields = ("model_type", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                  "hidden_size", "intermediate_size", "vocab_size", "rope_theta")
-        lines = [f"{name}={getattr(text, name, None)}" for name in fields]
-        lines.append(f"head_dim={self.head_dim}")
-        if self.shard.sharded:
-            lines += [f"tp_world_size={self.shard.world_size}", f"tp_rank={self.shard.rank}"]
-        return "\n".join(lines)
 
 
 def saved_context_path(path: str, shard) -> str:
@@ -921,10 +923,13 @@ def saved_context_path(path: str, shard) -> str:
 
 
 def _world_of(model_text: str) -> tuple[int, int] | None:
-    """(rank, world size) a saved context's fingerprint names, or None (saved by one process)."""
+    """(rank, world size) a saved context's fingerprint names, or None (saved by one process).
+    The rank's line a sharded cache writes first ("kv_heads_held=...") is passed over."""
     fields = dict(line.split("=", 1) for line in model_text.splitlines() if "=" in line)
     try:
-        return int(fields["tp_rank"]), int(fields["tp_world_size"])
+        if "tp.rank" in fields:
+            return int(fields["tp.rank"]), int(fields["tp.world_size"])
+        return int(fields["tp_rank"]), int(fields["tp_world_size"])  # an older fingerprint
     except (KeyError, ValueError):
         return None
 
