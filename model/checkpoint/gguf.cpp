@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -483,6 +484,11 @@ double GgufFile::number(const std::string& key) const {
   const GgufValue& v = at(key);
   if (v.type == GgufValueType::kArray || v.type == GgufValueType::kString) {
     throw invalid(path_ + ": " + key + " is a " + gguf_value_type_name(v.type) + ", not a number");
+  }
+  // A NaN or an infinity would reach a config as JSON null, which reads as absent (the default).
+  if (!std::isfinite(v.floating)) {
+    throw invalid(path_ + ": " + key + " is " + (std::isnan(v.floating) ? "NaN" : "infinite") +
+                  ", not a finite number");
   }
   return v.floating;
 }

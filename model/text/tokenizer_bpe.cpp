@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -328,8 +329,17 @@ BpeTokenizer::BpeTokenizer(std::string_view json_text, const TokenizerSettings& 
   };
   const JsonField vocab = model.at("vocab");
   std::int32_t max_id = -1;
+  // A vocabulary maps ids and tokens one to one: a second token of an id would make the id
+  // decode as either.
+  std::unordered_map<std::int32_t, std::string> token_of;
   for (const auto& [token, id] : vocab.members()) {
     const std::int32_t value = token_id(id);
+    const auto [it, inserted] = token_of.emplace(value, token);
+    if (!inserted) {
+      throw vocab.error("gives id " + std::to_string(value) + " to two tokens, '" +
+                        printable(it->second) + "' and '" + printable(token) +
+                        "' (a vocabulary maps ids and tokens one to one)");
+    }
     vocab_[token] = value;
     max_id = std::max(max_id, value);
   }
@@ -376,11 +386,31 @@ BpeTokenizer::BpeTokenizer(std::string_view json_text, const TokenizerSettings& 
     bytes_of_[static_cast<std::size_t>(t.id)] = decoded(t.content);
     known_[static_cast<std::size_t>(t.id)] = true;
   }
-  // A byte whose character is not in the vocabulary (SmolLM2 lacks 21 of them) has no symbol:
-  // with no unk_token, Hugging Face tokenizers drops it, and so does bpe().
+  // A byte whose character is not in the vocabulary (SmolLM2 lacks 21 of them, bytes no UTF-8
+  // text holds) has no symbol: with no unk_token, Hugging Face tokenizers drops it, and so does
+  // bpe(). A byte that some token spells but that has no token of its own would be dropped from
+  // any other text: such a vocabulary is refused.
+  std::vector<bool> spelled(256, false);
+  std::unordered_set<std::int32_t> added_ids;  // matched whole, before the BPE: spell no bytes
+  for (const AddedToken& t : added_) added_ids.insert(t.id);
+  for (const auto& [token, id] : vocab_) {
+    if (added_ids.count(id) != 0 || invalid_utf8_at(token) != std::string::npos) continue;
+    for (const std::uint32_t cp : code_points(token)) {
+      const auto it = map.byte_of.find(cp);
+      if (it != map.byte_of.end()) spelled[it->second] = true;
+    }
+  }
   for (int b = 0; b < 256; ++b) {
     const auto it = vocab_.find(map.char_of[b]);
     byte_id_[b] = it == vocab_.end() ? -1 : it->second;
+    if (byte_id_[b] < 0 && spelled[static_cast<std::size_t>(b)]) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "0x%02x", b);
+      throw vocab.error(std::string("has tokens spelling byte ") + hex + " ('" +
+                        printable(map.char_of[b]) +
+                        "') but no token of that byte alone: a text holding it elsewhere could "
+                        "not be encoded");
+    }
   }
   std::uint32_t rank = 0;
   for (const JsonField& m : model.at("merges").elements()) {

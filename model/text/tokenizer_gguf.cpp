@@ -3,8 +3,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <optional>
+#include <unordered_map>
 
 #include "kvoffload/error.hpp"
 #include "model/text/tokenizer_bpe.hpp"
@@ -67,7 +69,8 @@ void field_float(std::string& out, int field, float v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(bits >> (8 * i)));
 }
 
-// The token types, one per token, or empty when the file has none.
+// The token types, one per token, each llama.cpp's 1 to 6 (normal, unknown, control,
+// user-defined, unused, byte), or empty when the file has none.
 std::vector<std::int64_t> token_types(const GgufFile& file, std::size_t tokens) {
   if (!file.has("tokenizer.ggml.token_type")) return {};
   const GgufValue& v = file.at("tokenizer.ggml.token_type");
@@ -75,7 +78,28 @@ std::vector<std::int64_t> token_types(const GgufFile& file, std::size_t tokens) 
     throw invalid(file.path() + ": tokenizer.ggml.token_type must be " + std::to_string(tokens) +
                   " integers, one per token");
   }
+  for (std::size_t id = 0; id < tokens; ++id) {
+    if (v.integers[id] < 1 || v.integers[id] > 6) {
+      throw invalid(file.path() + ": tokenizer.ggml.token_type of token " + std::to_string(id) +
+                    " is " + std::to_string(v.integers[id]) + ", not 1 to 6");
+    }
+  }
   return v.integers;
+}
+
+// A vocabulary maps ids and spellings one to one: two ids of one spelling would leave one of them
+// unreachable (and the merges that name it ambiguous).
+void check_distinct(const GgufFile& file, const std::vector<std::string>& spellings) {
+  std::unordered_map<std::string, std::size_t> first;
+  first.reserve(spellings.size());
+  for (std::size_t id = 0; id < spellings.size(); ++id) {
+    const auto [it, inserted] = first.emplace(spellings[id], id);
+    if (!inserted) {
+      throw invalid(file.path() + ": tokenizer.ggml.tokens holds '" + printable(spellings[id]) +
+                    "' twice, as tokens " + std::to_string(it->second) + " and " +
+                    std::to_string(id) + " (a vocabulary maps ids and tokens one to one)");
+    }
+  }
 }
 
 std::optional<std::int64_t> optional_id(const GgufFile& file, const char* key, std::size_t tokens) {
@@ -97,6 +121,15 @@ std::string gguf_sentencepiece_model(const GgufFile& file) {
     throw invalid(file.path() + ": tokenizer.ggml.scores must be " + std::to_string(tokens.size()) +
                   " numbers, one per token");
   }
+  check_distinct(file, tokens);
+  for (std::size_t id = 0; id < tokens.size(); ++id) {
+    const double score = scores.floats[id];
+    if (!std::isfinite(score) || std::fabs(score) > 3.4028234663852886e38) {
+      throw invalid(file.path() + ": tokenizer.ggml.scores of token " + std::to_string(id) +
+                    " is " + (std::isnan(score) ? std::string("NaN") : std::to_string(score)) +
+                    ", not a finite number");
+    }
+  }
   std::vector<std::int64_t> types = token_types(file, tokens.size());
   if (types.empty()) types.assign(tokens.size(), 1);
   // The unknown piece: the file's unknown_token_id, else the first piece typed unknown.
@@ -109,10 +142,6 @@ std::string gguf_sentencepiece_model(const GgufFile& file) {
     // SentencePiece's piece types are llama.cpp's token types: 1 normal, 2 unknown, 3 control,
     // 4 user-defined, 5 unused, 6 byte.
     std::int64_t type = types[id];
-    if (type < 1 || type > 6) {
-      throw invalid(file.path() + ": tokenizer.ggml.token_type of token " + std::to_string(id) +
-                    " is " + std::to_string(type) + ", not 1 to 6");
-    }
     if (unk && static_cast<std::size_t>(*unk) == id) type = 2;
     if (!unk && type == 2) unk = static_cast<std::int64_t>(id);
     if (unk && type == 2 && static_cast<std::size_t>(*unk) != id) type = 3;  // one unknown piece
@@ -161,10 +190,12 @@ std::string gguf_tokenizer_json(const GgufFile& file) {
   const std::vector<std::string>& tokens = file.strings("tokenizer.ggml.tokens");
   const std::vector<std::string>& merges = file.strings("tokenizer.ggml.merges");
   const std::vector<std::int64_t> types = token_types(file, tokens.size());
+  std::vector<std::string> spellings;
+  spellings.reserve(tokens.size());
+  for (const std::string& token : tokens) spellings.push_back(respelled(token));
+  check_distinct(file, spellings);
   nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
-  for (std::size_t id = 0; id < tokens.size(); ++id) {
-    vocab[respelled(tokens[id])] = id;
-  }
+  for (std::size_t id = 0; id < tokens.size(); ++id) vocab[spellings[id]] = id;
   nlohmann::ordered_json added = nlohmann::ordered_json::array();
   for (std::size_t id = 0; id < types.size(); ++id) {
     const std::string& token = tokens[id];
@@ -251,7 +282,11 @@ TokenizerSettings gguf_tokenizer_settings(const GgufFile& file) {
 }
 
 std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::string& path) {
-  const GgufFile file(path);
+  return load_gguf_tokenizer(GgufFile(path));
+}
+
+std::unique_ptr<Tokenizer> load_gguf_tokenizer(const GgufFile& file) {
+  const std::string& path = file.path();
   const std::string kind = file.text("tokenizer.ggml.model");
   if (kind == "llama") {
     const std::string arch =

@@ -31,5 +31,6 @@ std::string gguf_sentencepiece_model(const GgufFile& file);
 TokenizerSettings gguf_tokenizer_settings(const GgufFile& file);
 // Both, parsed: the tokenizer of the GGUF file at `path`.
 std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::string& path);
+std::unique_ptr<Tokenizer> load_gguf_tokenizer(const GgufFile& file);
 
 }  // namespace kvo::model

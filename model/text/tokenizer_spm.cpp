@@ -31,6 +31,25 @@ int byte_piece(const std::string& piece) {
   return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 
+// What the SentencePiece library says went wrong ("piece must not be empty."), less the
+// "file.cc(123) " that names its own source; where it says nothing more, the check that failed
+// ("[model_proto->ParseFromArray(...)]": the bytes are no ModelProto). Made printable.
+std::string library_reason(const std::string& message) {
+  std::string reason = message;
+  const std::size_t paren = reason.find(") ");
+  if (paren != std::string::npos && reason.find(".cc(") < paren) reason = reason.substr(paren + 2);
+  if (!reason.empty() && reason[0] == '[') {
+    const std::size_t close = reason.rfind(']');
+    const std::string rest = close == std::string::npos ? "" : reason.substr(close + 1);
+    if (rest.find_first_not_of(' ') == std::string::npos) {
+      reason = "its check " + reason.substr(0, close + 1) + " failed";
+    } else {
+      reason = rest.substr(rest.find_first_not_of(' '));
+    }
+  }
+  return printable(reason, 300);
+}
+
 class SpmTokenizer : public Tokenizer {
  public:
   // model: a serialized ModelProto, read from `path` (or built from it); settings: what
@@ -44,12 +63,10 @@ class SpmTokenizer : public Tokenizer {
     const std::string no_dummy_prefix("\x1a\x02\x18\x00", 4);
     const auto status = processor_.LoadFromSerializedProto(model + no_dummy_prefix);
     if (!status.ok()) {
-      // The library's message names its own source lines; what the user needs is that the
-      // file is not a model it can read.
+      // The library's own reason, without the source line it starts with.
       throw Error(ErrorCode::kInvalidArgument,
-                  path +
-                      ": not a SentencePiece model the library can read (a protobuf "
-                      "ModelProto; this one is corrupt, truncated or something else)");
+                  path + ": not a SentencePiece model the library can read (a protobuf " +
+                      "ModelProto): " + library_reason(std::string(status.message())));
     }
     const int n = processor_.GetPieceSize();
     bytes_of_.resize(static_cast<std::size_t>(n));

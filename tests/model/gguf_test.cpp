@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -94,6 +95,13 @@ GgufContents parse(const std::string& bytes) {
 
 void refused(const std::string& bytes, const std::string& message) {
   expect_error([&] { parse(bytes); }, ErrorCode::kInvalidArgument, message);
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  std::fwrite(bytes.data(), 1, bytes.size(), f);
+  std::fclose(f);
 }
 
 // Every value type once, and the tensors of a Q4_K matrix and an F32 vector.
@@ -288,7 +296,7 @@ TEST(Gguf, AlignmentVersionsAndValuesAreChecked) {
 // The model a file describes, read as config.json would give it; what cannot be served is refused
 // naming the file and the key.
 TEST(GgufConfig, MetadataBecomesTheConfigOrIsRefusedByName) {
-  const auto model = [](const std::string& arch) {
+  const auto model = [](const std::string& arch, float eps = 1e-6f) {
     return [=](Writer& m) {
       m.key("general.architecture", GgufValueType::kString).str(arch);
       const std::string p = arch + ".";
@@ -297,17 +305,12 @@ TEST(GgufConfig, MetadataBecomesTheConfigOrIsRefusedByName) {
       m.key(p + "feed_forward_length", GgufValueType::kUint32).put<std::uint32_t>(96);
       m.key(p + "attention.head_count", GgufValueType::kUint32).put<std::uint32_t>(4);
       m.key(p + "attention.head_count_kv", GgufValueType::kUint32).put<std::uint32_t>(2);
-      m.key(p + "attention.layer_norm_rms_epsilon", GgufValueType::kFloat32).put<float>(1e-6f);
+      m.key(p + "attention.layer_norm_rms_epsilon", GgufValueType::kFloat32).put<float>(eps);
       m.key(p + "vocab_size", GgufValueType::kUint32).put<std::uint32_t>(100);
     };
   };
   const std::string path = ::testing::TempDir() + "gguf_config_test.gguf";
-  const auto open_config = [&](const std::string& bytes) {
-    FILE* f = std::fopen(path.c_str(), "wb");
-    ASSERT_NE(f, nullptr);
-    std::fwrite(bytes.data(), 1, bytes.size(), f);
-    std::fclose(f);
-  };
+  const auto open_config = [&](const std::string& bytes) { write_file(path, bytes); };
   const std::vector<Tensor> embedding = {{"token_embd.weight", {64, 100}, 0, 0}};
   open_config(gguf(8, model("qwen2"), embedding, 64 * 100 * 4));
   const ModelConfig c = gguf_model_config(GgufFile(path));
@@ -338,6 +341,30 @@ TEST(GgufConfig, MetadataBecomesTheConfigOrIsRefusedByName) {
   expect_error([&] { gguf_model_config(GgufFile(path)); }, ErrorCode::kInvalidArgument,
                "rope_freqs.weight (rope factors stored as a tensor, as Llama 3.1's files do) is "
                "not read yet");
+  // A NaN or an infinity is refused naming the key: it would reach config.json as null, which
+  // reads as absent, and the default would be used in its place.
+  const auto with_base = [&](double base) {
+    return [=](Writer& m) {
+      model("llama")(m);
+      m.key("llama.rope.freq_base", GgufValueType::kFloat64).put<double>(base);
+    };
+  };
+  const struct {
+    std::string bytes;
+    const char* message;
+  } bad[] = {{gguf(9, with_base(std::nan("")), embedding, 64 * 100 * 4),
+              "llama.rope.freq_base is NaN, not a finite number"},
+             {gguf(9, with_base(INFINITY), embedding, 64 * 100 * 4),
+              "llama.rope.freq_base is infinite, not a finite number"},
+             {gguf(8, model("llama", std::nanf("")), embedding, 64 * 100 * 4),
+              "llama.attention.layer_norm_rms_epsilon is NaN, not a finite number"},
+             {gguf(8, model("llama", -INFINITY), embedding, 64 * 100 * 4),
+              "llama.attention.layer_norm_rms_epsilon is infinite, not a finite number"}};
+  for (const auto& b : bad) {
+    open_config(b.bytes);
+    expect_error([&] { gguf_model_config(GgufFile(path)); }, ErrorCode::kInvalidArgument,
+                 std::string("gguf_config_test.gguf: ") + b.message);
+  }
   std::remove(path.c_str());
 }
 
@@ -387,10 +414,7 @@ TEST(GgufWeights, TensorsAreFoundCheckedAndRefusedByName) {
       at += (elements / type->block * type->block_bytes + 31) / 32 * 32;
     }
     const std::string bytes = gguf(8, metadata, tensors, static_cast<std::size_t>(at));
-    FILE* f = std::fopen(path.c_str(), "wb");
-    ASSERT_NE(f, nullptr);
-    std::fwrite(bytes.data(), 1, bytes.size(), f);
-    std::fclose(f);
+    write_file(path, bytes);
   };
   const auto check = [&] {
     const GgufFile file(path);
@@ -501,10 +525,7 @@ TEST(GgufTokenizer, ByteLevelBpeFromTheFileAndRefusals) {
           m.key("tokenizer.ggml.eos_token_id", GgufValueType::kUint32).put<std::uint32_t>(3);
         },
         {}, 0);
-    FILE* f = std::fopen(path.c_str(), "wb");
-    ASSERT_NE(f, nullptr);
-    std::fwrite(bytes.data(), 1, bytes.size(), f);
-    std::fclose(f);
+    write_file(path, bytes);
   };
   write("gpt2", "a b");
   const std::unique_ptr<Tokenizer> t = load_tokenizer(path);  // a file: its GGUF tokenizer
@@ -526,6 +547,52 @@ TEST(GgufTokenizer, ByteLevelBpeFromTheFileAndRefusals) {
   write("gpt2", "ab");
   expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
                "tokenizer.ggml.merges: \"ab\" is not two tokens");
+
+  // A vocabulary maps ids and tokens one to one, types its tokens 1 to 6, and has a token for
+  // every byte its tokens spell.
+  const auto vocabulary = [&](const std::vector<std::string>& tokens,
+                              const std::vector<std::int32_t>& types) {
+    const std::string bytes = gguf(
+        4,
+        [&](Writer& m) {
+          m.key("tokenizer.ggml.model", GgufValueType::kString).str("gpt2");
+          m.key("tokenizer.ggml.tokens", GgufValueType::kArray).put<std::uint32_t>(8);
+          m.put<std::uint64_t>(tokens.size());
+          for (const std::string& token : tokens) m.str(token);
+          m.key("tokenizer.ggml.token_type", GgufValueType::kArray).put<std::uint32_t>(5);
+          m.put<std::uint64_t>(types.size());
+          for (std::int32_t type : types) m.put<std::int32_t>(type);
+          m.key("tokenizer.ggml.merges", GgufValueType::kArray).put<std::uint32_t>(8);
+          m.put<std::uint64_t>(1).str("a b");
+        },
+        {}, 0);
+    write_file(path, bytes);
+  };
+  const std::vector<std::string> cat = {"a", "b", "ab", "t", "h", "e", "c", "\xc4\xa0"};
+  vocabulary(cat, {1, 1, 1, 1, 1, 1, 1, 1});
+  EXPECT_EQ(load_tokenizer(path)->encode("the cat", false),
+            (std::vector<std::int32_t>{3, 4, 5, 7, 6, 0, 3}));
+  std::vector<std::string> twice = cat;
+  twice.push_back("a");  // "the cat" would lose an id, and encode as "the ct"
+  vocabulary(twice, {1, 1, 1, 1, 1, 1, 1, 1, 1});
+  expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
+               "tokenizer.ggml.tokens holds 'a' twice, as tokens 0 and 8");
+  std::vector<std::string> respelled = cat;
+  respelled.push_back(" ");  // plain UTF-8, read as "\u0120": the spelling of token 7
+  vocabulary(respelled, {1, 1, 1, 1, 1, 1, 1, 1, 1});
+  expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
+               "holds '\\xc4\\xa0' twice, as tokens 7 and 8");
+  for (const std::int32_t type : {-7, 0, 7, 2147483647}) {
+    vocabulary(cat, {1, 1, type, 1, 1, 1, 1, 1});
+    expect_error(
+        [&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
+        "tokenizer.ggml.token_type of token 2 is " + std::to_string(type) + ", not 1 to 6");
+  }
+  std::vector<std::string> no_c = cat;
+  no_c[6] = "ca";  // spells 'c', and no token is 'c' alone
+  vocabulary(no_c, {1, 1, 1, 1, 1, 1, 1, 1});
+  expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
+               "has tokens spelling byte 0x63 ('c') but no token of that byte alone");
   std::remove(path.c_str());
 }
 
@@ -559,10 +626,7 @@ TEST(GgufTokenizer, SentencePieceFromTheFile) {
               .put<std::uint8_t>(add_bos ? 1 : 0);
         },
         {}, 0);
-    FILE* f = std::fopen(path.c_str(), "wb");
-    ASSERT_NE(f, nullptr);
-    std::fwrite(bytes.data(), 1, bytes.size(), f);
-    std::fclose(f);
+    write_file(path, bytes);
   };
   write(2, true);
   std::unique_ptr<Tokenizer> t = load_tokenizer(path);
@@ -582,6 +646,44 @@ TEST(GgufTokenizer, SentencePieceFromTheFile) {
   write(9, true);
   expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
                "tokenizer.ggml.token_type of token 0 is 9, not 1 to 6");
+
+  // Scores are finite, pieces distinct, and what SentencePiece itself refuses reaches the user
+  // with its reason.
+  const auto pieces = [&](const std::vector<std::string>& tokens, float score3) {
+    const std::string bytes = gguf(
+        5,
+        [&](Writer& m) {
+          m.key("tokenizer.ggml.model", GgufValueType::kString).str("llama");
+          m.key("tokenizer.ggml.tokens", GgufValueType::kArray).put<std::uint32_t>(8);
+          m.put<std::uint64_t>(tokens.size());
+          for (const std::string& token : tokens) m.str(token);
+          m.key("tokenizer.ggml.scores", GgufValueType::kArray).put<std::uint32_t>(6);
+          m.put<std::uint64_t>(tokens.size());
+          for (std::size_t i = 0; i < tokens.size(); ++i) m.put<float>(i == 3 ? score3 : -1.0f);
+          m.key("tokenizer.ggml.token_type", GgufValueType::kArray).put<std::uint32_t>(5);
+          m.put<std::uint64_t>(tokens.size());
+          for (std::size_t i = 0; i < tokens.size(); ++i) m.put<std::int32_t>(i == 0 ? 2 : 1);
+          m.key("tokenizer.ggml.eos_token_id", GgufValueType::kUint32).put<std::uint32_t>(2);
+        },
+        {}, 0);
+    write_file(path, bytes);
+  };
+  const std::vector<std::string> good = {"<unk>", "<s>", "</s>", "a", "b"};
+  pieces(good, -2.0f);
+  EXPECT_EQ(load_tokenizer(path)->vocab_size(), 5);
+  pieces(good, std::nanf(""));
+  expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
+               "tokenizer.ggml.scores of token 3 is NaN, not a finite number");
+  pieces(good, INFINITY);
+  expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
+               "tokenizer.ggml.scores of token 3 is inf, not a finite number");
+  pieces({"<unk>", "<s>", "</s>", "a", "a"}, -2.0f);
+  expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
+               "tokenizer.ggml.tokens holds 'a' twice, as tokens 3 and 4");
+  pieces({"<unk>", "<s>", "</s>", "", "b"}, -2.0f);
+  expect_error([&] { load_tokenizer(path); }, ErrorCode::kInvalidArgument,
+               "not a SentencePiece model the library can read (a protobuf ModelProto): piece "
+               "must not be empty");
   std::remove(path.c_str());
 }
 

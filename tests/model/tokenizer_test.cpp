@@ -13,6 +13,7 @@
 
 #include "expect_error.hpp"
 #include "kvoffload/error.hpp"
+#include "model/text/chat_format.hpp"
 #include "model/text/tokenizer.hpp"
 #include "model/text/tokenizer_bpe.hpp"
 #include "model/text/tokenizer_settings.hpp"
@@ -129,6 +130,50 @@ TEST(Tokenizer, AnEmptyVocabularyAndMissingPartsAreRefused) {
   expect_error([] { parse_bpe_tokenizer("[1, 2]", TokenizerSettings{}, "tokenizer.json"); },
                ErrorCode::kInvalidArgument,
                "tokenizer.json: (the document): must be a JSON object");
+}
+
+// A vocabulary maps ids and tokens one to one, and has a token of its own for every byte its
+// tokens spell (else a text holding that byte elsewhere would lose it).
+TEST(Tokenizer, AVocabularyIsABijectionReachingEveryByteItSpells) {
+  Json j = tokenizer_json();
+  j["model"]["vocab"]["ll"] = 256;  // the id of "he"
+  expect_refused(j, "tokenizer.json: model.vocab: gives id 256 to two tokens, 'he' and 'll'");
+  j = tokenizer_json();
+  j["model"]["vocab"].erase(byte_char('l'));  // "ll" and "hell" still spell it
+  j["model"]["vocab"]["<l>"] = 'l';
+  expect_refused(j, "has tokens spelling byte 0x6c ('l') but no token of that byte alone");
+  // A byte no token spells may lack its token (SmolLM2's vocabulary lacks 21 such bytes).
+  j = tokenizer_json();
+  j["model"]["vocab"].erase(byte_char(0xff));
+  EXPECT_EQ(parse(j)->encode("hello", false), (std::vector<std::int32_t>{258, 'o'}));
+}
+
+// SmolLM2's ChatML template with a default system message that holds escapes: rendered as Jinja
+// (and so transformers) renders them, not copied as written. The expected text is jinja2's
+// rendering of this template for one user message "hi".
+TEST(ChatFormat, TheDefaultSystemMessageIsRenderedAsJinjaRendersIt) {
+  const std::string before =
+      "{% for message in messages %}{% if loop.first and messages[0]['role'] "
+      "!= 'system' %}{{ '<|im_start|>system\n";
+  const std::string after =
+      "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+      "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+      "'<|im_start|>assistant\n' }}{% endif %}";
+  TokenizerSettings s;
+  s.chat_template = before + R"(You are\nhelpful\t\x41\u00e9 \\ it\'s)" + after;
+  const ChatFormat chat = chat_format(s, std::nullopt);
+  EXPECT_EQ(chat.before + "hi" + chat.after,
+            "<|im_start|>system\nYou are\nhelpful\tA\xc3\xa9 \\ it's<|im_end|>\n<|im_start|>user\n"
+            "hi<|im_end|>\n<|im_start|>assistant\n");
+  // A system message given replaces it as it is.
+  EXPECT_EQ(chat_format(s, std::string("be\\n brief")).before,
+            "<|im_start|>system\nbe\\n brief<|im_end|>\n<|im_start|>user\n");
+  // What is not one literal, or an escape not rendered here, is refused, never guessed.
+  for (const char* body : {"it's", "a \\q b", "\\x4", "\\ud800"}) {
+    s.chat_template = before + body + after;
+    expect_error([&] { chat_format(s, std::nullopt); }, ErrorCode::kInvalidArgument,
+                 "is not one kvo-generate can build faithfully");
+  }
 }
 
 TEST(Tokenizer, PostProcessorIdsMustBeTheTokenizersOwn) {
