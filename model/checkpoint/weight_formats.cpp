@@ -84,4 +84,12 @@ std::uint64_t quantized_weight_bytes(const ModelConfig& config, const std::strin
   return total;
 }
 
+void check_weight_format_source(const std::string& format, const std::string& checkpoint) {
+  if (!format.empty() && !checkpoint.empty() && is_gguf_model(checkpoint)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "a GGUF file's weights come in its own blocks: " + printable(format) +
+                    " quantizes a safetensors checkpoint or drawn weights at load");
+  }
+}
+
 }  // namespace kvo::model

@@ -27,4 +27,9 @@ std::vector<std::string> weight_format_names();  // q8_0, int8, q4_k_m, q5_k_m
 // listed, or a family whose layout these recipes do not cover (Phi-3's fused projections).
 std::uint64_t quantized_weight_bytes(const ModelConfig& config, const std::string& format);
 
+// Refuses (kvo::Error kInvalidArgument) a format asked of a GGUF file (`checkpoint`), whose
+// weights come in its own blocks: the formats quantize a safetensors checkpoint or drawn
+// weights. Kvo-generate and kvo-vram refuse the same combinations.
+void check_weight_format_source(const std::string& format, const std::string& checkpoint);
+
 }  // namespace kvo::model

@@ -10,6 +10,7 @@
 #include "model/checkpoint/gguf.hpp"
 #include "model/checkpoint/gguf_weights.hpp"
 #include "model/checkpoint/safetensors.hpp"
+#include "model/checkpoint/weight_formats.hpp"
 #include "model/cuda/attention_kernels.hpp"
 #include "model/cuda/cuda_ops.hpp"
 #include "model/decoder/memory_plan.hpp"
@@ -43,10 +44,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
                     " are planned (kvo-vram --weights), not run: give a GGUF file of that type "
                     "(--model FILE.gguf), or q8_0 or int8 to quantize at load");
     }
-    if (!source.checkpoint.empty() && is_gguf_model(source.checkpoint)) {
-      throw invalid("a GGUF file's weights come in its own blocks: " + options_.weight_format +
-                    " quantizes a safetensors checkpoint or drawn weights at load");
-    }
+    check_weight_format_source(options_.weight_format, source.checkpoint);
     std::map<std::string, std::uint32_t> q8_0;
     for (const WeightEntry& e : layout_.entries()) {
       if (e.kind != WeightKind::kMatrix) continue;

@@ -10,6 +10,7 @@
 #include "model/checkpoint/gguf_config.hpp"
 #include "model/checkpoint/gguf_weights.hpp"
 #include "model/checkpoint/model_config.hpp"
+#include "model/checkpoint/weight_formats.hpp"
 #include "model/decoder/memory_plan.hpp"
 
 namespace kvo {
@@ -20,6 +21,8 @@ model::DecoderMemory decoder_memory(const MemoryQuery& q, const model::ModelConf
     throw Error(ErrorCode::kInvalidArgument, "the planner needs a backend: cuda or host");
   }
   model::DecoderOptions options = model::decoder_options(q);
+  // What the decoder refuses, the planner does not plan.
+  if (model::has_gguf_magic(q.model)) model::check_weight_format_source(q.weights, q.model);
   if (q.weights.empty() && model::has_gguf_magic(q.model)) {
     // Both paths keep a GGUF file's quantized matrices in their blocks (the CUDA path with a
     // tile of their rows dequantized for prefill GEMMs, in its workspace).

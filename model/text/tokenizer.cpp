@@ -2,12 +2,15 @@
 // model directory (or a GGUF file).
 #include "model/text/tokenizer.hpp"
 
+#include <sys/stat.h>
+
 #include "kvoffload/error.hpp"
 #include "model/checkpoint/gguf.hpp"
 #include "model/text/tokenizer_bpe.hpp"
 #include "model/text/tokenizer_gguf.hpp"
 #include "model/text/tokenizer_settings.hpp"
 #include "model/text/tokenizer_spm.hpp"
+#include "offload/util/input_file.hpp"
 
 namespace kvo::model {
 
@@ -132,6 +135,12 @@ TokenizerSettings load_tokenizer_settings(const std::string& model) {
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& model_dir) {
   if (is_gguf_model(model_dir)) return load_gguf_tokenizer(model_dir);
+  struct stat st {};
+  if (::stat(model_dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                model_dir + " is " + offload::file_kind(st.st_mode) +
+                    ", neither a model directory nor a GGUF file, so text cannot be tokenized");
+  }
   const std::string json = model_dir + "/tokenizer.json";
   const std::string spm = model_dir + "/tokenizer.model";
   // One that exists is read (and refused when it is not a regular file), never passed over.

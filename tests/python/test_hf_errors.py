@@ -239,6 +239,8 @@ class Construction(unittest.TestCase):
         # Each refused in its own words, never a pybind11 "incompatible arguments" or a raw
         # AttributeError, and a float is never truncated to an int.
         config = qwen2_config()
+        huge = qwen2_config()  # a crafted config claiming 2^31 layers: refused before any loop
+        huge.num_hidden_layers = 2**31
         cases = [
             (TypeError, "config must be the model's config", lambda: OffloadedStaticCache(
                 None, 1, 8, device="cpu", dtype=torch.float32)),
@@ -253,6 +255,13 @@ class Construction(unittest.TestCase):
             (TypeError, "ring_depth must be an int", lambda: cpu_cache(config, ring_depth="2")),
             (ValueError, "ring_depth must be from 1 to 64", lambda: cpu_cache(
                 config, ring_depth=2**40)),
+            (TypeError, "kv_dtype must be None, a str ('fp8', 'int8') or a torch.dtype, got "
+                        "list []", lambda: cpu_cache(config, kv_dtype=[])),
+            (ValueError, "there is one CPU device (cpu, or cpu:0), not cpu:1", lambda: cpu_cache(
+                config, device="cpu:1")),
+            (TypeError, "device must be a torch.device", lambda: cpu_cache(config, device=[0])),
+            (ValueError, "num_hidden_layers must be an int from 1 to 65536, got 2147483648",
+             lambda: cpu_cache(huge)),
         ]
         for error, needle, call in cases:
             with self.assertRaises(error, msg=needle) as raised:

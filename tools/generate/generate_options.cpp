@@ -260,6 +260,13 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
   d.builtin_attention = a.attention == "builtin";
   d.threads = a.threads;
   d.f32_gemm = a.gemm == "f32";
+  if (a.expand_weights && !model::is_gguf_model(r.source.checkpoint)) {
+    throw UsageError("--expand-weights dequantizes a GGUF file's blocks at load, and " +
+                     (r.source.checkpoint.empty()
+                          ? std::string("drawn weights have none")
+                          : r.source.checkpoint + ", a safetensors checkpoint, has none") +
+                     " (--weights quantizes them at load)");
+  }
   d.keep_blocks = !a.expand_weights;
   d.q8_activations = a.activations == "q8";
   d.weight_format = a.weights;

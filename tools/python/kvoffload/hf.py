@@ -95,11 +95,20 @@ _MIXED_CLASSES: dict = {}
 def _resolve_device(device) -> torch.device:
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not isinstance(device, (str, int, torch.device)) or isinstance(device, bool):
+        raise TypeError(f"device must be a torch.device, a str such as 'cuda:0' or an int, got "
+                        f"{type(device).__name__} {device!r}")
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if device.type not in ("cuda", "cpu"):
         raise ValueError(f"kvoffload's OffloadedStaticCache runs on cuda or cpu, not {device}")
+    if device.type == "cpu" and device.index not in (None, 0):
+        raise ValueError(f"there is one CPU device (cpu, or cpu:0), not {device}: tensors on it "
+                         "are on 'cpu', and every update would be refused")
+    if device.type == "cuda" and device.index >= torch.cuda.device_count():
+        raise ValueError(f"{device} is not a device here ({torch.cuda.device_count()} CUDA "
+                         "device(s))")
     return device
 
 
@@ -119,6 +128,9 @@ def _resolve_dtype(dtype, text_config) -> torch.dtype:
 def _resolve_kv_dtype(kv_dtype, dtype: torch.dtype) -> str:
     """The library's name of the K/V dtype the native cache stores: the model's dtype by default,
     or fp8 (e4m3) or int8, quantized where the rows are appended and returned in ``dtype``."""
+    if not (kv_dtype is None or isinstance(kv_dtype, (str, torch.dtype))):
+        raise TypeError(f"kv_dtype must be None, a str ('fp8', 'int8') or a torch.dtype, got "
+                        f"{type(kv_dtype).__name__} {kv_dtype!r}")
     if kv_dtype is None or kv_dtype == dtype:
         return _DTYPES[dtype]
     if kv_dtype in _QUANTIZED:

@@ -208,6 +208,10 @@ def _shares_kv(text_config, index: int) -> bool:
     return modes is not None and modes[index] == "reuse"
 
 
+# The most layers a config may claim: far more than any model has (Llama 3.1 405B: 126).
+MAX_LAYERS = 1 << 16
+
+
 def describe_layers(text_config, max_cache_len: int) -> list[LayerSpec]:
     """One LayerSpec per decoder layer, or UnsupportedModelError naming every layer the cache
     cannot serve and why."""
@@ -216,6 +220,12 @@ def describe_layers(text_config, max_cache_len: int) -> list[LayerSpec]:
             "kvoffload's OffloadedStaticCache serves decoder-only models: an encoder-decoder model "
             "also needs a cross-attention cache (transformers' EncoderDecoderCache)"
         )
+    layers = getattr(text_config, "num_hidden_layers", None)
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int)
+                               or not 1 <= layers <= MAX_LAYERS):
+        # Refused before anything is built for each layer (a claim of 2^31 would loop that long).
+        raise ValueError(f"the config's num_hidden_layers must be an int from 1 to {MAX_LAYERS}, "
+                         f"got {layers!r}")
     layer_types, layer_kwargs = get_layer_types_and_kwargs(text_config)
     configs = _per_layer_configs(text_config)
     model = getattr(text_config, "model_type", None) or type(text_config).__name__
