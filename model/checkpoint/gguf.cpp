@@ -457,8 +457,14 @@ bool has_gguf_magic(const std::string& path) {
 }
 
 GgufFile::GgufFile(const std::string& path)
-    : path_(path), file_(path, kMaxGgufFileBytes, 24, "GGUF") {
-  contents_ = parse_gguf(file_.data(), file_.size(), path);
+    : path_(path), file_(std::make_unique<MappedFile>(path, kMaxGgufFileBytes, 24, "GGUF")) {
+  size_ = file_->size();
+  contents_ = parse_gguf(file_->data(), size_, path);
+}
+
+GgufFile::GgufFile(const std::byte* bytes, std::size_t size, const std::string& name)
+    : path_(name), size_(size) {
+  contents_ = parse_gguf(bytes, size, name);
 }
 
 const GgufValue& GgufFile::at(const std::string& key) const {

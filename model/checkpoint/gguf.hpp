@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -109,12 +110,14 @@ GgufContents parse_gguf(const std::byte* file, std::size_t size, const std::stri
 class GgufFile {
  public:
   explicit GgufFile(const std::string& path);
+  // A file's bytes the caller holds (and keeps alive as long as this), read as a file `name`.
+  GgufFile(const std::byte* bytes, std::size_t size, const std::string& name);
   GgufFile(const GgufFile&) = delete;
   GgufFile& operator=(const GgufFile&) = delete;
 
   const GgufContents& contents() const { return contents_; }
   const std::string& path() const { return path_; }
-  std::size_t size() const { return file_.size(); }
+  std::size_t size() const { return size_; }
 
   bool has(const std::string& key) const { return contents_.metadata.count(key) != 0; }
   // The value at `key`, which must exist and be of the kind asked for (any integer type for
@@ -129,7 +132,8 @@ class GgufFile {
 
  private:
   std::string path_;
-  MappedFile file_;
+  std::unique_ptr<MappedFile> file_;  // null for bytes the caller holds
+  std::size_t size_ = 0;
   GgufContents contents_;
 };
 
