@@ -26,7 +26,7 @@
 
 #include "bench/bench_common.hpp"
 #include "model/checkpoint/model_config.hpp"
-#include "model/decoder/numerics.hpp"
+#include "model/common/numerics.hpp"
 #include "model/host/host_attention.hpp"
 #include "model/host/host_ops.hpp"
 #include "model/host/thread_pool.hpp"

@@ -21,7 +21,7 @@
 
 #include "model/checkpoint/gguf.hpp"
 #include "model/checkpoint/weights.hpp"
-#include "model/decoder/progress.hpp"
+#include "model/common/progress.hpp"
 
 namespace kvo::model {
 

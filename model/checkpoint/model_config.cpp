@@ -8,7 +8,7 @@
 #include "kvoffload/quant.hpp"
 #include "model/checkpoint/safetensors.hpp"
 #include "model/checkpoint/strict_json.hpp"
-#include "model/decoder/numerics.hpp"
+#include "model/common/numerics.hpp"
 #include "model/families/family.hpp"
 #include "model/text/tokenizer_bpe.hpp"
 #include "model/text/tokenizer_settings.hpp"
@@ -524,6 +524,16 @@ std::string to_config_json(const ModelConfig& c) {
                      : c.dtype == DType::kF16 ? "float16"
                                               : "bfloat16";
   return o.dump(2) + "\n";
+}
+
+RopeTable rope_table(const ModelConfig& c, std::int64_t seq_len) {
+  return rope_table(c.rope_scaling, static_cast<float>(c.rope_theta), c.head_dim,
+                    c.max_position_embeddings, seq_len);
+}
+
+RopeSchedule rope_schedule(const ModelConfig& c) {
+  return RopeSchedule(c.rope_scaling, static_cast<float>(c.rope_theta), c.head_dim,
+                      c.max_position_embeddings);
 }
 
 std::int64_t parameter_count(const ModelConfig& c) {

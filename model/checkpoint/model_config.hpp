@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kvoffload/types.hpp"
-#include "model/decoder/rope.hpp"
+#include "model/common/rope.hpp"
 
 namespace kvo::model {
 
@@ -118,6 +118,11 @@ std::vector<std::string> preset_names();
 
 // config.json text for `config`, as Hugging Face writes it (enough for transformers to load).
 std::string to_config_json(const ModelConfig& config);
+
+// The rope table of a forward of `config` whose highest position is seq_len - 1 (rope_table of
+// its scaling, base, head size and pretraining length), and its schedule, forward by forward.
+RopeTable rope_table(const ModelConfig& config, std::int64_t seq_len);
+RopeSchedule rope_schedule(const ModelConfig& config);
 
 // Parameter count and bytes of the weights in `dtype`.
 std::int64_t parameter_count(const ModelConfig& config);

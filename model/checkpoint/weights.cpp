@@ -8,7 +8,7 @@
 #include "kvoffload/error.hpp"
 #include "model/checkpoint/ggml_blocks.hpp"
 #include "model/checkpoint/safetensors.hpp"
-#include "model/decoder/numerics.hpp"
+#include "model/common/numerics.hpp"
 #include "model/families/family.hpp"
 
 namespace kvo::model {

@@ -12,7 +12,7 @@
 
 #include "kvoffload/types.hpp"
 #include "model/checkpoint/model_config.hpp"
-#include "model/decoder/progress.hpp"
+#include "model/common/progress.hpp"
 
 namespace kvo::model {
 

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/decoder/numerics.hpp"
+#include "model/common/numerics.hpp"
 
 namespace kvo::model::flashinfer_ops {
 

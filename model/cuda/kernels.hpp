@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "model/decoder/numerics.hpp"
+#include "model/common/numerics.hpp"
 
 namespace kvo::model::cuda {
 

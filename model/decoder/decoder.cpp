@@ -34,7 +34,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
                  const DecoderOptions& options, const ProgressFn& weights_progress)
     : config_((validate(config), config)),  // checked before layout_ sizes anything by it
       family_(family_of_architecture(config_.architecture, "the model")),
-      rope_(config_),
+      rope_(rope_schedule(config_)),
       options_(options),
       layout_(config, options.override_dtype ? options.dtype : config.dtype) {
   const BackendKind backend = resolve_backend(options_.backend);

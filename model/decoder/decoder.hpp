@@ -20,9 +20,9 @@
 #include "kvoffload/cache.hpp"
 #include "model/checkpoint/model_config.hpp"
 #include "model/checkpoint/weights.hpp"
+#include "model/common/progress.hpp"
+#include "model/common/rope.hpp"
 #include "model/decoder/ops.hpp"
-#include "model/decoder/progress.hpp"
-#include "model/decoder/rope.hpp"
 #include "model/decoder/sampler.hpp"
 #include "model/families/family.hpp"
 

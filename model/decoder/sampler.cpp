@@ -5,7 +5,7 @@
 #include <functional>
 
 #include "kvoffload/error.hpp"
-#include "model/decoder/numerics.hpp"
+#include "model/common/numerics.hpp"
 
 namespace kvo::model {
 

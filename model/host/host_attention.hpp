@@ -22,7 +22,7 @@
 
 #include "kvoffload/cache.hpp"
 #include "model/checkpoint/model_config.hpp"
-#include "model/decoder/numerics.hpp"
+#include "model/common/numerics.hpp"
 #include "model/host/host_workspace.hpp"
 #include "model/host/thread_pool.hpp"
 

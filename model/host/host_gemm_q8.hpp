@@ -22,7 +22,7 @@
 #include <cstdint>
 
 #include "model/checkpoint/ggml_blocks.hpp"
-#include "model/decoder/numerics.hpp"
+#include "model/common/numerics.hpp"
 
 namespace kvo::model::q8_gemm {
 

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "model/decoder/numerics.hpp"
+#include "model/common/numerics.hpp"
 
 namespace kvo::model::kernels {
 

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "model/checkpoint/weights.hpp"
-#include "model/decoder/numerics.hpp"
+#include "model/common/numerics.hpp"
 #include "model/host/host_workspace.hpp"
 #include "model/host/thread_pool.hpp"
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "model/checkpoint/model_config.hpp"
-#include "model/decoder/numerics.hpp"
+#include "model/common/numerics.hpp"
 #include "model/decoder/ops.hpp"
 
 namespace kvo::model {

@@ -12,7 +12,7 @@ namespace kvo::offload {
 // copy where there is no SSE2), the bytes before it and the tail copied plainly. Any alignment.
 void copy_streaming_sse2(std::byte* dst, const std::byte* src, std::size_t bytes);
 #if defined(KVO_HASH_AVX2)
-// The same with 32-byte streaming stores (context_hash_avx2.cpp). REQUIRES: the CPU has AVX2.
+// The same with 32-byte streaming stores (stream_copy_avx2.cpp). REQUIRES: the CPU has AVX2.
 void copy_streaming_avx2(std::byte* dst, const std::byte* src, std::size_t bytes);
 #endif
 

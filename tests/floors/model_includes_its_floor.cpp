@@ -1,7 +1,7 @@
 // The same view lets a file of model/ include what its floor may: the public API, offload/util/
 // and model/ itself.
 #include "kvoffload/types.hpp"
-#include "model/decoder/numerics.hpp"
+#include "model/common/numerics.hpp"
 #include "offload/util/printable.hpp"
 
 int main() {

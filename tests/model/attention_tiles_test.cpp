@@ -13,8 +13,8 @@
 #include <random>
 #include <vector>
 
+#include "model/common/numerics.hpp"
 #include "model/cuda/attention_kernels.hpp"
-#include "model/decoder/numerics.hpp"
 
 namespace kvo::model {
 namespace {

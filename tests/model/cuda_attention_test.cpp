@@ -39,10 +39,10 @@
 
 #include "cuda_required.hpp"
 #include "kvoffload/cache.hpp"
+#include "model/common/numerics.hpp"
 #include "model/cuda/attention_kernels.hpp"
 #include "model/cuda/cuda_ops.hpp"
 #include "model/decoder/memory_plan.hpp"
-#include "model/decoder/numerics.hpp"
 
 namespace kvo::model {
 namespace {

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "model/checkpoint/ggml_blocks.hpp"
+#include "model/common/numerics.hpp"
 #include "model/decoder/decoder.hpp"
-#include "model/decoder/numerics.hpp"
 #include "model/decoder/sampler.hpp"
 
 namespace kvo::model::testing {

@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "model/decoder/numerics.hpp"
-#include "model/decoder/rope.hpp"
+#include "model/common/numerics.hpp"
+#include "model/common/rope.hpp"
 #include "rounding.hpp"
 
 namespace kvo::model {

@@ -41,9 +41,9 @@
 
 #include "model/checkpoint/safetensors.hpp"
 #include "model/checkpoint/weights.hpp"
+#include "model/common/numerics.hpp"
+#include "model/common/rope.hpp"
 #include "model/decoder/decoder.hpp"
-#include "model/decoder/numerics.hpp"
-#include "model/decoder/rope.hpp"
 #include "model/host/host_linear.hpp"
 #include "rounding.hpp"
 
@@ -296,7 +296,7 @@ class ReferenceModel {
 
   // The rope table of each position, forward by forward as the decoder follows it.
   std::vector<RopeTable> rope_tables(int n) const {
-    RopeSchedule schedule(c_);
+    RopeSchedule schedule = rope_schedule(c_);
     const int first = prefill_ > 0 ? std::min(prefill_, n) : n;
     schedule.update(first);
     std::vector<RopeTable> tables(static_cast<std::size_t>(n), schedule.table());

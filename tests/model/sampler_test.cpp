@@ -5,7 +5,7 @@
 #include <map>
 #include <vector>
 
-#include "model/decoder/numerics.hpp"
+#include "model/common/numerics.hpp"
 #include "model/decoder/sampler.hpp"
 
 namespace kvo::model {

@@ -8,7 +8,7 @@
 #include "model/checkpoint/gguf.hpp"
 #include "model/checkpoint/gguf_config.hpp"
 #include "model/checkpoint/model_config.hpp"
-#include "model/decoder/numerics.hpp"
+#include "model/common/numerics.hpp"
 #include "offload/util/printable.hpp"
 #include "tools/cli/cli.hpp"
 #include "tools/cli/token_file.hpp"

@@ -1,10 +1,8 @@
-#include "model/decoder/rope.hpp"
+#include "model/common/rope.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
-
-#include "model/checkpoint/model_config.hpp"
 
 namespace kvo::model {
 
@@ -174,18 +172,14 @@ RopeTable rope_table(const RopeScaling& s, float theta, int head_dim, int max_po
   return t;
 }
 
-RopeTable rope_table(const ModelConfig& c, std::int64_t seq_len) {
-  return rope_table(c.rope_scaling, static_cast<float>(c.rope_theta), c.head_dim,
-                    c.max_position_embeddings, seq_len);
-}
-
-RopeSchedule::RopeSchedule(const ModelConfig& c)
-    : scaling_(c.rope_scaling),
-      theta_(static_cast<float>(c.rope_theta)),
-      head_dim_(c.head_dim),
-      max_position_(c.max_position_embeddings),
-      cached_len_(c.max_position_embeddings),
-      original_len_(c.max_position_embeddings) {
+RopeSchedule::RopeSchedule(const RopeScaling& scaling, float theta, int head_dim,
+                           int max_position_embeddings)
+    : scaling_(scaling),
+      theta_(theta),
+      head_dim_(head_dim),
+      max_position_(max_position_embeddings),
+      cached_len_(max_position_embeddings),
+      original_len_(max_position_embeddings) {
   // As transformers starts: the table of no length (dynamic: max_position_embeddings' base;
   // longrope: the short factors).
   table_ = rope_table(scaling_, theta_, head_dim_, max_position_, 0);

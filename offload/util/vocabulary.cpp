@@ -1,4 +1,5 @@
-// The small vocabulary of the public API: dtypes, backends, byte sizes, error names.
+// The small vocabulary of the public API: dtypes, backends, byte sizes, error names. The floor
+// of everything: the store, the backends and the model all name dtypes and sizes.
 #include <cctype>
 #include <cmath>
 #include <cstdio>

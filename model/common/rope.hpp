@@ -15,8 +15,6 @@
 
 namespace kvo::model {
 
-struct ModelConfig;
-
 enum class RopeType { kDefault, kLinear, kDynamic, kYarn, kLongRope, kLlama3 };
 
 // "default", "linear", "dynamic", "yarn", "longrope", "llama3".
@@ -59,7 +57,6 @@ struct RopeTable {
 // theta > 0, and the scaling as parse_model_config validates it.
 RopeTable rope_table(const RopeScaling& scaling, float theta, int head_dim,
                      int max_position_embeddings, std::int64_t seq_len);
-RopeTable rope_table(const ModelConfig& config, std::int64_t seq_len);
 
 // True for the types whose table depends on the forward's length (dynamic, longrope).
 bool rope_depends_on_length(const RopeScaling& scaling);
@@ -70,7 +67,8 @@ bool rope_depends_on_length(const RopeScaling& scaling);
 // each forward. Other types never change.
 class RopeSchedule {
  public:
-  explicit RopeSchedule(const ModelConfig& config);
+  // A model's rope: its scaling, base, head size and pretraining length (ModelConfig's).
+  RopeSchedule(const RopeScaling& scaling, float theta, int head_dim, int max_position_embeddings);
   // Before a forward whose highest position is seq_len - 1: true when the table changed.
   bool update(std::int64_t seq_len);
   const RopeTable& table() const { return table_; }
