@@ -143,7 +143,7 @@ class GreedyMatchesStaticCache(unittest.TestCase):
     def test_a_checkpoint_that_names_a_cache_implementation(self):
         # A generation_config with cache_implementation set makes generate refuse a cache object
         # ("Passing both ... is unsupported"); cache_implementation=None in the call, as the
-        # README says next to its example, lets ours through.
+        # Python docs (docs/python.md) say next to its example, lets ours through.
         model = make_model("llama3")
         model.generation_config.cache_implementation = "static"
         ids, mask = prompts(1, 6, seed=6)
