@@ -58,8 +58,8 @@ case "$mode" in
   --tsan)
     build=${KVO_BUILD_DIR:-$root/build-tsan}
     cmake_args=("${sanitized[@]}" -DKVO_SANITIZE=thread)
-    targets=(host_store_test host_backend_test cache_equivalence_test cache_bytes_test
-             cache_misuse_test cache_context_test model_host_ops_test kvo-replay)
+    targets=(host_store_test host_backend_test window_layers_test cache_equivalence_test
+             cache_bytes_test cache_misuse_test cache_context_test model_host_ops_test kvo-replay)
     ;;
   *)
     build=${KVO_BUILD_DIR:-$root/build}
