@@ -149,17 +149,14 @@ const char* activation_name(Activation act) {
 }
 
 float embedding_scale(const ModelConfig& config, DType weights) {
-  if (!config.embed_scaled) return 1.0f;
-  float scale = std::sqrt(static_cast<float>(config.hidden_size));
-  if (weights == DType::kBF16) scale = bf16_to_float(float_to_bf16(scale));
-  if (weights == DType::kF16) scale = f16_to_float(float_to_f16(scale));
-  return scale;
+  const Family& family = family_of_architecture(config.architecture, "the model");
+  return family.embedding_scale != nullptr ? family.embedding_scale(config, weights) : 1.0f;
 }
 
 double ModelConfig::attention_scale() const {
-  const double scalar = query_pre_attn_scalar > 0 ? static_cast<double>(query_pre_attn_scalar)
-                                                  : static_cast<double>(head_dim);
-  return 1.0 / std::sqrt(scalar);
+  const Family& family = family_of_architecture(architecture, "the model");
+  if (family.attention_scale != nullptr) return family.attention_scale(*this);
+  return 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
 std::string model_file_bounds() {
@@ -444,8 +441,6 @@ ModelConfig preset(const std::string& name) {
     c.hidden_act = Activation::kGeluTanh;
     c.query_pre_attn_scalar = 256;
     c.norm_offset = 1;
-    c.embed_scaled = true;
-    c.post_norms = true;
     c.rope_local_theta = 10000.0f;
     c.sliding_window = 1024;
     c.sliding_layers.assign(48, 1);

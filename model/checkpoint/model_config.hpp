@@ -37,14 +37,11 @@ struct ModelConfig {
   std::vector<std::uint8_t> sliding_layers;
   Activation hidden_act = Activation::kSilu;
   double attn_softcap = 0;   // Gemma 2: scores become cap * tanh(score / cap); 0: none
-  double final_softcap = 0;  // Gemma 2: the same on the logits
-  // Gemma: the scores are scaled by query_pre_attn_scalar^-1/2; 0: head_dim^-1/2.
+  double final_softcap = 0;  // Gemma 2: the same on the logits (its family's logits hook)
+  // Gemma: the scores are scaled by query_pre_attn_scalar^-1/2 (its family's attention_scale).
   float query_pre_attn_scalar = 0;
-  // Gemma: every RMSNorm multiplies by (norm_offset + weight) and the embeddings are scaled by
-  // sqrt(hidden_size) (rounded to the weights' dtype, as transformers rounds it).
+  // Every RMSNorm multiplies by (norm_offset + weight) (Gemma: 1).
   float norm_offset = 0;
-  bool embed_scaled = false;
-  bool post_norms = false;  // Gemma: the attention's and the MLP's outputs are normed too
   // Gemma 3: the window layers rotate with this base and no scaling (the full layers with
   // rope_theta and rope_scaling); 0: every layer rotates alike.
   double rope_local_theta = 0;
@@ -68,7 +65,7 @@ struct ModelConfig {
   }
   // Whether `layer` rotates with the local table (rope_local_theta).
   bool local_rope(int layer) const { return rope_local_theta > 0 && window(layer) > 0; }
-  // The factor on q . k.
+  // The factor on q . k: the family's (model/families/family.hpp), else head_dim^-1/2.
   double attention_scale() const;
 };
 
@@ -86,8 +83,7 @@ struct ModelLimits {
   static constexpr int kPositions = 1 << 30;  // max_position_embeddings, sliding_window
 };
 
-// The factor on the embeddings: Gemma's sqrt(hidden_size) rounded to the weights' dtype, as
-// transformers multiplies by it; 1 for the other families.
+// The factor on the embeddings: the family's (model/families/family.hpp), 1 where it has none.
 float embedding_scale(const ModelConfig& config, DType weights);
 
 // "silu", "gelu_pytorch_tanh": as config.json names them.

@@ -288,8 +288,11 @@ class CudaOps final : public Ops {
     cuda::gated_activation(gate, up, count, shape_.config.hidden_act == Activation::kGeluTanh,
                            stream_);
   }
-  void add(float* x, const float* y, std::int64_t count) override {
-    cuda::add(x, y, count, stream_);
+  void add(float* x, const float* y, std::int64_t count, float scale) override {
+    cuda::add(x, y, count, scale, stream_);
+  }
+  void scale(float* x, std::int64_t count, float factor) override {
+    cuda::scale(x, count, factor, stream_);
   }
   void soft_cap(float* x, std::int64_t count, float cap) override {
     cuda::soft_cap(x, count, cap, stream_);

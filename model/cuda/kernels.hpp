@@ -34,8 +34,8 @@ void add_bias(float* y, int n, int out, const void* bias, DType type, cudaStream
 // gate [count] = act(gate) * up: silu, or with `gelu` gelu_tanh (numerics.hpp).
 void gated_activation(float* gate, const float* up, std::int64_t count, bool gelu,
                       cudaStream_t stream);
-// x [count] += y.
-void add(float* x, const float* y, std::int64_t count, cudaStream_t stream);
+// x [count] += y * scale (the product rounded first).
+void add(float* x, const float* y, std::int64_t count, float scale, cudaStream_t stream);
 // x [count] = soft_cap_value(x, cap).
 void soft_cap(float* x, std::int64_t count, float cap, cudaStream_t stream);
 // x [count] *= factor.

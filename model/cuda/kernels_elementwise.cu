@@ -108,10 +108,10 @@ __global__ void gated_activation_kernel(float* gate, const float* up, std::int64
   }
 }
 
-__global__ void add_kernel(float* x, const float* y, std::int64_t count) {
+__global__ void add_kernel(float* x, const float* y, std::int64_t count, float scale) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    x[i] += y[i];
+    x[i] = __fadd_rn(x[i], __fmul_rn(y[i], scale));  // rounded, then added: as the host path
   }
 }
 
@@ -231,9 +231,9 @@ void gated_activation(float* gate, const float* up, std::int64_t count, bool gel
   KVO_MODEL_LAUNCH_CHECK();
 }
 
-void add(float* x, const float* y, std::int64_t count, cudaStream_t stream) {
+void add(float* x, const float* y, std::int64_t count, float scale, cudaStream_t stream) {
   if (count == 0) return;
-  add_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, y, count);
+  add_kernel<<<grid_for(count), kThreads, 0, stream>>>(x, y, count, scale);
   KVO_MODEL_LAUNCH_CHECK();
 }
 

@@ -293,9 +293,8 @@ void Decoder::head(const float* rows, int n) {
   ops_->rms_norm(rows, n, config_.hidden_size, weights_.final_norm, act_->xnorm);
   ops_->linear(act_->xnorm, n, config_.hidden_size, weights_.lm_head, nullptr, config_.vocab_size,
                act_->logits, false);
-  if (config_.final_softcap > 0) {
-    ops_->soft_cap(act_->logits, static_cast<std::int64_t>(n) * config_.vocab_size,
-                   static_cast<float>(config_.final_softcap));
+  if (family_.logits != nullptr) {
+    family_.logits(*ops_, config_, act_->logits, static_cast<std::int64_t>(n) * config_.vocab_size);
   }
 }
 

@@ -101,8 +101,11 @@ class Ops {
                                       const LayerView& view, float* out) = 0;
   // gate [count] = act(gate) * up, act the config's hidden_act (silu or GeLU-tanh).
   virtual void gated_activation(float* gate, const float* up, std::int64_t count) = 0;
-  // x [count] += y.
-  virtual void add(float* x, const float* y, std::int64_t count) = 0;
+  // x [count] += y * scale (the product rounded to float, then added): a residual joined by a
+  // branch (Granite scales its branches by residual_multiplier).
+  virtual void add(float* x, const float* y, std::int64_t count, float scale) = 0;
+  // x [count] *= factor (Granite's logits, divided by logits_scaling).
+  virtual void scale(float* x, std::int64_t count, float factor) = 0;
   // x [count] = cap * tanh(x / cap): Gemma 2's final logits.
   virtual void soft_cap(float* x, std::int64_t count, float cap) = 0;
 };

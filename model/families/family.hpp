@@ -80,6 +80,15 @@ struct Family {
   // The pretraining length the family's config class gives when config.json has no top-level
   // original_max_position_embeddings (Phi-3: 4096, over the scaling block's); 0: none.
   int original_max_position = 0;
+  // The factor on the embeddings, as transformers multiplies by it for weights of `weights`
+  // (Gemma: sqrt(hidden_size) rounded to that dtype); null: 1.
+  float (*embedding_scale)(const ModelConfig& c, DType weights) = nullptr;
+  // The factor on the attention's scores (Gemma: query_pre_attn_scalar^-1/2); null:
+  // head_dim^-1/2.
+  double (*attention_scale)(const ModelConfig& c) = nullptr;
+  // What the family does to the logits [count] after the head (Gemma 2: its soft cap); null:
+  // nothing.
+  void (*logits)(Ops& ops, const ModelConfig& c, float* logits, std::int64_t count) = nullptr;
 };
 
 // config.json's hidden_act (or Gemma's hidden_activation, `key`): silu or gelu_pytorch_tanh;

@@ -22,5 +22,12 @@ void sliding_pattern(ModelConfig& c, int pattern);
 void read_config(const JsonField& f, ModelConfig& c, double attn_softcap, double final_softcap,
                  int window, int max_position, int pattern);
 void write_config(const ModelConfig& c, nlohmann::ordered_json& o);
+// The embeddings times sqrt(hidden_size), rounded to the weights' dtype as transformers' normalizer
+// is.
+float embedding_scale(const ModelConfig& c, DType weights);
+// query_pre_attn_scalar^-1/2 (head_dim^-1/2 where it is 0).
+double attention_scale(const ModelConfig& c);
+// The logits soft-capped by final_logit_softcapping, where the config has one.
+void logits(Ops& ops, const ModelConfig& c, float* logits, std::int64_t count);
 
 }  // namespace kvo::model::gemma

@@ -6,6 +6,9 @@
 // (final_logit_softcapping); window layers and full layers alternating (layer_types).
 #include "model/families/gemma.hpp"
 
+#include <cmath>
+
+#include "model/common/numerics.hpp"
 #include "model/decoder/memory_plan.hpp"
 #include "model/families/llama.hpp"
 
@@ -16,8 +19,6 @@ namespace {
 
 void every_gemma(ModelConfig& c) {
   c.norm_offset = 1;
-  c.embed_scaled = true;
-  c.post_norms = true;
 }
 
 // A soft-capping field: absent, its default; null, none (0); else positive.
@@ -49,7 +50,7 @@ void attention_output(const LayerContext& l, float* x, int n) {
   const int h = c.hidden_size;
   l.ops.linear(a.attn, n, static_cast<int>(c.q_dim()), l.w.wo, l.w.bo, h, a.xnorm, false);
   l.ops.rms_norm(a.xnorm, n, h, l.w.attn_post_norm, a.xnorm);
-  l.ops.add(x, a.xnorm, static_cast<std::int64_t>(n) * h);
+  l.ops.add(x, a.xnorm, static_cast<std::int64_t>(n) * h, 1.0f);
 }
 
 void mlp(const LayerContext& l, float* x, int n) {
@@ -57,7 +58,24 @@ void mlp(const LayerContext& l, float* x, int n) {
   const int h = l.config.hidden_size;
   llama::mlp_branch(l, x, n, l.w.w_up, a.xnorm, false);
   l.ops.rms_norm(a.xnorm, n, h, l.w.mlp_post_norm, a.xnorm);
-  l.ops.add(x, a.xnorm, static_cast<std::int64_t>(n) * h);
+  l.ops.add(x, a.xnorm, static_cast<std::int64_t>(n) * h, 1.0f);
+}
+
+float embedding_scale(const ModelConfig& c, DType weights) {
+  float scale = std::sqrt(static_cast<float>(c.hidden_size));
+  if (weights == DType::kBF16) scale = bf16_to_float(float_to_bf16(scale));
+  if (weights == DType::kF16) scale = f16_to_float(float_to_f16(scale));
+  return scale;
+}
+
+double attention_scale(const ModelConfig& c) {
+  const double scalar = c.query_pre_attn_scalar > 0 ? static_cast<double>(c.query_pre_attn_scalar)
+                                                    : static_cast<double>(c.head_dim);
+  return 1.0 / std::sqrt(scalar);
+}
+
+void logits(Ops& ops, const ModelConfig& c, float* logits, std::int64_t count) {
+  if (c.final_softcap > 0) ops.soft_cap(logits, count, static_cast<float>(c.final_softcap));
 }
 
 void settle(ModelConfig& c, int window, int pattern) {
@@ -152,6 +170,11 @@ const Family kGemma2Family = {"gemma2",
                               gemma::layer_tensors,
                               llama::attention_inputs,
                               gemma::attention_output,
-                              gemma::mlp};
+                              gemma::mlp,
+                              {},
+                              0,
+                              gemma::embedding_scale,
+                              gemma::attention_scale,
+                              gemma::logits};
 
 }  // namespace kvo::model

@@ -59,6 +59,11 @@ const Family kGemma3Family = {
     [](const ModelConfig& c) { return qwen3::with_head_norms(gemma::layer_tensors(c), c); },
     qwen3::attention_inputs,
     gemma::attention_output,
-    gemma::mlp};
+    gemma::mlp,
+    {},
+    0,
+    gemma::embedding_scale,
+    gemma::attention_scale,
+    gemma::logits};
 
 }  // namespace kvo::model

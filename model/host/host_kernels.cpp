@@ -175,8 +175,19 @@ void geglu_tanh(float* gate, const float* up, std::int64_t count) {
 }
 
 KVO_VECTOR_CLONES
-void add(float* x, const float* y, std::int64_t count) {
-  for (std::int64_t i = 0; i < count; ++i) x[i] += y[i];
+void add(float* x, const float* y, std::int64_t count, float scale) {
+  if (scale == 1) {
+    for (std::int64_t i = 0; i < count; ++i) x[i] += y[i];
+    return;
+  }
+  for (std::int64_t i = 0; i < count; ++i) {
+    const float scaled = y[i] * scale;  // rounded, then added: as transformers takes it
+    x[i] += scaled;
+  }
+}
+
+void scale(float* x, std::int64_t count, float factor) {
+  for (std::int64_t i = 0; i < count; ++i) x[i] *= factor;
 }
 
 void soft_cap(float* x, std::int64_t count, float cap) {

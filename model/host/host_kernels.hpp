@@ -23,8 +23,10 @@ void from_f32(const float* src, std::int64_t count, DType type, void* dst);
 void swiglu(float* gate, const float* up, std::int64_t count);
 // gate [count] = gelu_tanh(gate) * up (numerics.hpp).
 void geglu_tanh(float* gate, const float* up, std::int64_t count);
-// x [count] += y.
-void add(float* x, const float* y, std::int64_t count);
+// x [count] += y * scale (the product rounded first; scale 1: y).
+void add(float* x, const float* y, std::int64_t count, float scale);
+// x [count] *= factor.
+void scale(float* x, std::int64_t count, float factor);
 // x [count] = soft_cap_value(x, cap) (numerics.hpp).
 void soft_cap(float* x, std::int64_t count, float cap);
 // out [rows][h] = x / sqrt(mean(x^2) + eps) * w, the mean of squares summed in double.

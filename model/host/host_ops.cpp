@@ -202,10 +202,17 @@ void HostOps::gated_activation(float* gate, const float* up, std::int64_t count)
   });
 }
 
-void HostOps::add(float* x, const float* y, std::int64_t count) {
+void HostOps::add(float* x, const float* y, std::int64_t count, float scale) {
   pool_.run(blocks_of(count, kElemBlock), [&](int b, int) {
     const std::int64_t at = b * kElemBlock;
-    kernels::add(x + at, y + at, std::min(kElemBlock, count - at));
+    kernels::add(x + at, y + at, std::min(kElemBlock, count - at), scale);
+  });
+}
+
+void HostOps::scale(float* x, std::int64_t count, float factor) {
+  pool_.run(blocks_of(count, kElemBlock), [&](int b, int) {
+    const std::int64_t at = b * kElemBlock;
+    kernels::scale(x + at, std::min(kElemBlock, count - at), factor);
   });
 }
 

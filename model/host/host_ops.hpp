@@ -48,7 +48,8 @@ class HostOps final : public Ops {
   void attention_decode_split(const float* q, int n, const DecodeRows& rows, int window,
                               const LayerView& view, float* out) override;
   void gated_activation(float* gate, const float* up, std::int64_t count) override;
-  void add(float* x, const float* y, std::int64_t count) override;
+  void add(float* x, const float* y, std::int64_t count, float scale) override;
+  void scale(float* x, std::int64_t count, float factor) override;
   void soft_cap(float* x, std::int64_t count, float cap) override;
 
   int threads() const { return pool_.threads(); }

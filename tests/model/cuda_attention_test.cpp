@@ -80,7 +80,11 @@ class AttentionRig {
     config_.head_dim = s.head_dim;
     config_.sliding_window = s.sliding_window;
     config_.attn_softcap = s.softcap;
-    config_.query_pre_attn_scalar = s.pre_attn_scalar;
+    if (s.pre_attn_scalar > 0) {  // Gemma's field, which Gemma's family reads
+      config_.architecture = "Gemma2ForCausalLM";
+      config_.model_type = "gemma2";
+      config_.query_pre_attn_scalar = s.pre_attn_scalar;
+    }
     const AttentionKernels kernels =
         choose_attention_kernels(config_, s.dtype, s.slots, s.max_seq, s.max_rows);
     layout_ = std::make_unique<WorkspaceLayout>(config_, s.dtype, s.dtype, s.max_rows, s.slots,

@@ -126,7 +126,13 @@ TEST(ModelConfig, GemmaFieldsReadAsTransformersReadsThem) {
   EXPECT_EQ(g2.hidden_act, Activation::kGeluTanh);
   EXPECT_TRUE(g2.tie_word_embeddings);
   EXPECT_FLOAT_EQ(g2.norm_offset, 1);
-  EXPECT_TRUE(g2.embed_scaled && g2.post_norms);
+  // The family's: embeddings times sqrt(hidden_size) (in the weights' dtype), scores by
+  // query_pre_attn_scalar^-1/2.
+  EXPECT_EQ(embedding_scale(g2, DType::kF32), std::sqrt(static_cast<float>(g2.hidden_size)));
+  ModelConfig wide = g2;
+  wide.hidden_size = 3072;  // sqrt: 55.43, which bf16 rounds to 55.5 (steps of 0.25)
+  EXPECT_EQ(embedding_scale(wide, DType::kBF16), 55.5f);
+  EXPECT_DOUBLE_EQ(g2.attention_scale(), 1 / 16.0);
   for (int l = 0; l < 12; ++l) EXPECT_EQ(g2.window(l), l % 2 == 0 ? 4096 : 0) << l;
   // null: no cap; layer_types listed: as listed.
   const ModelConfig uncapped = gemma2(R"(, "attn_logit_softcapping": null,
