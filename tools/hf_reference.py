@@ -4,7 +4,7 @@
 For each architecture (a Llama 3.1 config with llama3 rope scaling, a Mistral config with a
 sliding window, a Qwen2 config with q/k/v biases, a Qwen3 config with its q and k norms, yarn
 and head_dim * heads twice hidden_size, Gemma 2 and Gemma 3 configs with windows shorter than the
-prompt, and one config for each other rope scaling: linear, dynamic, yarn, longrope, each with a
+prompt, a Granite config with its four scales, an OLMo 2 config, and one config for each other rope scaling: linear, dynamic, yarn, longrope, each with a
 pretraining length shorter than the prompt) this
 builds a small model with random weights, writes it with save_pretrained (config.json +
 model.safetensors) and runs it on the CPU in float32 over a fixed prompt, as generation runs it:
@@ -32,7 +32,8 @@ import torch
 from safetensors.torch import save_file
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig,
-                          LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
+                          GraniteConfig, GraniteForCausalLM, LlamaConfig, LlamaForCausalLM,
+                          MistralConfig, MistralForCausalLM, Olmo2Config, Olmo2ForCausalLM,
                           Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
 
@@ -42,7 +43,7 @@ SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_l
 PROMPT_LEN = 24
 PREFILL = 8  # tests/model/hf_reference_test.cpp prefills as many, then decodes one at a time
 ARCHS = ["llama31", "mistral", "qwen2", "llama_linear", "llama_dynamic", "qwen2_yarn",
-         "llama_longrope", "qwen3", "phi3", "gemma2", "gemma3"]
+         "llama_longrope", "qwen3", "phi3", "gemma2", "gemma3", "granite", "olmo2"]
 
 
 def build(arch):
@@ -130,6 +131,20 @@ def build(arch):
                                                    "rope_theta": 10000.0}})
         config.architectures = ["Gemma3ForCausalLM"]
         return Gemma3ForCausalLM, config
+    # Granite: every one of its four scales away from 1 (the attention's unlike head_dim^-1/2),
+    # with attention biases.
+    if arch == "granite":
+        shape = {k: v for k, v in SHAPE.items() if k != "head_dim"}
+        config = GraniteConfig(**shape, tie_word_embeddings=True, rope_theta=10000.0,
+                               attention_bias=True, embedding_multiplier=6.0,
+                               residual_multiplier=0.3, attention_multiplier=0.09,
+                               logits_scaling=3.0)
+        return GraniteForCausalLM, config
+    # OLMo 2: q and k normed over their whole projections, the branches normed after.
+    if arch == "olmo2":
+        shape = {k: v for k, v in SHAPE.items() if k != "head_dim"}
+        config = Olmo2Config(**shape, tie_word_embeddings=False, rope_theta=500000.0)
+        return Olmo2ForCausalLM, config
     raise SystemExit(f"unknown arch {arch}")
 
 
@@ -322,13 +337,16 @@ def gguf_case(case, index, out_root):
 
 
 # kvo-make-model's arguments for each made_* case: Gemma with windows shorter than the prompt
-# (Gemma 3 with six layers, so that one is full, and linear scaling on it).
+# (Gemma 3 with six layers, so that one is full, and linear scaling on it); Granite with the
+# scales kvo-make-model gives it; OLMo 2.
 MADE_SHAPE = ["--preset", "tiny", "--hidden", "64", "--intermediate", "160", "--heads", "4",
-              "--kv-heads", "2", "--vocab", "512", "--dtype", "f32", "--window", "6"]
+              "--kv-heads", "2", "--vocab", "512", "--dtype", "f32"]
 MADE_CASES = {
-    "made_gemma2": ["--arch", "gemma2", "--layers", "3", "--head-dim", "16"],
+    "made_gemma2": ["--arch", "gemma2", "--layers", "3", "--head-dim", "16", "--window", "6"],
     "made_gemma3_text": ["--arch", "gemma3_text", "--layers", "6", "--head-dim", "32", "--rope",
-                         "linear", "--rope-factor", "4"],
+                         "linear", "--rope-factor", "4", "--window", "6"],
+    "made_granite": ["--arch", "granite", "--layers", "3", "--head-dim", "16"],
+    "made_olmo2": ["--arch", "olmo2", "--layers", "3", "--head-dim", "16"],
 }
 
 

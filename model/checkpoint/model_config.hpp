@@ -45,6 +45,12 @@ struct ModelConfig {
   // Gemma 3: the window layers rotate with this base and no scaling (the full layers with
   // rope_theta and rope_scaling); 0: every layer rotates alike.
   double rope_local_theta = 0;
+  // Granite: the embeddings, each branch as it joins the residual, and the scores (in place of
+  // head_dim^-1/2) are multiplied by these, the logits divided by logits_scaling; 1: none.
+  double embedding_multiplier = 1;
+  double residual_multiplier = 1;
+  double attention_multiplier = 1;
+  double logits_scaling = 1;
   bool qkv_bias = false;  // Qwen2, or Llama's attention_bias
   bool o_bias = false;    // Llama's attention_bias
   bool tie_word_embeddings = false;

@@ -13,11 +13,14 @@ extern const Family kQwen3Family;
 extern const Family kPhi3Family;
 extern const Family kGemma2Family;
 extern const Family kGemma3Family;
+extern const Family kGraniteFamily;
+extern const Family kOlmo2Family;
 
 namespace {
 
-const Family* const kFamilies[] = {&kLlamaFamily, &kMistralFamily, &kQwen2Family, &kQwen3Family,
-                                   &kPhi3Family,  &kGemma2Family,  &kGemma3Family};
+const Family* const kFamilies[] = {&kLlamaFamily,  &kMistralFamily, &kQwen2Family,
+                                   &kQwen3Family,  &kPhi3Family,    &kGemma2Family,
+                                   &kGemma3Family, &kGraniteFamily, &kOlmo2Family};
 
 }  // namespace
 

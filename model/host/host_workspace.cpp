@@ -126,7 +126,9 @@ HostWorkspaceLayout::HostWorkspaceLayout(const OpsShape& shape, std::byte* base,
                                shape.weight_blocks, shape.q8_activations, shape.max_rows);
   attention =
       HostAttentionScratch::carve(carver, c, shape.kv_dtype, shape.max_decode_rows, threads);
-  norm_weight = carver.take<float>(static_cast<std::size_t>(std::max(c.hidden_size, c.head_dim)));
+  // As wide as a norm over a whole projection (OLMo 2's q and k norms).
+  norm_weight = carver.take<float>(static_cast<std::size_t>(
+      std::max({static_cast<std::int64_t>(c.hidden_size), c.q_dim(), c.kv_dim()})));
   for (int t = 0; t < threads; ++t) {
     rope_angles.push_back(carver.take<float>(static_cast<std::size_t>(c.head_dim)));
   }

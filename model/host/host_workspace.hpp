@@ -124,7 +124,7 @@ int widest_input(const ModelConfig& config);
 struct HostWorkspaceLayout {
   HostLinearScratch linear;
   HostAttentionScratch attention;
-  HostSpan<float> norm_weight;               // [max(hidden, head_dim)] as f32
+  HostSpan<float> norm_weight;               // [max(hidden, q_dim, kv_dim)] as f32
   std::vector<HostSpan<float>> rope_angles;  // [threads][head_dim]: cos, sin of a position
   HostSpan<float> sample;                    // [2][vocab]
   std::uint64_t bytes = 0;                   // a multiple of 256, as the cache's regions are

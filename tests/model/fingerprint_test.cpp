@@ -131,7 +131,7 @@ std::string config_text(const ModelConfig& c) {
 // Each field of ModelConfig, changed alone, changes the fingerprint, and the difference names
 // the field as config.json names it. A field added to ModelConfig changes its size: add a case
 // for it below, then the size here.
-static_assert(sizeof(ModelConfig) == 312,
+static_assert(sizeof(ModelConfig) == 344,
               "a field was added to ModelConfig: give it a case in "
               "EveryFieldOfTheConfigCountsNamed, then update this size");
 
@@ -170,6 +170,10 @@ TEST(Fingerprint, EveryFieldOfTheConfigCountsNamed) {
   gemma3.architecture = "Gemma3ForCausalLM";
   gemma3.model_type = "gemma3_text";
   family_of_architecture(gemma3.architecture, "test").settle(gemma3);
+  ModelConfig granite = preset("tiny");
+  granite.architecture = "GraniteForCausalLM";
+  granite.model_type = "granite";
+  family_of_architecture(granite.architecture, "test").settle(granite);
   const Case cases[] = {
       {"config.model_type", llama,
        [](ModelConfig& c) {
@@ -224,6 +228,12 @@ TEST(Fingerprint, EveryFieldOfTheConfigCountsNamed) {
       {"config.query_pre_attn_scalar", gemma2,
        [](ModelConfig& c) { c.query_pre_attn_scalar = 128; }},
       {"config.attention_bias", gemma2, [](ModelConfig& c) { c.qkv_bias = c.o_bias = true; }},
+      {"config.embedding_multiplier", granite,
+       [](ModelConfig& c) { c.embedding_multiplier = 12.5; }},
+      {"config.residual_multiplier", granite, [](ModelConfig& c) { c.residual_multiplier = 0.25; }},
+      {"config.attention_multiplier", granite,
+       [](ModelConfig& c) { c.attention_multiplier = 0.125; }},
+      {"config.logits_scaling", granite, [](ModelConfig& c) { c.logits_scaling = 16; }},
       {"config.rope_parameters.sliding_attention.rope_theta", gemma3,
        [](ModelConfig& c) { c.rope_local_theta = 20000; }},
       {"config.rope_parameters.full_attention.rope_theta", gemma3,

@@ -203,11 +203,13 @@ INSTANTIATE_TEST_SUITE_P(BlockTypes, GgufReference,
 INSTANTIATE_TEST_SUITE_P(Architectures, HfReference,
                          ::testing::Values("llama31", "mistral", "qwen2", "llama_linear",
                                            "llama_dynamic", "qwen2_yarn", "llama_longrope", "qwen3",
-                                           "phi3", "gemma2", "gemma3"));
+                                           "phi3", "gemma2", "gemma3", "granite", "olmo2"));
 
 // Checkpoints kvo-make-model wrote (tools/hf_reference.py's made_* cases), transformers'
 // logits computed from those files: our config.json means to transformers what it means here.
-INSTANTIATE_TEST_SUITE_P(Made, HfReference, ::testing::Values("made_gemma2", "made_gemma3_text"));
+INSTANTIATE_TEST_SUITE_P(Made, HfReference,
+                         ::testing::Values("made_gemma2", "made_gemma3_text", "made_granite",
+                                           "made_olmo2"));
 
 }  // namespace
 }  // namespace kvo::model

@@ -180,14 +180,18 @@ class ReferenceModel {
     const int kvd = static_cast<int>(c_.kv_dim());
     for (int layer = 0; layer < c_.layers; ++layer) {
       const LayerWeights& w = w_.layers[static_cast<std::size_t>(layer)];
-      const Rows xn = rms_norm(x, n, w.attn_norm, r);
+      // OLMo 2 norms no input: its branches are normed after.
+      const Rows xn = w.attn_norm != nullptr ? rms_norm(x, n, w.attn_norm, r) : x;
       // Phi-3's fused q, k, v (and gate, up): each part the rows at an offset of the tensor.
       const void* wk = w.wk.data != nullptr ? w.wk.data : rows_of(w.wq.data, qd, h);
       const void* wv = w.wv.data != nullptr ? w.wv.data : rows_of(w.wq.data, qd + kvd, h);
       Rows q = linear(xn, n, h, w.wq.data, w.bq, qd, nullptr, r);
       Rows k = linear(xn, n, h, wk, w.bk, kvd, nullptr, r);
       Rows v = linear(xn, n, h, wv, w.bv, kvd, nullptr, r);
-      if (w.q_norm != nullptr) {  // Qwen3: each head normed before the rotation
+      if (w.q_norm != nullptr && c_.model_type == "olmo2") {  // over the whole projection
+        q = rms_norm(q, n, w.q_norm, r, qd);
+        k = rms_norm(k, n, w.k_norm, r, kvd);
+      } else if (w.q_norm != nullptr) {  // Qwen3: each head normed before the rotation
         q = rms_norm(q, n * c_.heads, w.q_norm, r, c_.head_dim);
         k = rms_norm(k, n * c_.kv_heads, w.k_norm, r, c_.head_dim);
       }
@@ -202,10 +206,12 @@ class ReferenceModel {
             rms_norm(linear(attended, n, qd, w.wo.data, w.bo, h, nullptr, r), n, w.attn_post_norm,
                      r),
             r);
+      } else if (c_.residual_multiplier != 1) {  // Granite: the branch scaled as it joins
+        add(x, linear(attended, n, qd, w.wo.data, w.bo, h, nullptr, r), r, c_.residual_multiplier);
       } else {
         x = linear(attended, n, qd, w.wo.data, w.bo, h, &x, r);
       }
-      const Rows xm = rms_norm(x, n, w.mlp_norm, r);
+      const Rows xm = w.mlp_norm != nullptr ? rms_norm(x, n, w.mlp_norm, r) : x;
       Rows gate = linear(xm, n, h, w.w_gate.data, nullptr, c_.intermediate_size, nullptr, r);
       const void* w_up =
           w.w_up.data != nullptr ? w.w_up.data : rows_of(w.w_gate.data, c_.intermediate_size, h);
@@ -227,6 +233,9 @@ class ReferenceModel {
             rms_norm(linear(gate, n, c_.intermediate_size, w.w_down.data, nullptr, h, nullptr, r),
                      n, w.mlp_post_norm, r),
             r);
+      } else if (c_.residual_multiplier != 1) {
+        add(x, linear(gate, n, c_.intermediate_size, w.w_down.data, nullptr, h, nullptr, r), r,
+            c_.residual_multiplier);
       } else {
         x = linear(gate, n, c_.intermediate_size, w.w_down.data, nullptr, h, &x, r);
       }
@@ -236,6 +245,9 @@ class ReferenceModel {
     if (c_.final_softcap > 0) {
       for (double& l : logits) l = soft_cap(l, static_cast<float>(c_.final_softcap), r);
     }
+    if (c_.logits_scaling != 1) {  // Granite: divided, in float32
+      for (double& l : logits) l = r(l / static_cast<float>(c_.logits_scaling));
+    }
     return logits;
   }
 
@@ -244,8 +256,10 @@ class ReferenceModel {
     return r(r(std::tanh(r(x / cap)), 2) * cap);
   }
 
-  static void add(Rows& x, const Rows& y, Rounding& r) {
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = r(x[i] + y[i]);
+  // x += y * scale, the product rounded to float first.
+  static void add(Rows& x, const Rows& y, Rounding& r, double scale = 1) {
+    const auto s = static_cast<double>(static_cast<float>(scale));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = r(x[i] + (s == 1 ? y[i] : r(y[i] * s)));
   }
 
   // y [n][out] = x W^T + bias, added to *residual when given (the GEMM accumulates into it).
