@@ -28,6 +28,7 @@
 #include <cstring>
 
 #include "kvoffload/quant.hpp"
+#include "offload/util/element_types.hpp"
 
 #if defined(__CUDACC__)
 #define KVO_BLOCKS_HD __host__ __device__ inline
@@ -58,6 +59,15 @@ enum : std::uint32_t {
   kQ6_K = 14,
   kBF16 = 30,
 };
+static_assert(kF32 == traits(ElementType::kF32).ggml && kF16 == traits(ElementType::kF16).ggml &&
+                  kBF16 == traits(ElementType::kBF16).ggml &&
+                  kQ8_0 == traits(ElementType::kQ8_0).ggml &&
+                  kQ4_0 == traits(ElementType::kQ4_0).ggml &&
+                  kQ4_1 == traits(ElementType::kQ4_1).ggml &&
+                  kQ4_K == traits(ElementType::kQ4_K).ggml &&
+                  kQ5_K == traits(ElementType::kQ5_K).ggml &&
+                  kQ6_K == traits(ElementType::kQ6_K).ggml,
+              "ggml's numbers are the element types' table's");
 
 KVO_BLOCKS_HD float mul(float a, float b) {
 #if defined(__CUDA_ARCH__)
@@ -124,47 +134,13 @@ KVO_BLOCKS_HD void scale_min_k4(int j, const std::uint8_t* s, int* sc, int* m) {
   }
 }
 
-// Elements a block of `type` holds, and its bytes; 0 for a type not dequantized here.
+// Elements a block of `type` holds, and its bytes; 0 for a type not dequantized here: the element
+// types' table's (offload/util/element_types.hpp).
 KVO_BLOCKS_HD int block_elements(std::uint32_t type) {
-  switch (type) {
-    case kF32:
-    case kF16:
-    case kBF16:
-      return 1;
-    case kQ4_0:
-    case kQ4_1:
-    case kQ8_0:
-      return 32;
-    case kQ4_K:
-    case kQ5_K:
-    case kQ6_K:
-      return 256;
-    default:
-      return 0;
-  }
+  return ggml_block_elements(type);
 }
 KVO_BLOCKS_HD int block_bytes(std::uint32_t type) {
-  switch (type) {
-    case kF32:
-      return 4;
-    case kF16:
-    case kBF16:
-      return 2;
-    case kQ4_0:
-      return 18;
-    case kQ4_1:
-      return 20;
-    case kQ8_0:
-      return 34;
-    case kQ4_K:
-      return 144;
-    case kQ5_K:
-      return 176;
-    case kQ6_K:
-      return 210;
-    default:
-      return 0;
-  }
+  return ggml_block_bytes(type);
 }
 
 // One function per quantized type: out [block_elements] = the block at `b`, dequantized. Each

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "kvoffload/error.hpp"
+#include "offload/util/element_types.hpp"
 #include "offload/util/printable.hpp"
 
 namespace kvo::model {
@@ -30,6 +31,19 @@ constexpr GgmlType kTypes[] = {
     {35, "TQ2_0", 256, 66},   {39, "MXFP4", 32, 17},    {40, "NVFP4", 64, 36},
     {41, "Q1_0", 128, 18},
 };
+
+// The format's list agrees with the element types' table on every type the table has.
+constexpr bool agrees_with_element_types() {
+  for (const GgmlType& t : kTypes) {
+    const int elements = ggml_block_elements(t.id);
+    if (elements != 0 && (static_cast<std::uint32_t>(elements) != t.block ||
+                          static_cast<std::uint32_t>(ggml_block_bytes(t.id)) != t.block_bytes)) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(agrees_with_element_types(), "a ggml block size differs from element_types.hpp");
 
 Error invalid(const std::string& what) {
   return Error(ErrorCode::kInvalidArgument, what);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "model/host/host_kernels.hpp"
+#include "offload/util/element_types.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -86,7 +87,7 @@ constexpr int kPrefetchBlocks = 1;
 
 // Prefetches elements [e0, e0 + n) of keys [j0, j0 + nb) of kv head g, all of their lines.
 KVO_AVX512_INLINE void prefetch_rows(const KeyRows& from, int g, int e0, int n, int j0, int nb) {
-  const std::int64_t elem = from.type == DType::kF32 ? 4 : 2;
+  const auto elem = static_cast<std::int64_t>(element_bytes(from.type));
   const char* base = static_cast<const char*>(from.base);
   for (int j = 0; j < nb; ++j) {
     const char* row = base + ((j0 + j) * from.token_stride + g * from.head_stride + e0) * elem;
@@ -95,7 +96,7 @@ KVO_AVX512_INLINE void prefetch_rows(const KeyRows& from, int g, int e0, int n, 
 }
 
 KVO_AVX512_INLINE const char* row_at(const KeyRows& from, int j, int g) {
-  const std::int64_t elem = from.type == DType::kF32 ? 4 : 2;
+  const auto elem = static_cast<std::int64_t>(element_bytes(from.type));
   return static_cast<const char*>(from.base) +
          (j * from.token_stride + g * from.head_stride) * elem;
 }
@@ -109,7 +110,7 @@ KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int
                                     int nb, int ahead, __m512 (&out)[kRows]) {
   static_assert(kRows == 4, "4 rows x 4 keys a vector");
   __m512 t[4];  // t[j4 / 4] lane r * 4 + jj: row r, key j4 + jj
-  const std::int64_t elem = k.type == DType::kF32 ? 4 : 2;
+  const auto elem = static_cast<std::int64_t>(element_bytes(k.type));
   for (int j4 = 0; j4 < kKeyBlock; j4 += 4) {
     __m512 acc[kRows * 4];
 #pragma GCC unroll 16
@@ -148,7 +149,7 @@ KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int
 template <DType T, int W>
 KVO_AVX512_INLINE void accumulate_values(const float* p, int rows, const KeyRows& v, int g, int j0,
                                          int nb, int ahead, int e0, float* const* acc) {
-  const std::int64_t elem = v.type == DType::kF32 ? 4 : 2;
+  const auto elem = static_cast<std::int64_t>(element_bytes(v.type));
   __m512 sums[kRows][W];
 #pragma GCC unroll 4
   for (int r = 0; r < kRows; ++r) {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "model/checkpoint/ggml_blocks.hpp"
+#include "offload/util/element_types.hpp"
 
 // Runtime dispatch by CPU level (GCC's function multiversioning, resolved once at load time).
 // Where the clones exist, dot() at the AVX-512 level sums with fused multiply-adds, as the
@@ -219,7 +220,7 @@ KVO_VECTOR_CLONES
 void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void* w, DType type,
                  const void* bias, int o0, int o1, float* y, std::int64_t ldy, bool accumulate,
                  float* row) {
-  const std::size_t elem = type == DType::kF32 ? 4 : 2;
+  const std::size_t elem = element_bytes(type);
   for (int o = o0; o < o1; ++o) {
     const void* wo = static_cast<const char*>(w) + static_cast<std::size_t>(o) * in * elem;
     const float* wf = static_cast<const float*>(wo);
@@ -303,7 +304,7 @@ void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows 
                  float softcap) {
   const int d = head_dim;
   const int rows = kv_heads * group;
-  const std::int64_t elem = k.type == DType::kF32 ? 4 : 2;
+  const auto elem = static_cast<std::int64_t>(element_bytes(k.type));
   // Keys [j0, j0 + nb) of every head as f32: kv [j][g][d].
   auto convert_block = [&](const KeyRows& from, int j0, int nb) {
     for (int j = 0; j < nb; ++j) {

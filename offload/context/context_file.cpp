@@ -12,6 +12,7 @@
 #include "kvoffload/fingerprint.hpp"
 #include "kvoffload/plan.hpp"
 #include "offload/util/checked_math.hpp"
+#include "offload/util/element_types.hpp"
 #include "offload/util/printable.hpp"
 #include "offload/util/stream_copy.hpp"
 
@@ -94,19 +95,7 @@ class Hash {
 };
 
 int dtype_code(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return 0;
-    case DType::kF16:
-      return 1;
-    case DType::kBF16:
-      return 2;
-    case DType::kFP8E4M3:
-      return 3;
-    case DType::kInt8:
-      return 4;
-  }
-  return -1;
+  return traits(dtype).file_code;  // tied to DType and kvo_dtype by element_types.hpp
 }
 
 std::string layer_name(int layer, int layers) {
@@ -292,12 +281,9 @@ ContextHeader read_context_header(ByteSource& source, const std::string& what) {
   s.kv_heads = static_cast<int>(fields[1]);
   s.head_dim = static_cast<int>(fields[2]);
   s.max_seq = static_cast<int>(fields[3]);
-  static const DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3,
-                                  DType::kInt8};
-  if (fields[4] >= sizeof(kDTypes) / sizeof(kDTypes[0])) {
+  if (!dtype_of_file_code(static_cast<int>(fields[4]), &s.dtype)) {
     throw bad_file(what, corrupted + " (an unknown K/V dtype)");
   }
-  s.dtype = kDTypes[fields[4]];
   header.length = static_cast<int>(fields[5]);
   if (header.length > s.max_seq) {
     throw bad_file(what, corrupted + " (" + std::to_string(header.length) + " rows for max_seq " +

@@ -10,6 +10,7 @@
 #include "kvoffload/error.hpp"
 #include "kvoffload/quant.hpp"
 #include "kvoffload/types.hpp"
+#include "offload/util/element_types.hpp"
 #include "offload/util/printable.hpp"
 
 namespace kvo {
@@ -36,55 +37,50 @@ const char* error_code_name(ErrorCode code) {
 
 namespace {
 
-// Every dtype once: its name, its element size, and the other names it is read by. The quantized
-// ones (kvoffload/quant.hpp) are one-byte elements whose rows also hold scales.
-struct DTypeEntry {
+// Every dtype once with the other names it is read by; its name and size are the element
+// types' table's (offload/util/element_types.hpp). The quantized ones (kvoffload/quant.hpp) are
+// one-byte elements whose rows also hold scales.
+struct DTypeAliases {
   DType dtype;
-  const char* name;
-  std::size_t size;
   const char* aliases[2];
 };
-constexpr DTypeEntry kDTypes[] = {{DType::kF32, "f32", 4, {"float32", "fp32"}},
-                                  {DType::kF16, "f16", 2, {"float16", "fp16"}},
-                                  {DType::kBF16, "bf16", 2, {"bfloat16", nullptr}},
-                                  {DType::kFP8E4M3, "fp8", 1, {"fp8_e4m3", "e4m3"}},
-                                  {DType::kInt8, "int8", 1, {nullptr, nullptr}}};
+constexpr DTypeAliases kDTypes[] = {{DType::kF32, {"float32", "fp32"}},
+                                    {DType::kF16, {"float16", "fp16"}},
+                                    {DType::kBF16, {"bfloat16", nullptr}},
+                                    {DType::kFP8E4M3, {"fp8_e4m3", "e4m3"}},
+                                    {DType::kInt8, {nullptr, nullptr}}};
 
-const DTypeEntry* entry_of(DType dtype) {
-  for (const DTypeEntry& e : kDTypes) {
-    if (e.dtype == dtype) return &e;
-  }
-  return nullptr;
+bool known(DType dtype) {
+  return static_cast<unsigned>(dtype) <= static_cast<unsigned>(DType::kInt8);
 }
 
 }  // namespace
 
 std::size_t dtype_size(DType dtype) {
-  const DTypeEntry* e = entry_of(dtype);
-  return e != nullptr ? e->size : 0;
+  return known(dtype) ? element_bytes(dtype) : 0;
 }
 
 const char* dtype_name(DType dtype) {
-  const DTypeEntry* e = entry_of(dtype);
-  return e != nullptr ? e->name : "?";
+  return known(dtype) ? traits(dtype).name : "?";
 }
 
 std::vector<std::string> dtype_names(bool quantized) {
   std::vector<std::string> names;
-  for (const DTypeEntry& e : kDTypes) {
-    if (quantized || !is_quantized(e.dtype)) names.emplace_back(e.name);
+  for (const DTypeAliases& e : kDTypes) {
+    if (quantized || !is_quantized(e.dtype)) names.emplace_back(traits(e.dtype).name);
   }
   return names;
 }
 
 DType parse_dtype(const std::string& name) {
   std::string expected;
-  for (const DTypeEntry& e : kDTypes) {
-    if (name == e.name) return e.dtype;
+  for (const DTypeAliases& e : kDTypes) {
+    const char* own = traits(e.dtype).name;
+    if (name == own) return e.dtype;
     for (const char* alias : e.aliases) {
       if (alias != nullptr && name == alias) return e.dtype;
     }
-    expected += (expected.empty() ? "" : ", ") + std::string(e.name);
+    expected += (expected.empty() ? "" : ", ") + std::string(own);
   }
   throw Error(ErrorCode::kInvalidArgument,
               "unknown dtype '" + printable(name) + "' (expected " + expected + ")");

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kvoffload/kvoffload.hpp"
+#include "offload/util/element_types.hpp"
 
 namespace {
 
@@ -113,37 +114,15 @@ int stored_int(const Enum& field) {
 }
 
 kvo::DType to_dtype(int dtype) {
-  switch (dtype) {
-    case KVO_DTYPE_F32:
-      return kvo::DType::kF32;
-    case KVO_DTYPE_F16:
-      return kvo::DType::kF16;
-    case KVO_DTYPE_BF16:
-      return kvo::DType::kBF16;
-    case KVO_DTYPE_FP8_E4M3:
-      return kvo::DType::kFP8E4M3;
-    case KVO_DTYPE_INT8:
-      return kvo::DType::kInt8;
-  }
+  kvo::DType d = kvo::DType::kF32;
+  if (kvo::dtype_of_c(dtype, &d)) return d;  // tied to kvo_dtype by element_types.hpp
   throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
                    "dtype " + std::to_string(dtype) +
                        " is not a kvo_dtype (KVO_DTYPE_F32, _F16, _BF16, _FP8_E4M3 or _INT8)");
 }
 
 kvo_dtype from_dtype(kvo::DType dtype) {
-  switch (dtype) {
-    case kvo::DType::kF32:
-      return KVO_DTYPE_F32;
-    case kvo::DType::kF16:
-      return KVO_DTYPE_F16;
-    case kvo::DType::kBF16:
-      return KVO_DTYPE_BF16;
-    case kvo::DType::kFP8E4M3:
-      return KVO_DTYPE_FP8_E4M3;
-    case kvo::DType::kInt8:
-      return KVO_DTYPE_INT8;
-  }
-  return KVO_DTYPE_BF16;
+  return static_cast<kvo_dtype>(kvo::traits(dtype).c_dtype);
 }
 
 kvo::BackendKind to_backend(int backend) {

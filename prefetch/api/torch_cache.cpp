@@ -24,18 +24,17 @@ Error protocol(const std::string& what) {
   return Error(ErrorCode::kProtocol, what);
 }
 
+// Torch's type of each dtype stored as a plain element, in DType's order (the adapter sees the
+// public API alone; offload/util/element_types.hpp ties that order to the C ABI and the files);
+// the quantized K/V dtypes have none.
+constexpr at::ScalarType kTorchTypes[] = {at::kFloat, at::kHalf, at::kBFloat16};
+static_assert(static_cast<int>(DType::kF32) == 0 && static_cast<int>(DType::kF16) == 1 &&
+                  static_cast<int>(DType::kBF16) == 2,
+              "kTorchTypes follows DType's order");
+
 at::ScalarType scalar_type_of(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return at::kFloat;
-    case DType::kF16:
-      return at::kHalf;
-    case DType::kBF16:
-      return at::kBFloat16;
-    case DType::kFP8E4M3:
-    case DType::kInt8:
-      break;
-  }
+  const auto i = static_cast<std::size_t>(dtype);
+  if (i < sizeof(kTorchTypes) / sizeof(kTorchTypes[0])) return kTorchTypes[i];
   throw Error(ErrorCode::kInternal, std::string("no torch dtype stands for ") + dtype_name(dtype));
 }
 
