@@ -210,28 +210,48 @@ KVO_BLOCKS_HD void dequantize_q6_k(const std::uint8_t* __restrict__ b, float* __
   }
 }
 
-// out [32] = elements [32 part, 32 part + 32) of the quantized block at `b` (part 0 of a
-// 32-element type; 0..7 of a K type): dequantize_block's values, a part at a time (the CUDA
-// kernels give each thread one part). REQUIRES: block_elements(type) is 32 or 256.
+// ggml's number of the type a visit() hands over (its tag's type), as a compile-time constant.
+template <typename Tag>
+inline constexpr std::uint32_t kGgml = traits(Tag::value).ggml;
+
+// visit() by ggml's number (element_types.hpp) over every type of the table that has one:
+// f(ElementTag<type>()), or otherwise() for a number the table lacks.
+KVO_ELEMENT_EITHER_SIDE
+template <typename F, typename G>
+KVO_ELEMENT_VISIT decltype(auto) visit_ggml(std::uint32_t ggml, F&& f, G&& otherwise) {
+  ElementType type = ElementType::kF32;
+  if (!element_type_of_ggml(ggml, &type)) return otherwise();
+  return visit(type, f, otherwise);
+}
+
+// out [32] = elements [32 part, 32 part + 32) of a quantized block of type kType at `b` (part 0
+// of a 32-element type; 0..7 of a K type): dequantize_block's values, a part at a time (the CUDA
+// kernels give each thread one part).
+template <ElementType kType>
+KVO_BLOCKS_HD void dequantize_part_of(const std::uint8_t* b, int part, float* out) {
+  using T = ElementType;
+  if constexpr (kType == T::kQ8_0) {
+    dequantize_q8_0(b, out);
+  } else if constexpr (kType == T::kQ4_0) {
+    dequantize_q4_0(b, out);
+  } else if constexpr (kType == T::kQ4_1) {
+    dequantize_q4_1(b, out);
+  } else if constexpr (kType == T::kQ4_K || kType == T::kQ5_K) {
+    q45_k_part<kType == T::kQ5_K>(b, half_to_float(u16_at(b)), half_to_float(u16_at(b + 2)), part,
+                                  out);
+  } else {
+    static_assert(kType == T::kQ6_K, "dequantize_part_of serves the quantized block types");
+    q6_k_part(b, half_to_float(u16_at(b + 208)), part, out);
+  }
+}
+// As dequantize_part_of, the type by ggml's number; nothing for a type that is not a quantized
+// block. REQUIRES: block_elements(type) is 32 or 256.
 KVO_BLOCKS_HD void dequantize_part(std::uint32_t type, const std::uint8_t* b, int part,
                                    float* out) {
-  switch (type) {
-    case kQ8_0:
-      return dequantize_q8_0(b, out);
-    case kQ4_0:
-      return dequantize_q4_0(b, out);
-    case kQ4_1:
-      return dequantize_q4_1(b, out);
-    case kQ4_K:
-      return q45_k_part<false>(b, half_to_float(u16_at(b)), half_to_float(u16_at(b + 2)), part,
-                               out);
-    case kQ5_K:
-      return q45_k_part<true>(b, half_to_float(u16_at(b)), half_to_float(u16_at(b + 2)), part, out);
-    case kQ6_K:
-      return q6_k_part(b, half_to_float(u16_at(b + 208)), part, out);
-    default:
-      return;
-  }
+  visit_blocks(
+      type,
+      [&](auto t) KVO_ELEMENT_LAMBDA { dequantize_part_of<decltype(t)::value>(b, part, out); },
+      [] {});
 }
 
 // The integer codes of part `part` of a quantized block (as dequantize_part numbers them): 32
@@ -242,90 +262,87 @@ KVO_BLOCKS_HD void dequantize_part(std::uint32_t type, const std::uint8_t* b, in
 KVO_BLOCKS_HD int code_offset(std::uint32_t type) {
   return type == kQ8_0 ? 128 : (type == kQ4_0 ? 8 : (type == kQ6_K ? 32 : 0));
 }
-KVO_BLOCKS_HD void codes_part(std::uint32_t type, const std::uint8_t* b, int part, std::uint8_t* u,
-                              float* scale, float* m) {
+template <ElementType kType>
+KVO_BLOCKS_HD void codes_part_of(const std::uint8_t* b, int part, std::uint8_t* u, float* scale,
+                                 float* m) {
+  using T = ElementType;
   *m = 0.0f;
-  switch (type) {
-    case kQ8_0:
-      scale[0] = scale[1] = half_to_float(u16_at(b));
-      for (int l = 0; l < 32; ++l) u[l] = static_cast<std::uint8_t>(b[2 + l] ^ 0x80u);
-      return;
-    case kQ4_0:
-    case kQ4_1: {
-      const int at = type == kQ4_0 ? 2 : 4;
-      scale[0] = scale[1] = half_to_float(u16_at(b));
-      if (type == kQ4_1) *m = half_to_float(u16_at(b + 2));
-      for (int j = 0; j < 16; ++j) {
-        u[j] = b[at + j] & 0x0f;
-        u[j + 16] = b[at + j] >> 4;
-      }
-      return;
+  if constexpr (kType == T::kQ8_0) {
+    scale[0] = scale[1] = half_to_float(u16_at(b));
+    for (int l = 0; l < 32; ++l) u[l] = static_cast<std::uint8_t>(b[2 + l] ^ 0x80u);
+  } else if constexpr (kType == T::kQ4_0 || kType == T::kQ4_1) {
+    const int at = kType == T::kQ4_0 ? 2 : 4;
+    scale[0] = scale[1] = half_to_float(u16_at(b));
+    if (kType == T::kQ4_1) *m = half_to_float(u16_at(b + 2));
+    for (int j = 0; j < 16; ++j) {
+      u[j] = b[at + j] & 0x0f;
+      u[j + 16] = b[at + j] >> 4;
     }
-    case kQ4_K:
-    case kQ5_K: {
-      const bool five = type == kQ5_K;
-      int sc = 0, mn = 0;
-      scale_min_k4(part, b + 4, &sc, &mn);
-      scale[0] = scale[1] = mul(half_to_float(u16_at(b)), static_cast<float>(sc));
-      *m = -mul(half_to_float(u16_at(b + 2)), static_cast<float>(mn));
-      const std::uint8_t* q = b + (five ? 48 : 16) + 32 * (part / 2);
-      const int shift = 4 * (part % 2);
-      for (int l = 0; l < 32; ++l) {
-        int v = (q[l] >> shift) & 0x0f;
-        if (five) v |= ((b[16 + l] >> part) & 1) << 4;
-        u[l] = static_cast<std::uint8_t>(v);
-      }
-      return;
+  } else if constexpr (kType == T::kQ4_K || kType == T::kQ5_K) {
+    const bool five = kType == T::kQ5_K;
+    int sc = 0, mn = 0;
+    scale_min_k4(part, b + 4, &sc, &mn);
+    scale[0] = scale[1] = mul(half_to_float(u16_at(b)), static_cast<float>(sc));
+    *m = -mul(half_to_float(u16_at(b + 2)), static_cast<float>(mn));
+    const std::uint8_t* q = b + (five ? 48 : 16) + 32 * (part / 2);
+    const int shift = 4 * (part % 2);
+    for (int l = 0; l < 32; ++l) {
+      int v = (q[l] >> shift) & 0x0f;
+      if (five) v |= ((b[16 + l] >> part) & 1) << 4;
+      u[l] = static_cast<std::uint8_t>(v);
     }
-    case kQ6_K: {
-      const int half = part / 4;
-      const int k = part % 4;
-      const auto* scales = reinterpret_cast<const std::int8_t*>(b + 192);
-      const float d = half_to_float(u16_at(b + 208));
-      scale[0] = mul(d, static_cast<float>(scales[8 * half + 2 * k]));
-      scale[1] = mul(d, static_cast<float>(scales[8 * half + 2 * k + 1]));
-      const std::uint8_t* low = b + 64 * half + 32 * (k % 2);
-      const std::uint8_t* high = b + 128 + 32 * half;
-      for (int l = 0; l < 32; ++l) {
-        u[l] = static_cast<std::uint8_t>(((low[l] >> (4 * (k / 2))) & 0x0f) |
-                                         (((high[l] >> (2 * k)) & 3) << 4));
-      }
-      return;
+  } else {
+    static_assert(kType == T::kQ6_K, "codes_part_of serves the quantized block types");
+    const int half = part / 4;
+    const int k = part % 4;
+    const auto* scales = reinterpret_cast<const std::int8_t*>(b + 192);
+    const float d = half_to_float(u16_at(b + 208));
+    scale[0] = mul(d, static_cast<float>(scales[8 * half + 2 * k]));
+    scale[1] = mul(d, static_cast<float>(scales[8 * half + 2 * k + 1]));
+    const std::uint8_t* low = b + 64 * half + 32 * (k % 2);
+    const std::uint8_t* high = b + 128 + 32 * half;
+    for (int l = 0; l < 32; ++l) {
+      u[l] = static_cast<std::uint8_t>(((low[l] >> (4 * (k / 2))) & 0x0f) |
+                                       (((high[l] >> (2 * k)) & 3) << 4));
     }
-    default:
-      return;
   }
 }
+KVO_BLOCKS_HD void codes_part(std::uint32_t type, const std::uint8_t* b, int part, std::uint8_t* u,
+                              float* scale, float* m) {
+  visit_blocks(
+      type,
+      [&](auto t) KVO_ELEMENT_LAMBDA { codes_part_of<decltype(t)::value>(b, part, u, scale, m); },
+      [] {});
+}
 
-// out [block_elements(type)] = the block at `b`, dequantized. REQUIRES: block_elements(type) > 0.
-KVO_BLOCKS_HD void dequantize_block(std::uint32_t type, const std::uint8_t* b, float* out) {
-  switch (type) {
-    case kF32:
-      out[0] = float_of_bits(
-          static_cast<std::uint32_t>(b[0]) | (static_cast<std::uint32_t>(b[1]) << 8) |
-          (static_cast<std::uint32_t>(b[2]) << 16) | (static_cast<std::uint32_t>(b[3]) << 24));
-      return;
-    case kF16:
-      out[0] = half_to_float(u16_at(b));
-      return;
-    case kBF16:
-      out[0] = bf16_to_float(u16_at(b));
-      return;
-    case kQ8_0:
-      return dequantize_q8_0(b, out);
-    case kQ4_0:
-      return dequantize_q4_0(b, out);
-    case kQ4_1:
-      return dequantize_q4_1(b, out);
-    case kQ4_K:
-      return dequantize_q45_k<false>(b, out);
-    case kQ5_K:
-      return dequantize_q45_k<true>(b, out);
-    case kQ6_K:
-      return dequantize_q6_k(b, out);
-    default:
-      return;
+// out [block_elements] = the block of type kType at `b`, dequantized (one element for a scalar
+// type).
+template <ElementType kType>
+KVO_BLOCKS_HD void dequantize_block_of(const std::uint8_t* b, float* out) {
+  using T = ElementType;
+  if constexpr (kType == T::kF32) {
+    out[0] = float_of_bits(
+        static_cast<std::uint32_t>(b[0]) | (static_cast<std::uint32_t>(b[1]) << 8) |
+        (static_cast<std::uint32_t>(b[2]) << 16) | (static_cast<std::uint32_t>(b[3]) << 24));
+  } else if constexpr (kType == T::kF16) {
+    out[0] = half_to_float(u16_at(b));
+  } else if constexpr (kType == T::kBF16) {
+    out[0] = bf16_to_float(u16_at(b));
+  } else if constexpr (kType == T::kQ4_K || kType == T::kQ5_K) {
+    dequantize_q45_k<kType == T::kQ5_K>(b, out);
+  } else if constexpr (kType == T::kQ6_K) {
+    dequantize_q6_k(b, out);
+  } else if constexpr (is_block_type(kType)) {
+    dequantize_part_of<kType>(b, 0, out);  // a 32-element type is one part
   }
+  // fp8 and int8 are K/V row bytes, never a GGUF tensor: nothing
+}
+// As dequantize_block_of, the type by ggml's number; nothing for a number the table lacks.
+// REQUIRES: block_elements(type) > 0.
+KVO_BLOCKS_HD void dequantize_block(std::uint32_t type, const std::uint8_t* b, float* out) {
+  visit_ggml(
+      type, [&](auto t) KVO_ELEMENT_LAMBDA { dequantize_block_of<decltype(t)::value>(b, out); },
+      [] {});
 }
 
 }  // namespace kvo::model::blocks

@@ -160,7 +160,7 @@ void load_gguf_weights(const WeightLayout& layout, const GgufFile& file, const U
     const auto source_row = [&](std::int64_t r) {
       return interleaved ? file_row(r, layout.config().head_dim) : r;
     };
-    if (e.blocks != kModelDtype) {  // kept in blocks: the rows as they are, in the decoder's order
+    if (e.in_blocks()) {  // kept in blocks: the rows as they are, in the decoder's order
       const auto row_size = static_cast<std::size_t>(row_bytes);
       for (std::int64_t r0 = 0; r0 < rows; r0 += piece_rows) {
         const std::int64_t n = std::min(piece_rows, rows - r0);

@@ -22,10 +22,18 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 
 }  // namespace
 
-std::size_t matrix_bytes(std::uint32_t blocks, DType dtype, std::int64_t rows, std::int64_t in) {
-  if (blocks == kModelDtype) return static_cast<std::size_t>(rows * in) * dtype_size(dtype);
-  const auto per_block = static_cast<std::int64_t>(blocks::block_elements(blocks));
-  return static_cast<std::size_t>(rows * (in / per_block) * blocks::block_bytes(blocks));
+ElementType type_of_ggml(std::uint32_t ggml) {
+  ElementType type = ElementType::kF32;
+  if (!element_type_of_ggml(ggml, &type)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "GGUF type " + std::to_string(ggml) + " is not one the model reads");
+  }
+  return type;
+}
+
+std::size_t matrix_bytes(ElementType type, std::int64_t rows, std::int64_t in) {
+  const ElementTraits t = traits(type);
+  return static_cast<std::size_t>(rows * (in / t.block_elements) * t.block_bytes);
 }
 
 WeightLayout::WeightLayout(const ModelConfig& config, DType dtype,
@@ -52,6 +60,7 @@ void WeightLayout::add(const std::string& name, std::vector<std::int64_t> shape,
                        const std::map<std::string, std::uint32_t>& blocks) {
   WeightEntry e;
   e.name = name;
+  e.type = element_type(dtype_);
   e.elements = 1;
   for (auto d : shape) e.elements *= d;
   e.shape = std::move(shape);
@@ -61,7 +70,7 @@ void WeightLayout::add(const std::string& name, std::vector<std::int64_t> shape,
                 ? static_cast<float>(std::sqrt(3.0 / static_cast<double>(e.shape[1])))
                 : 0.1f;
   if (const auto it = blocks.find(name); it != blocks.end() && kind == WeightKind::kMatrix) {
-    e.blocks = it->second;
+    e.type = type_of_ggml(it->second);
     has_blocks_ = true;
   }
   e.offset = bytes_;
@@ -79,7 +88,7 @@ ModelWeights WeightLayout::bind(const void* region) const {
   // family's order, the final norm, and the head unless it is tied.
   std::size_t e = 0;
   const auto matrix = [&](const WeightEntry& entry) {
-    return WeightRef{base + entry.offset, entry.blocks};
+    return WeightRef{base + entry.offset, entry.type};
   };
   w.embed = matrix(entries_[e++]);
   for (LayerWeights& weights : w.layers) {
@@ -227,7 +236,7 @@ void load_checkpoint(const WeightLayout& layout, const Checkpoint& checkpoint,
     const TensorInfo& t = checkpoint.tensor(e.name);
     const std::size_t bytes = layout.entry_bytes(e);
     staging.resize(bytes);
-    if (e.blocks == blocks::kQ8_0) {  // quantized at load (DecoderOptions::weight_format)
+    if (e.type == ElementType::kQ8_0) {  // quantized at load (DecoderOptions::weight_format)
       values.resize(static_cast<std::size_t>(e.elements));
       convert_elements(t.data, t.dtype, values.data(), DType::kF32, values.size());
       // A scale cannot hold an infinity or a NaN: refused, naming where, before anything is built

@@ -13,24 +13,28 @@
 #include "kvoffload/types.hpp"
 #include "model/checkpoint/model_config.hpp"
 #include "model/common/progress.hpp"
+#include "offload/util/element_types.hpp"
 
 namespace kvo::model {
 
 class Checkpoint;
 struct LayerTensor;  // model/families/family.hpp
 
-// A matrix stored in the model dtype (every matrix of a safetensors checkpoint or a synthetic
-// model) or in the blocks of a GGUF type (ggml's type id, model/checkpoint/ggml_blocks.hpp: each
-// row of `in` elements is in / block elements blocks, rows one after another).
-inline constexpr std::uint32_t kModelDtype = 0xFFFFFFFFu;
+// A matrix and its element type: the model dtype (every matrix of a safetensors checkpoint or a
+// synthetic model) or the blocks of a GGUF type (model/checkpoint/ggml_blocks.hpp: each row of
+// `in` elements is in / block elements blocks, rows one after another).
 struct WeightRef {
   const void* data = nullptr;
-  std::uint32_t blocks = kModelDtype;
-  bool in_blocks() const { return blocks != kModelDtype; }
+  ElementType type = ElementType::kF32;
+  bool in_blocks() const { return is_block_type(type); }
+  std::uint32_t ggml() const { return traits(type).ggml; }  // its GGUF type's number
 };
 
-// Bytes of `rows` rows of `in` elements of a matrix stored as `blocks` (or in `dtype`).
-std::size_t matrix_bytes(std::uint32_t blocks, DType dtype, std::int64_t rows, std::int64_t in);
+// The element type of ggml's type `ggml`; throws for a number the element types' table lacks.
+ElementType type_of_ggml(std::uint32_t ggml);
+
+// Bytes of `rows` rows of `in` elements of a matrix of element type `type`.
+std::size_t matrix_bytes(ElementType type, std::int64_t rows, std::int64_t in);
 
 // How a synthetic tensor is drawn: matrices ~ U(-a, a) with std 1/sqrt(in) (so every layer
 // changes the residual stream and the tokens depend on the prompt), norm weights
@@ -45,7 +49,8 @@ struct WeightEntry {
   float scale = 1;           // synthetic values are scale * U(-1, 1) (+ 1 for norms)
   std::size_t offset = 0;    // bytes from the region start, 256-aligned
   std::int64_t elements = 0;
-  std::uint32_t blocks = kModelDtype;  // a matrix kept in GGUF blocks: their type
+  ElementType type = ElementType::kF32;  // the layout's dtype, or a matrix's GGUF block type
+  bool in_blocks() const { return is_block_type(type); }
 };
 
 // Pointers into the region, by role.
@@ -90,8 +95,8 @@ class WeightLayout {
   DType dtype() const { return dtype_; }
   const ModelConfig& config() const { return config_; }
   std::size_t entry_bytes(const WeightEntry& e) const {
-    return e.blocks == kModelDtype ? static_cast<std::size_t>(e.elements) * dtype_size(dtype_)
-                                   : matrix_bytes(e.blocks, dtype_, e.shape[0], e.shape[1]);
+    return e.in_blocks() ? matrix_bytes(e.type, e.shape[0], e.shape[1])
+                         : static_cast<std::size_t>(e.elements) * element_bytes(dtype_);
   }
   // Whether any matrix is kept in blocks.
   bool has_blocks() const { return has_blocks_; }

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kvoffload/quant.hpp"
+#include "offload/util/element_types.hpp"
 
 #if defined(__CUDACC__)
 #define KVO_HD __host__ __device__ __forceinline__
@@ -69,20 +70,27 @@ KVO_HD std::uint16_t float_to_f16(float x) {
 // (kvoffload/quant.hpp, which has is_quantized): load_elem gives their value before the row's
 // scale for the head, which kv_scale reads.
 
-KVO_HD float load_elem(const void* base, std::int64_t index, DType type) {
-  switch (type) {
-    case DType::kF32:
-      return static_cast<const float*>(base)[index];
-    case DType::kF16:
-      return f16_to_float(static_cast<const std::uint16_t*>(base)[index]);
-    case DType::kBF16:
-      return bf16_to_float(static_cast<const std::uint16_t*>(base)[index]);
-    case DType::kFP8E4M3:
-      return quant::e4m3_to_float(static_cast<const std::uint8_t*>(base)[index]);
-    case DType::kInt8:
-      return static_cast<float>(static_cast<const std::int8_t*>(base)[index]);
+// One element of dtype kType at base[index], as f32 (quantized K/V: before its scale).
+template <ElementType kType>
+KVO_HD float load_as(const void* base, std::int64_t index) {
+  if constexpr (kType == ElementType::kF32) {
+    return static_cast<const float*>(base)[index];
+  } else if constexpr (kType == ElementType::kF16) {
+    return f16_to_float(static_cast<const std::uint16_t*>(base)[index]);
+  } else if constexpr (kType == ElementType::kBF16) {
+    return bf16_to_float(static_cast<const std::uint16_t*>(base)[index]);
+  } else if constexpr (kType == ElementType::kFP8E4M3) {
+    return quant::e4m3_to_float(static_cast<const std::uint8_t*>(base)[index]);
+  } else {
+    static_assert(kType == ElementType::kInt8, "load_as serves the dtypes");
+    return static_cast<float>(static_cast<const std::int8_t*>(base)[index]);
   }
-  return 0.0f;
+}
+
+KVO_HD float load_elem(const void* base, std::int64_t index, DType type) {
+  return visit(
+      type, [&](auto t) KVO_ELEMENT_LAMBDA { return load_as<decltype(t)::value>(base, index); },
+      [] { return 0.0f; });
 }
 
 // The scale of kv head `head` in the quantized row that starts at byte `row` of `base`, whose
@@ -92,20 +100,23 @@ KVO_HD float kv_scale(const void* base, std::int64_t row, std::int64_t scale_off
                                          scale_offset + 4 * static_cast<std::int64_t>(head));
 }
 
-KVO_HD void store_elem(void* base, std::int64_t index, DType type, float value) {
-  switch (type) {
-    case DType::kF32:
-      static_cast<float*>(base)[index] = value;
-      break;
-    case DType::kF16:
-      static_cast<std::uint16_t*>(base)[index] = float_to_f16(value);
-      break;
-    case DType::kBF16:
-      static_cast<std::uint16_t*>(base)[index] = float_to_bf16(value);
-      break;
-    default:  // quantized rows are written whole, by quantize_row
-      break;
+// value stored as one element of dtype kType at base[index]; quantized rows are written whole,
+// by quantize_row, so their dtypes store nothing here.
+template <ElementType kType>
+KVO_HD void store_as(void* base, std::int64_t index, float value) {
+  if constexpr (kType == ElementType::kF32) {
+    static_cast<float*>(base)[index] = value;
+  } else if constexpr (kType == ElementType::kF16) {
+    static_cast<std::uint16_t*>(base)[index] = float_to_f16(value);
+  } else if constexpr (kType == ElementType::kBF16) {
+    static_cast<std::uint16_t*>(base)[index] = float_to_bf16(value);
   }
+}
+
+KVO_HD void store_elem(void* base, std::int64_t index, DType type, float value) {
+  visit(
+      type, [&](auto t) KVO_ELEMENT_LAMBDA { store_as<decltype(t)::value>(base, index, value); },
+      [] {});
 }
 
 // ---- rotary position embedding ---------------------------------------------------------------

@@ -66,7 +66,7 @@ class CudaOps final : public Ops {
   void embed(const std::int32_t* tokens, int n, WeightRef table, float* out) override {
     const int hidden = shape_.config.hidden_size;
     if (table.in_blocks()) {
-      cuda::embed_blocks(tokens, n, table.data, table.blocks, hidden, out, stream_);
+      cuda::embed_blocks(tokens, n, table.data, table.ggml(), hidden, out, stream_);
     } else {
       cuda::embed(tokens, n, table.data, elem_, hidden, out, stream_);
     }
@@ -81,6 +81,10 @@ class CudaOps final : public Ops {
   void linear(const float* x, int n, int in, WeightRef w, const void* bias, int out, float* y,
               bool accumulate) override {
     if (n == 0) return;
+    if (!w.in_blocks() && w.type != element_type(elem_)) {
+      throw Error(ErrorCode::kInternal, std::string("a matrix of ") + traits(w.type).name +
+                                            " where the model's weights are " + dtype_name(elem_));
+    }
     if (w.in_blocks()) {
       multiply_blocks(x, nullptr, n, in, w, bias, out, y, accumulate);
       return;
@@ -111,7 +115,7 @@ class CudaOps final : public Ops {
   void multiply_blocks(const float* x, const void* input, int n, int in, WeightRef w,
                        const void* bias, int out, float* y, bool accumulate) {
     if (n <= cuda::kBlockDecodeRowsMax) {
-      cuda::linear_blocks(x, n, in, w.data, w.blocks, out, y, accumulate, stream_);
+      cuda::linear_blocks(x, n, in, w.data, w.ggml(), out, y, accumulate, stream_);
     } else {
       if (layout_.block_tile_rows == 0) {
         throw Error(ErrorCode::kInternal, "weights in GGUF blocks, but no tile was planned");
@@ -120,8 +124,8 @@ class CudaOps final : public Ops {
       for (int c0 = 0; c0 < out; c0 += layout_.block_tile_rows) {
         const int rows = std::min(layout_.block_tile_rows, out - c0);
         cuda::dequantize_blocks(
-            static_cast<const std::byte*>(w.data) + matrix_bytes(w.blocks, elem_, c0, in), w.blocks,
-            rows, in, block_tile_, elem_, stream_);
+            static_cast<const std::byte*>(w.data) + matrix_bytes(w.type, c0, in), w.ggml(), rows,
+            in, block_tile_, elem_, stream_);
         gemm_columns(input, n, in, block_tile_, rows, y + c0, out, accumulate);
       }
     }

@@ -113,23 +113,12 @@ __global__ void embed_kernel(const std::int32_t* __restrict__ tokens,
 // Calls f with the block type as a compile-time constant (the types dequantize_part serves).
 template <typename F>
 void with_type(std::uint32_t type, const char* what, F&& f) {
-  switch (type) {
-    case blocks::kQ8_0:
-      return f(std::integral_constant<std::uint32_t, blocks::kQ8_0>());
-    case blocks::kQ4_0:
-      return f(std::integral_constant<std::uint32_t, blocks::kQ4_0>());
-    case blocks::kQ4_1:
-      return f(std::integral_constant<std::uint32_t, blocks::kQ4_1>());
-    case blocks::kQ4_K:
-      return f(std::integral_constant<std::uint32_t, blocks::kQ4_K>());
-    case blocks::kQ5_K:
-      return f(std::integral_constant<std::uint32_t, blocks::kQ5_K>());
-    case blocks::kQ6_K:
-      return f(std::integral_constant<std::uint32_t, blocks::kQ6_K>());
-    default:
-      throw Error(ErrorCode::kInternal,
-                  std::string(what) + ": GGUF type " + std::to_string(type) + " has no kernel");
-  }
+  visit_blocks(
+      type, [&](auto t) { f(std::integral_constant<std::uint32_t, blocks::kGgml<decltype(t)>>()); },
+      [&] {
+        throw Error(ErrorCode::kInternal,
+                    std::string(what) + ": GGUF type " + std::to_string(type) + " has no kernel");
+      });
 }
 
 int grid_for(std::int64_t count) {

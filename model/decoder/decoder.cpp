@@ -150,7 +150,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
     std::vector<std::uint8_t> quantized;
     const WeightLayout f32(config_, DType::kF32);
     for (const auto& e : layout_.entries()) {
-      if (e.blocks == blocks::kQ8_0) {  // drawn in f32 on the host, quantized, uploaded
+      if (e.type == ElementType::kQ8_0) {  // drawn in f32 on the host, quantized, uploaded
         values.resize(static_cast<std::size_t>(e.elements));
         fill_synthetic(f32, e, source.seed, values.data());
         quantized.resize(layout_.entry_bytes(e));
@@ -190,8 +190,8 @@ std::string Decoder::weights_text() const {
   std::map<std::string, int> types;
   int kept = 0;
   for (const WeightEntry& e : layout_.entries()) {
-    if (e.blocks == kModelDtype) continue;
-    ++types[ggml_type(e.blocks)->name];
+    if (!e.in_blocks()) continue;
+    ++types[traits(e.type).name];
     ++kept;
   }
   if (kept == 0) return text;

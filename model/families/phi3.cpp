@@ -27,23 +27,22 @@ std::vector<LayerTensor> layer_tensors(const ModelConfig& c) {
 
 // Rows [first, ...) of a fused matrix with `in` columns (whole rows of blocks when it is kept in
 // GGUF blocks).
-WeightRef rows_of(const LayerContext& l, WeightRef fused, std::int64_t first, int in) {
-  return {static_cast<const std::byte*>(fused.data) +
-              matrix_bytes(fused.blocks, l.weight_dtype, first, in),
-          fused.blocks};
+WeightRef rows_of(WeightRef fused, std::int64_t first, int in) {
+  return {static_cast<const std::byte*>(fused.data) + matrix_bytes(fused.type, first, in),
+          fused.type};
 }
 
 void attention_inputs(const LayerContext& l, const float* x, int n, const std::int32_t* positions,
                       int first_position) {
   const ModelConfig& c = l.config;
   const std::int64_t qd = c.q_dim();
-  llama::project_qkv(l, x, n, rows_of(l, l.w.wq, qd, c.hidden_size),
-                     rows_of(l, l.w.wq, qd + c.kv_dim(), c.hidden_size));
+  llama::project_qkv(l, x, n, rows_of(l.w.wq, qd, c.hidden_size),
+                     rows_of(l.w.wq, qd + c.kv_dim(), c.hidden_size));
   l.ops.rope(l.a.q, l.a.k, n, positions, first_position, l.local_rope);
 }
 
 void mlp(const LayerContext& l, float* x, int n) {
-  llama::mlp(l, x, n, rows_of(l, l.w.w_gate, l.config.intermediate_size, l.config.hidden_size));
+  llama::mlp(l, x, n, rows_of(l.w.w_gate, l.config.intermediate_size, l.config.hidden_size));
 }
 
 }  // namespace phi3

@@ -240,14 +240,18 @@ KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const Key
 KVO_AVX512 void attend_keys_avx512(const float* q, int kv_heads, int group, int d, KeyRows k,
                                    KeyRows v, int keys, SoftmaxState* state, float* acc, float*,
                                    float*, float softcap) {
-  switch (k.type) {
-    case DType::kF32:
-      return attend<DType::kF32>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
-    case DType::kF16:
-      return attend<DType::kF16>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
-    default:
-      return attend<DType::kBF16>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
-  }
+  // f32, f16 and bf16 rows (the caller takes quantized rows elsewhere)
+  visit(
+      k.type,
+      [&](auto t) {
+        constexpr auto kType = static_cast<DType>(decltype(t)::value);
+        if constexpr (kType == DType::kF32 || kType == DType::kF16) {
+          attend<kType>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
+        } else {
+          attend<DType::kBF16>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
+        }
+      },
+      [] {});
 }
 
 bool have_avx512() {

@@ -146,25 +146,18 @@ bool linear_row_blocks_avx512(const float* x, int in, const void* w, std::uint32
                               DType bias_type, const void* bias, int o0, int o1, float* y,
                               bool accumulate) {
   const auto* bytes = static_cast<const std::uint8_t*>(w);
-  switch (type) {
-    case blocks::kQ8_0:
-      rows_of<blocks::kQ8_0>(x, in, bytes, bias_type, bias, o0, o1, y, accumulate);
-      return true;
-    case blocks::kQ4_0:
-      rows_of<blocks::kQ4_0>(x, in, bytes, bias_type, bias, o0, o1, y, accumulate);
-      return true;
-    case blocks::kQ4_1:
-      rows_of<blocks::kQ4_1>(x, in, bytes, bias_type, bias, o0, o1, y, accumulate);
-      return true;
-    case blocks::kQ4_K:
-      rows_of<blocks::kQ4_K>(x, in, bytes, bias_type, bias, o0, o1, y, accumulate);
-      return true;
-    case blocks::kQ6_K:
-      rows_of<blocks::kQ6_K>(x, in, bytes, bias_type, bias, o0, o1, y, accumulate);
-      return true;
-    default:
-      return false;
-  }
+  return visit_blocks(
+      type,
+      [&](auto t) {
+        constexpr std::uint32_t kType = blocks::kGgml<decltype(t)>;
+        if constexpr (kType == blocks::kQ5_K) {
+          return false;  // no register kernel: the caller's block loops serve it
+        } else {
+          rows_of<kType>(x, in, bytes, bias_type, bias, o0, o1, y, accumulate);
+          return true;
+        }
+      },
+      [] { return false; });
 }
 
 }  // namespace kvo::model::kernels

@@ -85,8 +85,11 @@ float finish(float value, DType bias_type, const void* bias, int o) {
 }
 
 // The portable rows: exact integer sums per block, scaled in f32 block after block.
-void rows_portable(const Q8ConstView x, int in, const std::uint8_t* w, std::uint32_t type,
-                   DType bias_type, const void* bias, int o0, int o1, float* y, bool accumulate) {
+// Q5_K has no 8-bit kernel (q8_activations_serve): its rows are left to the caller's.
+template <std::uint32_t type>
+void rows_portable(const Q8ConstView x, int in, const std::uint8_t* w, DType bias_type,
+                   const void* bias, int o0, int o1, float* y, bool accumulate) {
+  if constexpr (type == blocks::kQ5_K) return;
   const int per_block = blocks::block_elements(type);
   const std::size_t block_bytes = static_cast<std::size_t>(blocks::block_bytes(type));
   const std::size_t row_bytes = static_cast<std::size_t>(in / per_block) * block_bytes;
@@ -96,64 +99,52 @@ void rows_portable(const Q8ConstView x, int in, const std::uint8_t* w, std::uint
     for (int blk = 0; blk < in / per_block; ++blk) {
       const std::uint8_t* b = row + static_cast<std::size_t>(blk) * block_bytes;
       const std::int8_t* xq = x.q + static_cast<std::ptrdiff_t>(blk) * per_block;
-      switch (type) {
-        case blocks::kQ8_0: {
-          std::int32_t s = 0;
-          for (int i = 0; i < 32; ++i) s += static_cast<std::int8_t>(b[2 + i]) * xq[i];
-          acc += (weight_scale(b) * x.d[blk]) * static_cast<float>(s);
-          break;
+      if constexpr (type == blocks::kQ8_0) {
+        std::int32_t s = 0;
+        for (int i = 0; i < 32; ++i) s += static_cast<std::int8_t>(b[2 + i]) * xq[i];
+        acc += (weight_scale(b) * x.d[blk]) * static_cast<float>(s);
+      } else if constexpr (type == blocks::kQ4_0 || type == blocks::kQ4_1) {
+        const int at = type == blocks::kQ4_0 ? 2 : 4;
+        std::int32_t s = 0;
+        for (int i = 0; i < 16; ++i) {
+          s += (b[at + i] & 15) * xq[i] + (b[at + i] >> 4) * xq[i + 16];
         }
-        case blocks::kQ4_0:
-        case blocks::kQ4_1: {
-          const int at = type == blocks::kQ4_0 ? 2 : 4;
-          std::int32_t s = 0;
-          for (int i = 0; i < 16; ++i) {
-            s += (b[at + i] & 15) * xq[i] + (b[at + i] >> 4) * xq[i + 16];
-          }
-          const float dd = weight_scale(b) * x.d[blk];
-          acc += dd * static_cast<float>(s);
-          if (type == blocks::kQ4_0) {
-            acc += dd * static_cast<float>(-8 * x.sums[blk]);
-          } else {
-            acc += (weight_scale(b + 2) * x.d[blk]) * static_cast<float>(x.sums[blk]);
-          }
-          break;
+        const float dd = weight_scale(b) * x.d[blk];
+        acc += dd * static_cast<float>(s);
+        if (type == blocks::kQ4_0) {
+          acc += dd * static_cast<float>(-8 * x.sums[blk]);
+        } else {
+          acc += (weight_scale(b + 2) * x.d[blk]) * static_cast<float>(x.sums[blk]);
         }
-        case blocks::kQ4_K: {
-          std::int32_t s = 0, mins = 0;
-          for (int j = 0; j < 8; ++j) {
-            int sc = 0, m = 0;
-            blocks::scale_min_k4(j, b + 4, &sc, &m);
-            const std::uint8_t* qs = b + 16 + 32 * (j / 2);
-            std::int32_t sj = 0;
-            for (int l = 0; l < 32; ++l) {
-              const int q = (j % 2 == 0) ? (qs[l] & 15) : (qs[l] >> 4);
-              sj += q * xq[stored_at(true, 32 * j + l)];
-            }
-            s += sc * sj;
-            mins += m * x.sums[8 * blk + j];
+      } else if constexpr (type == blocks::kQ4_K) {
+        std::int32_t s = 0, mins = 0;
+        for (int j = 0; j < 8; ++j) {
+          int sc = 0, m = 0;
+          blocks::scale_min_k4(j, b + 4, &sc, &m);
+          const std::uint8_t* qs = b + 16 + 32 * (j / 2);
+          std::int32_t sj = 0;
+          for (int l = 0; l < 32; ++l) {
+            const int q = (j % 2 == 0) ? (qs[l] & 15) : (qs[l] >> 4);
+            sj += q * xq[stored_at(true, 32 * j + l)];
           }
-          acc += (weight_scale(b) * x.d[blk]) * static_cast<float>(s);
-          acc -= (weight_scale(b + 2) * x.d[blk]) * static_cast<float>(mins);
-          break;
+          s += sc * sj;
+          mins += m * x.sums[8 * blk + j];
         }
-        case blocks::kQ6_K: {
-          const auto* scales = reinterpret_cast<const std::int8_t*>(b + 192);
-          std::int32_t s = 0, offset = 0;
-          for (int e = 0; e < 256; ++e) {
-            const int h = e / 128, k = (e % 128) / 32, l = e % 32;
-            const int nibble = (b[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 15;
-            const int high = (b[128 + 32 * h + l] >> (2 * k)) & 3;
-            s += scales[e / 16] * (nibble | (high << 4)) * xq[e];
-          }
-          for (int g = 0; g < 16; ++g) offset += scales[g] * x.sums[16 * blk + g];
-          const float dd = weight_scale(b + 208) * x.d[blk];
-          acc += dd * static_cast<float>(s);
-          acc += dd * static_cast<float>(-32 * offset);
-          break;
+        acc += (weight_scale(b) * x.d[blk]) * static_cast<float>(s);
+        acc -= (weight_scale(b + 2) * x.d[blk]) * static_cast<float>(mins);
+      } else if constexpr (type == blocks::kQ6_K) {
+        const auto* scales = reinterpret_cast<const std::int8_t*>(b + 192);
+        std::int32_t s = 0, offset = 0;
+        for (int e = 0; e < 256; ++e) {
+          const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+          const int nibble = (b[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 15;
+          const int high = (b[128 + 32 * h + l] >> (2 * k)) & 3;
+          s += scales[e / 16] * (nibble | (high << 4)) * xq[e];
         }
-        default:
-          break;
+        for (int g = 0; g < 16; ++g) offset += scales[g] * x.sums[16 * blk + g];
+        const float dd = weight_scale(b + 208) * x.d[blk];
+        acc += dd * static_cast<float>(s);
+        acc += dd * static_cast<float>(-32 * offset);
       }
     }
     const float value = finish(acc, bias_type, bias, o);
@@ -467,24 +458,25 @@ void linear_row_blocks_q8(const void* xq, int in, const void* w, std::uint32_t t
   const Q8ConstView x = view(xq, in);
   const auto* bytes = static_cast<const std::uint8_t*>(w);
 #if KVO_Q8_HAVE_VNNI_CODE
-  if (!portable && have_vnni()) {
-    switch (type) {
-      case blocks::kQ8_0:
-        return rows_vnni<blocks::kQ8_0>(x, in, bytes, bias_type, bias, o0, o1, y, accumulate);
-      case blocks::kQ4_0:
-        return rows_vnni<blocks::kQ4_0>(x, in, bytes, bias_type, bias, o0, o1, y, accumulate);
-      case blocks::kQ4_1:
-        return rows_vnni<blocks::kQ4_1>(x, in, bytes, bias_type, bias, o0, o1, y, accumulate);
-      case blocks::kQ4_K:
-        return rows_vnni<blocks::kQ4_K>(x, in, bytes, bias_type, bias, o0, o1, y, accumulate);
-      case blocks::kQ6_K:
-        return rows_vnni<blocks::kQ6_K>(x, in, bytes, bias_type, bias, o0, o1, y, accumulate);
-      default:
-        break;
-    }
+  if (!portable && have_vnni() && q8_activations_serve(type)) {
+    return visit_blocks(
+        type,
+        [&](auto t) {
+          constexpr std::uint32_t kType = blocks::kGgml<decltype(t)>;
+          if constexpr (kType != blocks::kQ5_K) {
+            rows_vnni<kType>(x, in, bytes, bias_type, bias, o0, o1, y, accumulate);
+          }
+        },
+        [] {});
   }
 #endif
-  rows_portable(x, in, bytes, type, bias_type, bias, o0, o1, y, accumulate);
+  visit_blocks(
+      type,
+      [&](auto t) {
+        rows_portable<blocks::kGgml<decltype(t)>>(x, in, bytes, bias_type, bias, o0, o1, y,
+                                                  accumulate);
+      },
+      [] {});
 }
 
 }  // namespace kvo::model::kernels

@@ -237,8 +237,8 @@ void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void*
   }
 }
 
-// The blocks of one type, the switch of dequantize_block resolved at compile time, so that the
-// loops over a block's elements vectorize inside each level's clone.
+// The blocks of one type, fixed at compile time, so that the loops over a block's elements
+// vectorize inside each level's clone.
 template <std::uint32_t kType>
 __attribute__((always_inline)) inline void dequantize_typed(const std::uint8_t* b,
                                                             std::int64_t count, float* dst) {
@@ -249,29 +249,16 @@ __attribute__((always_inline)) inline void dequantize_typed(const std::uint8_t* 
   }
 }
 
-// Each case inlined into the level's clone with its type fixed, so its block loops vectorize.
+// Each type's loops inlined into the level's clone with the type fixed, so that they vectorize.
 KVO_VECTOR_CLONES
 void dequantize_rows(std::uint32_t type, const void* src, int rows, int in, float* dst) {
   const auto* b = static_cast<const std::uint8_t*>(src);
   const std::int64_t count = static_cast<std::int64_t>(rows) * in;
-  switch (type) {
-    case blocks::kQ8_0:
-      return dequantize_typed<blocks::kQ8_0>(b, count, dst);
-    case blocks::kQ4_0:
-      return dequantize_typed<blocks::kQ4_0>(b, count, dst);
-    case blocks::kQ4_1:
-      return dequantize_typed<blocks::kQ4_1>(b, count, dst);
-    case blocks::kQ4_K:
-      return dequantize_typed<blocks::kQ4_K>(b, count, dst);
-    case blocks::kQ5_K:
-      return dequantize_typed<blocks::kQ5_K>(b, count, dst);
-    case blocks::kQ6_K:
-      return dequantize_typed<blocks::kQ6_K>(b, count, dst);
-    default:  // F32, F16 and BF16 as blocks of one element
-      for (std::int64_t at = 0; at < count; ++at, b += blocks::block_bytes(type)) {
-        blocks::dequantize_block(type, b, dst + at);
-      }
-  }
+  blocks::visit_ggml(
+      type,
+      [&](auto t)
+          KVO_ELEMENT_LAMBDA { dequantize_typed<blocks::kGgml<decltype(t)>>(b, count, dst); },
+      [] {});
 }
 
 // Each row of w dequantized into `row` (L1 or L2: at most a row of the widest input) by the

@@ -50,15 +50,19 @@ HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm, 
 
 void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const void* bias, int out,
                             float* y, bool accumulate) {
+  if (!w.in_blocks() && w.type != element_type(type_)) {
+    throw Error(ErrorCode::kInternal, std::string("a matrix of ") + traits(w.type).name +
+                                          " where the model's weights are " + dtype_name(type_));
+  }
   if (n >= kGemmMinRows) {
     gemm(x, n, in, w, bias, out, y, accumulate);
     return;
   }
   const int blocks = (out + kDotColBlock - 1) / kDotColBlock;
-  if (w.in_blocks() && q8_activations_ && kernels::q8_activations_serve(w.blocks)) {
+  if (w.in_blocks() && q8_activations_ && kernels::q8_activations_serve(w.ggml())) {
     const std::size_t stride = kernels::q8_activation_bytes(in);
     for (int t = 0; t < n; ++t) {
-      kernels::quantize_activation_q8(w.blocks, x + static_cast<std::int64_t>(t) * in, in,
+      kernels::quantize_activation_q8(w.ggml(), x + static_cast<std::int64_t>(t) * in, in,
                                       scratch_.q8_rows.data() + t * stride);
     }
     // Tasks of 128 rows: the rows' blocks stream from memory longer in one run (measured on the
@@ -67,7 +71,7 @@ void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const vo
     pool_.run((out + rows_per_task - 1) / rows_per_task, [&](int b, int) {
       const int o0 = b * rows_per_task;
       for (int t = 0; t < n; ++t) {
-        kernels::linear_row_blocks_q8(scratch_.q8_rows.data() + t * stride, in, w.data, w.blocks,
+        kernels::linear_row_blocks_q8(scratch_.q8_rows.data() + t * stride, in, w.data, w.ggml(),
                                       type_, bias, o0, std::min(out, o0 + rows_per_task),
                                       y + static_cast<std::int64_t>(t) * out, accumulate);
       }
@@ -78,7 +82,7 @@ void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const vo
     const int o0 = b * kDotColBlock;
     float* row = scratch_.panels[static_cast<std::size_t>(thread)].data();
     if (w.in_blocks()) {
-      kernels::linear_rows_blocks(x, n, in, in, w.data, w.blocks, type_, bias, o0,
+      kernels::linear_rows_blocks(x, n, in, in, w.data, w.ggml(), type_, bias, o0,
                                   std::min(out, o0 + kDotColBlock), y, out, accumulate, row);
       return;
     }
@@ -89,7 +93,7 @@ void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const vo
 
 void HostLinear::gemm(const float* x, int n, int in, WeightRef w, const void* bias, int out,
                       float* y, bool accumulate) {
-  if (w.in_blocks() && q8_activations_ && q8_gemm::serves(w.blocks) && q8_gemm::available()) {
+  if (w.in_blocks() && q8_activations_ && q8_gemm::serves(w.ggml()) && q8_gemm::available()) {
     gemm_q8(x, n, in, w, bias, out, y, accumulate);
     return;
   }
@@ -100,11 +104,11 @@ void HostLinear::gemm(const float* x, int n, int in, WeightRef w, const void* bi
     const int rows = std::min(kGemmRowBlock, n - r0);
     const int c0 = (task % col_blocks) * kGemmColBlock;
     const int cols = std::min(kGemmColBlock, out - c0);
-    const void* w_block = static_cast<const char*>(w.data) + matrix_bytes(w.blocks, type_, c0, in);
+    const void* w_block = static_cast<const char*>(w.data) + matrix_bytes(w.type, c0, in);
     const float* panel = static_cast<const float*>(w_block);
     if (w.in_blocks()) {
       float* p = scratch_.panels[static_cast<std::size_t>(thread)].data();
-      kernels::dequantize_rows(w.blocks, w_block, cols, in, p);
+      kernels::dequantize_rows(w.ggml(), w_block, cols, in, p);
       panel = p;
     } else if (type_ != DType::kF32 && !bf16_gemm_) {
       float* p = scratch_.panels[static_cast<std::size_t>(thread)].data();
@@ -137,7 +141,7 @@ void HostLinear::gemm(const float* x, int n, int in, WeightRef w, const void* bi
 
 void HostLinear::gemm_q8(const float* x, int n, int in, WeightRef w, const void* bias, int out,
                          float* y, bool accumulate) {
-  const std::size_t stride = q8_gemm::activation_row_bytes(w.blocks, in);
+  const std::size_t stride = q8_gemm::activation_row_bytes(w.ggml(), in);
   if (n > scratch_.q8_gemm_max_rows) {
     throw Error(ErrorCode::kInternal, "a q8 GEMM of " + std::to_string(n) +
                                           " rows, more than the " +
@@ -146,7 +150,7 @@ void HostLinear::gemm_q8(const float* x, int n, int in, WeightRef w, const void*
   constexpr int kQuantizeRows = 16;
   pool_.run((n + kQuantizeRows - 1) / kQuantizeRows, [&](int task, int) {
     for (int t = task * kQuantizeRows; t < std::min(n, (task + 1) * kQuantizeRows); ++t) {
-      q8_gemm::quantize_row(w.blocks, x + static_cast<std::int64_t>(t) * in, in,
+      q8_gemm::quantize_row(w.ggml(), x + static_cast<std::int64_t>(t) * in, in,
                             scratch_.q8_gemm_rows.data() + static_cast<std::size_t>(t) * stride);
     }
   });
@@ -154,10 +158,9 @@ void HostLinear::gemm_q8(const float* x, int n, int in, WeightRef w, const void*
     const int c0 = task * kQ8GemmCols;
     const int cols = std::min(kQ8GemmCols, out - c0);
     void* panel = scratch_.panels[static_cast<std::size_t>(thread)].data();
-    q8_gemm::pack(w.blocks,
-                  static_cast<const char*>(w.data) + matrix_bytes(w.blocks, type_, c0, in), cols,
+    q8_gemm::pack(w.ggml(), static_cast<const char*>(w.data) + matrix_bytes(w.type, c0, in), cols,
                   in, panel);
-    q8_gemm::multiply(w.blocks, panel, cols, in, scratch_.q8_gemm_rows.data(), n, type_, bias, c0,
+    q8_gemm::multiply(w.ggml(), panel, cols, in, scratch_.q8_gemm_rows.data(), n, type_, bias, c0,
                       y + c0, out, accumulate);
   });
 }

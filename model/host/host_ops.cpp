@@ -54,13 +54,13 @@ HostOps::HostOps(const OpsShape& shape, void* workspace, std::uint64_t workspace
 
 void HostOps::embed(const std::int32_t* tokens, int n, WeightRef table, float* out) {
   const int h = shape_.config.hidden_size;
-  const std::size_t row_bytes = matrix_bytes(table.blocks, elem_, 1, h);
+  const std::size_t row_bytes = matrix_bytes(table.type, 1, h);
   pool_.run(blocks_of(n, kRowBlock), [&](int b, int) {
     for (int i = b * kRowBlock; i < std::min(n, (b + 1) * kRowBlock); ++i) {
       const void* row = static_cast<const char*>(table.data) + tokens[i] * row_bytes;
       float* dst = out + static_cast<std::int64_t>(i) * h;
       if (table.in_blocks()) {
-        kernels::dequantize_rows(table.blocks, row, 1, h, dst);
+        kernels::dequantize_rows(table.ggml(), row, 1, h, dst);
       } else {
         kernels::to_f32(row, elem_, h, dst);
       }

@@ -14,8 +14,25 @@
 
 #if defined(__CUDACC__)
 #define KVO_ELEMENT_HD __host__ __device__ constexpr
+// Before a __host__ __device__ template that calls what its caller hands it: a host caller's
+// lambda is host code, a kernel's is device code, and each instantiation is only ever one of them.
+#define KVO_ELEMENT_EITHER_SIDE _Pragma("nv_exec_check_disable")
 #else
 #define KVO_ELEMENT_HD constexpr
+#define KVO_ELEMENT_EITHER_SIDE
+#endif
+// visit() and its kin are inlined into every caller, so that a caller compiled for several CPU
+// levels (target_clones) gets each type's code compiled at each level.
+#if defined(__GNUC__)
+#define KVO_ELEMENT_VISIT KVO_ELEMENT_HD inline __attribute__((always_inline))
+#else
+#define KVO_ELEMENT_VISIT KVO_ELEMENT_HD inline
+#endif
+// The same for a lambda handed to visit() from a function that is inlined into such callers.
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#define KVO_ELEMENT_LAMBDA __attribute__((always_inline))
+#else
+#define KVO_ELEMENT_LAMBDA
 #endif
 
 namespace kvo {
@@ -75,6 +92,52 @@ KVO_ELEMENT_HD ElementTraits traits(ElementType type) {
   return {};
 }
 
+// A type as a compile-time constant: what visit() hands the code it calls.
+template <ElementType kType>
+struct ElementTag {
+  static constexpr ElementType value = kType;
+};
+
+// The one run-time dispatch over element types: f(ElementTag<type>()), so that inside f the type
+// is a compile-time constant and each type's code is its own instantiation; otherwise() for a
+// value outside the table (an int cast from a corrupt source). Every per-type kernel and
+// conversion is reached through here or through traits().
+KVO_ELEMENT_EITHER_SIDE
+template <typename F, typename G>
+KVO_ELEMENT_VISIT decltype(auto) visit(ElementType type, F&& f, G&& otherwise) {
+  using T = ElementType;
+  switch (type) {
+    case T::kF32:
+      return f(ElementTag<T::kF32>());
+    case T::kF16:
+      return f(ElementTag<T::kF16>());
+    case T::kBF16:
+      return f(ElementTag<T::kBF16>());
+    case T::kFP8E4M3:
+      return f(ElementTag<T::kFP8E4M3>());
+    case T::kInt8:
+      return f(ElementTag<T::kInt8>());
+    case T::kQ8_0:
+      return f(ElementTag<T::kQ8_0>());
+    case T::kQ4_0:
+      return f(ElementTag<T::kQ4_0>());
+    case T::kQ4_1:
+      return f(ElementTag<T::kQ4_1>());
+    case T::kQ4_K:
+      return f(ElementTag<T::kQ4_K>());
+    case T::kQ5_K:
+      return f(ElementTag<T::kQ5_K>());
+    case T::kQ6_K:
+      return f(ElementTag<T::kQ6_K>());
+  }
+  return otherwise();
+}
+
+// A type of several elements per block (ggml's quantized blocks).
+KVO_ELEMENT_HD bool is_block_type(ElementType type) {
+  return traits(type).block_elements > 1;
+}
+
 KVO_ELEMENT_HD ElementType element_type(DType dtype) {
   return static_cast<ElementType>(static_cast<int>(dtype));
 }
@@ -105,6 +168,43 @@ KVO_ELEMENT_HD int ggml_block_elements(std::uint32_t ggml) {
 KVO_ELEMENT_HD int ggml_block_bytes(std::uint32_t ggml) {
   ElementType t = ElementType::kF32;
   return element_type_of_ggml(ggml, &t) ? traits(t).block_bytes : 0;
+}
+
+namespace element_detail {
+
+// f(tag) for a type of which kBlocks says whether it is a block type, otherwise() for the rest.
+template <bool kBlocks, typename F, typename G>
+struct Only {
+  F& f;
+  G& otherwise;
+  KVO_ELEMENT_EITHER_SIDE
+  template <typename Tag>
+  KVO_ELEMENT_VISIT decltype(auto) operator()(Tag tag) const {
+    if constexpr (is_block_type(Tag::value) == kBlocks) {
+      return f(tag);
+    } else {
+      return otherwise();
+    }
+  }
+};
+
+}  // namespace element_detail
+
+// visit() over the block types alone, by ggml's number: f(ElementTag<type>()) for a quantized
+// block type of the table, otherwise() for any other number (a scalar type among them).
+KVO_ELEMENT_EITHER_SIDE
+template <typename F, typename G>
+KVO_ELEMENT_VISIT decltype(auto) visit_blocks(std::uint32_t ggml, F&& f, G&& otherwise) {
+  ElementType type = ElementType::kF32;
+  if (!element_type_of_ggml(ggml, &type)) return otherwise();
+  return visit(type, element_detail::Only<true, F, G>{f, otherwise}, otherwise);
+}
+
+// visit() over the dtypes alone (kvo::DType's values); otherwise() for any other value.
+KVO_ELEMENT_EITHER_SIDE
+template <typename F, typename G>
+KVO_ELEMENT_VISIT decltype(auto) visit(DType dtype, F&& f, G&& otherwise) {
+  return visit(element_type(dtype), element_detail::Only<false, F, G>{f, otherwise}, otherwise);
 }
 
 // The dtype whose C enum value is `c_dtype`; false for any other int.

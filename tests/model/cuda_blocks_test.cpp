@@ -105,11 +105,12 @@ TEST(CudaBlocks, DecodeRowsTilesAndEmbeddingsAsTheHostPath) {
         cache.copy_to_device(cache.reserved("x"), x.data(), x.size() * f);
         cache.copy_to_device(cache.reserved("y"), y.data(), y.size() * f);
         ops->linear(static_cast<float*>(cache.reserved("x")), n, in,
-                    WeightRef{cache.reserved("w"), type}, cache.reserved("bias"), out,
+                    WeightRef{cache.reserved("w"), type_of_ggml(type)}, cache.reserved("bias"), out,
                     static_cast<float*>(cache.reserved("y")), true);
         ops->synchronize();
         cache.copy_to_host(y.data(), cache.reserved("y"), y.size() * f);
-        host(x.data(), n, in, WeightRef{w.data(), type}, nullptr, out, expected.data(), true);
+        host(x.data(), n, in, WeightRef{w.data(), type_of_ggml(type)}, nullptr, out,
+             expected.data(), true);
         const bool tiled = n > kBlockDecodeRows;
         for (int t = 0; t < n; ++t) {
           for (int o = 0; o < out; ++o) {
@@ -131,7 +132,8 @@ TEST(CudaBlocks, DecodeRowsTilesAndEmbeddingsAsTheHostPath) {
       for (auto& token : tokens) token = static_cast<std::int32_t>(rng() % out);
       cache.copy_to_device(cache.reserved("tokens"), tokens.data(), tokens.size() * 4);
       ops->embed(static_cast<std::int32_t*>(cache.reserved("tokens")), 16,
-                 WeightRef{cache.reserved("w"), type}, static_cast<float*>(cache.reserved("y")));
+                 WeightRef{cache.reserved("w"), type_of_ggml(type)},
+                 static_cast<float*>(cache.reserved("y")));
       ops->synchronize();
       std::vector<float> rows(16 * static_cast<std::size_t>(in));
       cache.copy_to_host(rows.data(), cache.reserved("y"), rows.size() * f);

@@ -428,8 +428,9 @@ TEST(GgufWeights, TensorsAreFoundCheckedAndRefusedByName) {
     const GgufFile file(path);
     const WeightLayout plain(gguf_model_config(file), DType::kF32);
     const WeightLayout kept(plain.config(), DType::kF32, gguf_block_matrices(plain, file));
-    EXPECT_EQ(kept.entries()[0].blocks, 8u);  // token_embd in Q8_0; attn_output (F16) expanded
-    EXPECT_EQ(kept.entries()[5].blocks, kModelDtype);
+    EXPECT_EQ(kept.entries()[0].type,
+              ElementType::kQ8_0);  // token_embd in Q8_0; attn_output (F16) expanded
+    EXPECT_EQ(kept.entries()[5].type, ElementType::kF32);
     MemoryQuery q;
     q.model = path;
     q.max_seq = 64;

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "model/checkpoint/ggml_blocks.hpp"
 #include "model/checkpoint/gguf.hpp"
 #include "model/checkpoint/weights.hpp"
@@ -104,7 +105,7 @@ TEST(HostLinear, MatchesFloat64) {
           const std::vector<float> x = random_floats(static_cast<std::size_t>(n) * in, rng);
           const std::vector<float> y0 = random_floats(static_cast<std::size_t>(n) * out, rng);
           std::vector<float> y = y0;
-          ops.linear(x.data(), n, in, WeightRef{w.bytes.data()},
+          ops.linear(x.data(), n, in, WeightRef{w.bytes.data(), element_type(type)},
                      with_bias ? bias.bytes.data() : nullptr, out, y.data(), accumulate);
           // The AVX512_BF16 GEMM rounds x to bf16 first: 2^-8 of each term more.
           const bool rounds_x = n >= HostLinear::kGemmMinRows && uses_bf16_gemm(type, false);
@@ -346,7 +347,8 @@ TEST(HostLinear, Q8ActivationsMultiplyTheQuantizedRow) {
       std::vector<float> xs(static_cast<std::size_t>(rows) * in);
       for (auto& v : xs) v = normal(rng);
       std::vector<float> y(static_cast<std::size_t>(rows) * out);
-      linear(xs.data(), rows, in, WeightRef{w.data(), type}, nullptr, out, y.data(), false);
+      linear(xs.data(), rows, in, WeightRef{w.data(), type_of_ggml(type)}, nullptr, out, y.data(),
+             false);
       for (int t = 0; t < rows; ++t) {
         std::vector<std::uint8_t> q(kernels::q8_activation_bytes(in));
         kernels::quantize_activation_q8(type, xs.data() + static_cast<std::size_t>(t) * in, in,
@@ -377,10 +379,30 @@ TEST(HostLinear, Q8ActivationsMultiplyTheQuantizedRow) {
   std::vector<float> x(in), y(out), expected(out), row(in);
   for (auto& v : x) v = std::normal_distribution<float>()(rng);
   HostLinear linear(pool, DType::kF32, in, false, true, /*q8_activations=*/true);
-  linear(x.data(), 1, in, WeightRef{w.data(), blocks::kQ5_K}, nullptr, out, y.data(), false);
+  linear(x.data(), 1, in, WeightRef{w.data(), ElementType::kQ5_K}, nullptr, out, y.data(), false);
   kernels::linear_rows_blocks(x.data(), 1, in, in, w.data(), blocks::kQ5_K, DType::kF32, nullptr, 0,
                               out, expected.data(), out, false, row.data());
   EXPECT_EQ(y, expected);
+}
+
+// A matrix carries its element type: one in a dtype other than the weights' is refused, naming
+// both, before a byte of it is read as the other; GGUF blocks and the weights' dtype are served.
+TEST(HostLinear, AMatrixOfAnotherDtypeIsRefused) {
+  ThreadPool pool(1);
+  const int in = 64, out = 8;
+  std::vector<std::uint16_t> w(static_cast<std::size_t>(out) * in, 0x3c00);  // 1.0 in f16
+  std::vector<float> x(in, 1.0f), y(out, 7.0f);
+  HostLinear linear(pool, DType::kBF16, in, false, false, false);
+  for (const ElementType wrong : {ElementType::kF16, ElementType::kF32}) {
+    kvo::testing::expect_error(
+        [&] {
+          linear(x.data(), 1, in, WeightRef{w.data(), wrong}, nullptr, out, y.data(), false);
+        },
+        ErrorCode::kInternal, std::string(traits(wrong).name) + " where");
+    EXPECT_EQ(y, std::vector<float>(out, 7.0f));
+  }
+  linear(x.data(), 1, in, WeightRef{w.data(), ElementType::kBF16}, nullptr, out, y.data(), false);
+  EXPECT_EQ(y[0], in * bf16_to_float(0x3c00));
 }
 
 // The q8 GEMM (model/host/host_gemm_q8.hpp) for every type it serves: each block's codes, scales
@@ -482,7 +504,8 @@ TEST(HostLinear, Q8GemmMultipliesTheQuantizedRows) {
     HostLinear linear(pool, DType::kF32, in, false, true, /*q8_activations=*/true, n);
     for (const int rows : {HostLinear::kGemmMinRows, n}) {
       std::vector<float> y(static_cast<std::size_t>(rows) * out);
-      linear(x.data(), rows, in, WeightRef{w.data(), type}, bias.data(), out, y.data(), false);
+      linear(x.data(), rows, in, WeightRef{w.data(), type_of_ggml(type)}, bias.data(), out,
+             y.data(), false);
       if (!q8_gemm::available()) continue;  // the f32 panel instead: MatchesFloat64's bound
       std::vector<float> alone(y.size());
       q8_gemm::multiply(type, panel.data(), out, in, xq.data(), rows, DType::kF32, bias.data(), 0,
@@ -569,11 +592,12 @@ TEST(HostLinear, DecodeRowsGetTheBitsTheyGetAlone) {
     HostOps ops(shape_of(attention_config(2, 1, 48, 0), type, n, n, 16, 2));
     const std::vector<float> x = random_floats(static_cast<std::size_t>(n) * in, rng);
     std::vector<float> together(static_cast<std::size_t>(n) * out);
-    ops.linear(x.data(), n, in, WeightRef{w.bytes.data()}, nullptr, out, together.data(), false);
+    ops.linear(x.data(), n, in, WeightRef{w.bytes.data(), element_type(type)}, nullptr, out,
+               together.data(), false);
     for (int t = 0; t < n; ++t) {
       std::vector<float> alone(out);
-      ops.linear(x.data() + t * in, 1, in, WeightRef{w.bytes.data()}, nullptr, out, alone.data(),
-                 false);
+      ops.linear(x.data() + t * in, 1, in, WeightRef{w.bytes.data(), element_type(type)}, nullptr,
+                 out, alone.data(), false);
       ASSERT_EQ(std::memcmp(alone.data(), together.data() + t * out, out * sizeof(float)), 0)
           << "row " << t;
     }
@@ -1048,7 +1072,8 @@ TEST(HostOps, SameBitsForAnyThreadCount) {
       HostOps ops(shape_of(c, type, n, slots, max_seq, threads));
       std::vector<float> y(static_cast<std::size_t>(n) * out);
       std::vector<float> prefill(q.size()), decode(2 * static_cast<std::size_t>(c.q_dim()));
-      ops.linear(x.data(), n, in, WeightRef{w.bytes.data()}, nullptr, out, y.data(), false);
+      ops.linear(x.data(), n, in, WeightRef{w.bytes.data(), element_type(type)}, nullptr, out,
+                 y.data(), false);
       ops.attention_prefill(q.data(), n, 1, 1000, 0, l.view, prefill.data());
       DecodeRows rows;
       rows.host_slots = row_slots.data();

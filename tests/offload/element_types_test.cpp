@@ -58,5 +58,25 @@ TEST(ElementTypes, GgmlNumbersFindTheirBlocks) {
   }
 }
 
+// visit() hands each type its own tag, and the filtered visits send every other value to
+// otherwise(): a block type through visit(DType), a scalar one through visit_blocks.
+TEST(ElementTypes, VisitHandsEachTypeItsOwnTag) {
+  const auto index = [](auto t) { return static_cast<int>(decltype(t)::value); };
+  const auto none = [] { return -1; };
+  for (int i = 0; i < kElementTypes; ++i) {
+    const auto type = static_cast<ElementType>(i);
+    EXPECT_EQ(visit(type, index, none), i);
+    EXPECT_EQ(visit(static_cast<DType>(i), index, none), is_block_type(type) ? -1 : i) << i;
+    if (traits(type).ggml != kNoGgml) {
+      EXPECT_EQ(visit_blocks(traits(type).ggml, index, none), is_block_type(type) ? i : -1) << i;
+    }
+  }
+  EXPECT_EQ(visit(static_cast<ElementType>(kElementTypes), index, none), -1);
+  EXPECT_EQ(visit(static_cast<DType>(200), index, none), -1);
+  EXPECT_EQ(visit_blocks(6, index, none), -1);  // Q5_0: not a type the table has
+  EXPECT_EQ(visit_blocks(kNoGgml, index, none), -1);
+  static_assert(visit(ElementType::kQ4_K, index, none) == 8, "visit() is constexpr");
+}
+
 }  // namespace
 }  // namespace kvo

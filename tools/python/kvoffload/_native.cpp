@@ -76,20 +76,18 @@ std::unique_ptr<Adapter> make_cache(int layers, int kv_heads, int head_dim, int 
   config.host.delay_seed = host_delay_seed;
   at::ScalarType states = at::ScalarType::Undefined;
   if (!states_dtype.empty()) {
-    switch (kvo::parse_dtype(states_dtype)) {
-      case kvo::DType::kF32:
-        states = at::kFloat;
-        break;
-      case kvo::DType::kF16:
-        states = at::kHalf;
-        break;
-      case kvo::DType::kBF16:
-        states = at::kBFloat16;
-        break;
-      default:
-        throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
-                         "states_dtype is f32, f16 or bf16, not " + states_dtype);
+    // torch's type of each unquantized dtype, in DType's order
+    static_assert(static_cast<int>(kvo::DType::kF32) == 0 &&
+                      static_cast<int>(kvo::DType::kF16) == 1 &&
+                      static_cast<int>(kvo::DType::kBF16) == 2,
+                  "kStates follows DType's order");
+    constexpr at::ScalarType kStates[] = {at::kFloat, at::kHalf, at::kBFloat16};
+    const int d = static_cast<int>(kvo::parse_dtype(states_dtype));
+    if (d < 0 || d > 2) {
+      throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                       "states_dtype is f32, f16 or bf16, not " + states_dtype);
     }
+    states = kStates[d];
   }
   return std::make_unique<Adapter>(config, states, static_shapes);
 }
