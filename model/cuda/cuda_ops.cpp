@@ -500,19 +500,22 @@ class CudaOps final : public Ops {
     if (layout_.kernels.flashinfer_decode && !layout_.kernels.dequant_tiles) {
       decode_ws_.float_buffer = base_ + layout_.decode_float;
       decode_ws_.float_bytes = layout_.decode_float_bytes;
-      decode_ws_.int_buffer = base_ + layout_.decode_int;
       decode_ws_.int_bytes = layout_.decode_int_bytes;
-      decode_ws_.pages = reinterpret_cast<std::int32_t*>(base_ + layout_.decode_pages);
       decode_ws_.pages_count = layout_.decode_pages_count;
       decode_ws_.grid = layout_.decode_grid;
-      KVO_MODEL_CUDA_CHECK(
-          cudaHostAlloc(&decode_ws_.int_host, layout_.decode_int_bytes, cudaHostAllocDefault));
-      void* pages_host = nullptr;
-      KVO_MODEL_CUDA_CHECK(cudaHostAlloc(
-          &pages_host, layout_.decode_pages_count * sizeof(std::int32_t), cudaHostAllocDefault));
-      decode_ws_.pages_host = static_cast<std::int32_t*>(pages_host);
-      KVO_MODEL_CUDA_CHECK(
-          cudaEventCreateWithFlags(&decode_ws_.mirrors_copied, cudaEventDisableTiming));
+      decode_ws_.schedules = DecodeSchedules(layout_.decode_schedules);
+      for (int k = 0; k < layout_.decode_schedules; ++k) {
+        flashinfer_ops::DecodeSchedule& s = decode_ws_.schedule[static_cast<std::size_t>(k)];
+        s.int_buffer = base_ + layout_.decode_int_at(k);
+        s.pages = reinterpret_cast<std::int32_t*>(base_ + layout_.decode_pages_at(k));
+        KVO_MODEL_CUDA_CHECK(
+            cudaHostAlloc(&s.int_host, layout_.decode_int_bytes, cudaHostAllocDefault));
+        void* pages_host = nullptr;
+        KVO_MODEL_CUDA_CHECK(cudaHostAlloc(
+            &pages_host, layout_.decode_pages_count * sizeof(std::int32_t), cudaHostAllocDefault));
+        s.pages_host = static_cast<std::int32_t*>(pages_host);
+        KVO_MODEL_CUDA_CHECK(cudaEventCreateWithFlags(&s.mirrors_copied, cudaEventDisableTiming));
+      }
       kv_lens_.resize(static_cast<std::size_t>(shape_.max_decode_rows));
     }
     if (layout_.kernels.flashinfer_prefill) {
@@ -563,12 +566,14 @@ class CudaOps final : public Ops {
     split_first_host_ = nullptr;
     if (handle_ != nullptr) cublas::api().destroy(handle_);
     handle_ = nullptr;
-    if (decode_ws_.mirrors_copied != nullptr) {
-      cudaEventSynchronize(decode_ws_.mirrors_copied);  // no copy may still read the mirrors
-      cudaEventDestroy(decode_ws_.mirrors_copied);
+    for (flashinfer_ops::DecodeSchedule& s : decode_ws_.schedule) {
+      if (s.mirrors_copied != nullptr) {
+        cudaEventSynchronize(s.mirrors_copied);  // no copy may still read the mirrors
+        cudaEventDestroy(s.mirrors_copied);
+      }
+      if (s.int_host != nullptr) cudaFreeHost(s.int_host);
+      if (s.pages_host != nullptr) cudaFreeHost(s.pages_host);
     }
-    if (decode_ws_.int_host != nullptr) cudaFreeHost(decode_ws_.int_host);
-    if (decode_ws_.pages_host != nullptr) cudaFreeHost(decode_ws_.pages_host);
     decode_ws_ = flashinfer_ops::DecodeWorkspace{};
   }
   flashinfer_ops::KvLayer kv_layer(const LayerView& view) const {

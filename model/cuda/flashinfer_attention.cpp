@@ -1,6 +1,7 @@
-// The host side of FlashInfer attention: the paged view of the decoding rows, built on a pinned
-// mirror and copied with one transfer per decode step (every layer of a step reuses it and its
-// schedule), and the dispatch to the instantiated kernels.
+// The host side of FlashInfer attention: the paged view of the decoding rows (decode_pages.hpp),
+// built on a pinned mirror and copied with one transfer per kind of layer per decode step (every
+// layer of that kind in the step reuses it and its schedule), and the dispatch to the
+// instantiated kernels.
 #include "model/cuda/flashinfer_attention.hpp"
 
 #include <algorithm>
@@ -58,74 +59,42 @@ void decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& ws, cuda
   if (call.n == 0) return;
   check_layer(kv);
   check_pages(kv);
-  const int pages_per_slot = kv.max_seq / kv.page_size;
   const bool bf16 = kv.type == DType::kBF16;
+  const PageGeometry geometry{kv.page_size, kv.max_seq / kv.page_size};
+  const PagedRows rows{call.n, call.slots, call.kv_lens, call.window_left};
+  const DecodeSchedules::Use use = ws.schedules.use(geometry, rows);
+  DecodeSchedule& schedule = ws.schedule[static_cast<std::size_t>(use.schedule)];
+  const PageTableView device = page_table_view(schedule.pages, call.n);
 
-  // Row i reads pages [first, last) of its slot: from the page that holds the first key of its
-  // window (0 without one) to the one that holds its own key. A window shortens the row's keys
-  // from the left; the mask is relative to the last key, so it holds as before.
-  std::vector<std::int32_t>& rows = ws.rows;
-  rows.resize(3 * static_cast<std::size_t>(call.n));
-  for (int i = 0; i < call.n; ++i) {
-    const int len = call.kv_lens[i];
-    if (len < 1 || len > kv.max_seq || call.slots[i] < 0) {
-      throw internal("row " + std::to_string(i) + " has " + std::to_string(len) + " keys in slot " +
-                     std::to_string(call.slots[i]));
-    }
-    const int first_key = call.window_left >= 0 ? std::max(0, len - 1 - call.window_left) : 0;
-    rows[3 * static_cast<std::size_t>(i)] = call.slots[i];
-    rows[3 * static_cast<std::size_t>(i) + 1] = first_key / kv.page_size;
-    rows[3 * static_cast<std::size_t>(i) + 2] = len;
-  }
-  const std::int32_t* d_indptr = ws.pages;
-  const std::int32_t* d_last = d_indptr + call.n + 1;
-  const std::int32_t* d_indices = d_last + call.n;
-
-  if (rows != ws.planned_rows) {
-    // A new schedule: the mirrors are rewritten, so the previous plan's copies out of them must
+  if (use.plan) {
+    // A new schedule: its mirrors are rewritten, so its previous plan's copies out of them must
     // be done.
-    KVO_MODEL_CUDA_CHECK(cudaEventSynchronize(ws.mirrors_copied));
-    ws.planned_rows.clear();
-    // pages_host: indptr [n + 1] | last_page_len [n] | indices [sum of pages].
-    std::int32_t* indptr = ws.pages_host;
-    std::int32_t* last_page_len = indptr + call.n + 1;
-    std::int32_t* indices = last_page_len + call.n;
-    const std::size_t capacity = ws.pages_count - static_cast<std::size_t>(2 * call.n + 1);
-    indptr[0] = 0;
-    for (int i = 0; i < call.n; ++i) {
-      const int slot = rows[3 * static_cast<std::size_t>(i)];
-      const int first = rows[3 * static_cast<std::size_t>(i) + 1];
-      const int len = rows[3 * static_cast<std::size_t>(i) + 2];
-      const int end = (len + kv.page_size - 1) / kv.page_size;
-      if (static_cast<std::size_t>(indptr[i]) + static_cast<std::size_t>(end - first) > capacity) {
-        throw internal("the page indices of " + std::to_string(call.n) +
-                       " rows exceed the planned workspace");
-      }
-      for (int p = first; p < end; ++p) indices[indptr[i] + p - first] = slot * pages_per_slot + p;
-      indptr[i + 1] = indptr[i] + end - first;
-      last_page_len[i] = len - (end - 1) * kv.page_size;
-    }
-    const std::size_t count = static_cast<std::size_t>(2 * call.n + 1 + indptr[call.n]);
+    KVO_MODEL_CUDA_CHECK(cudaEventSynchronize(schedule.mirrors_copied));
+    const std::size_t count = ws.schedules.write_table(schedule.pages_host, ws.pages_count);
     // From here copies on `stream` read the mirrors: the event is recorded after them on every
     // path out, so the next plan waits for them even when this one throws.
     struct RecordOnExit {
       cudaEvent_t event;
       cudaStream_t stream;
       ~RecordOnExit() { cudaEventRecord(event, stream); }
-    } record{ws.mirrors_copied, stream};
-    KVO_MODEL_CUDA_CHECK(cudaMemcpyAsync(ws.pages, ws.pages_host, count * sizeof(std::int32_t),
-                                         cudaMemcpyHostToDevice, stream));
+    } record{schedule.mirrors_copied, stream};
+    KVO_MODEL_CUDA_CHECK(cudaMemcpyAsync(schedule.pages, schedule.pages_host,
+                                         count * sizeof(std::int32_t), cudaMemcpyHostToDevice,
+                                         stream));
+    std::int32_t* indptr = schedule.pages_host;
     const cudaError_t status = by_head_dim(kv, [&](auto d) {
-      return bf16 ? plan_decode<DType::kBF16, d()>(kv, call, ws, indptr, stream)
-                  : plan_decode<DType::kF16, d()>(kv, call, ws, indptr, stream);
+      return bf16 ? plan_decode<DType::kBF16, d()>(kv, call, ws, schedule, indptr, stream)
+                  : plan_decode<DType::kF16, d()>(kv, call, ws, schedule, indptr, stream);
     });
     KVO_MODEL_CUDA_CHECK(status);
-    ws.planned_rows = rows;  // only once the schedule is whole
+    ws.schedules.planned();  // only once the schedule is whole
   }
 
   const cudaError_t status = by_head_dim(kv, [&](auto d) {
-    return bf16 ? run_decode<DType::kBF16, d()>(kv, call, ws, d_indptr, d_last, d_indices, stream)
-                : run_decode<DType::kF16, d()>(kv, call, ws, d_indptr, d_last, d_indices, stream);
+    return bf16 ? run_decode<DType::kBF16, d()>(kv, call, ws, schedule, device.indptr,
+                                                device.last_page_len, device.indices, stream)
+                : run_decode<DType::kF16, d()>(kv, call, ws, schedule, device.indptr,
+                                               device.last_page_len, device.indices, stream);
   });
   KVO_MODEL_CUDA_CHECK(status);
   KVO_MODEL_LAUNCH_CHECK();

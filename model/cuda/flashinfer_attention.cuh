@@ -74,8 +74,8 @@ struct Variant : ::flashinfer::AttentionVariantBase {
 };
 
 template <DType E, int kHeadDim>
-cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& ws,
-                        std::int32_t* host_indptr, cudaStream_t stream) {
+cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWorkspace& ws,
+                        DecodeSchedule& schedule, std::int32_t* host_indptr, cudaStream_t stream) {
   namespace fi = ::flashinfer;
   using T = typename ElementType<E>::type;
   using Params = fi::BatchDecodeParams<T, T, T, std::int32_t>;
@@ -114,13 +114,14 @@ cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspa
         return cudaSuccess;
       };
       const cudaError_t status = fi::DecodePlan<kHeadDim, kNoRope, Variant, Params>(
-          ws.float_buffer, ws.float_bytes, ws.int_buffer, ws.int_host, ws.int_bytes, plan,
-          host_indptr, static_cast<std::uint32_t>(call.n), static_cast<std::uint32_t>(call.heads),
-          static_cast<std::uint32_t>(kv.page_size), /*enable_cuda_graph=*/false, stream, estimate);
+          ws.float_buffer, ws.float_bytes, schedule.int_buffer, schedule.int_host, ws.int_bytes,
+          plan, host_indptr, static_cast<std::uint32_t>(call.n),
+          static_cast<std::uint32_t>(call.heads), static_cast<std::uint32_t>(kv.page_size),
+          /*enable_cuda_graph=*/false, stream, estimate);
       if (status != cudaSuccess) return status;
     });
     const std::vector<std::int64_t> offsets = plan.ToVector();
-    std::copy(offsets.begin(), offsets.end(), ws.plan.begin());
+    std::copy(offsets.begin(), offsets.end(), schedule.plan.begin());
     return cudaSuccess;
   } catch (const fi::Error& e) {
     throw Error(ErrorCode::kInternal, std::string("FlashInfer decode plan: ") + e.what());
@@ -129,15 +130,16 @@ cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspa
 
 template <DType E, int kHeadDim>
 cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWorkspace& ws,
-                       const std::int32_t* indptr, const std::int32_t* last_page_len,
-                       const std::int32_t* indices, cudaStream_t stream) {
+                       const DecodeSchedule& schedule, const std::int32_t* indptr,
+                       const std::int32_t* last_page_len, const std::int32_t* indices,
+                       cudaStream_t stream) {
   namespace fi = ::flashinfer;
   using T = typename ElementType<E>::type;
   using Params = fi::BatchDecodeParams<T, T, T, std::int32_t>;
   constexpr auto kNoRope = fi::PosEncodingMode::kNone;
   try {
     fi::DecodePlanInfo plan;
-    plan.FromVector(std::vector<std::int64_t>(ws.plan.begin(), ws.plan.end()));
+    plan.FromVector(std::vector<std::int64_t>(schedule.plan.begin(), schedule.plan.end()));
     // Strides in elements: a page is page_size tokens of the slot's [token][kv_head][head_dim].
     const std::int64_t strides[3] = {kv.page_size * kv.token_stride, kv.token_stride,
                                      kv.head_stride};
@@ -159,7 +161,7 @@ cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWo
     params.sm_scale = call.sm_scale;
     params.rope_rcp_scale = 1.0f;
     params.rope_rcp_theta = 1.0f;
-    auto* int_base = static_cast<char*>(ws.int_buffer);
+    auto* int_base = static_cast<char*>(schedule.int_buffer);
     params.request_indices =
         reinterpret_cast<std::int32_t*>(int_base + plan.request_indices_offset);
     params.kv_tile_indices =
@@ -224,11 +226,12 @@ cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t
 
 // Explicit instantiations for one element type, every head size served (inside the namespace).
 #define KVO_FLASHINFER_DECODE_FOR(E, D)                                                            \
-  template cudaError_t plan_decode<E, D>(const KvLayer&, const DecodeCall&, DecodeWorkspace&,      \
-                                         std::int32_t*, cudaStream_t);                             \
+  template cudaError_t plan_decode<E, D>(const KvLayer&, const DecodeCall&,                        \
+                                         const DecodeWorkspace&, DecodeSchedule&, std::int32_t*,   \
+                                         cudaStream_t);                                            \
   template cudaError_t run_decode<E, D>(const KvLayer&, const DecodeCall&, const DecodeWorkspace&, \
-                                        const std::int32_t*, const std::int32_t*,                  \
-                                        const std::int32_t*, cudaStream_t);
+                                        const DecodeSchedule&, const std::int32_t*,                \
+                                        const std::int32_t*, const std::int32_t*, cudaStream_t);
 #define KVO_FLASHINFER_DECODE(E)   \
   KVO_FLASHINFER_DECODE_FOR(E, 64) \
   KVO_FLASHINFER_DECODE_FOR(E, 128) KVO_FLASHINFER_DECODE_FOR(E, 256)

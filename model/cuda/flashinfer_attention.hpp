@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/common/numerics.hpp"
+#include "model/cuda/decode_pages.hpp"
 
 namespace kvo::model::flashinfer_ops {
 
@@ -34,25 +35,30 @@ struct KvLayer {
   int page_size = 0;  // divides max_seq
 };
 
-// The decode schedule's buffers: device regions of the workspace and their pinned host mirrors.
+// One decode schedule: FlashInfer's plan in int_buffer and the page table it reads in pages,
+// each written through a pinned mirror and copied on the stream.
+struct DecodeSchedule {
+  void* int_buffer = nullptr;          // the plan (device), DecodeWorkspace::int_bytes
+  void* int_host = nullptr;            // its pinned mirror
+  std::int32_t* pages = nullptr;       // indptr, last_page_len, indices (device)
+  std::int32_t* pages_host = nullptr;  // their pinned mirror, DecodeWorkspace::pages_count
+  // Recorded after the mirrors' copies; waited before they are written again.
+  cudaEvent_t mirrors_copied = nullptr;
+  std::array<std::int64_t, 10> plan{};  // FlashInfer's plan, as offsets into the buffers
+};
+
+// The decode schedules' buffers: one schedule per kind of layer (full, window: their pages
+// differ, model/cuda/decode_pages.hpp), sharing the split-KV partials, which a layer's kernel
+// finishes with before the next starts on the stream.
 struct DecodeWorkspace {
   void* float_buffer = nullptr;  // split-KV partials (device)
   std::size_t float_bytes = 0;
-  void* int_buffer = nullptr;  // the schedule (device)
-  void* int_host = nullptr;    // its pinned mirror, int_bytes
   std::size_t int_bytes = 0;
-  std::int32_t* pages = nullptr;       // indptr, last_page_len, indices (device)
-  std::int32_t* pages_host = nullptr;  // their pinned mirror
-  std::size_t pages_count = 0;         // int32s of each
-  int grid = 0;  // the most blocks the schedule may use (it sized float_buffer)
-  // Recorded after the mirrors' copies; waited before they are written again.
-  cudaEvent_t mirrors_copied = nullptr;
-  // The last schedule (FlashInfer's plan, as offsets into int_buffer and float_buffer) and the
-  // rows it was made for: every layer of a decode step has the same rows, so only the first
-  // layer plans and copies; the others reuse the schedule and pages already on the device.
-  std::array<std::int64_t, 10> plan{};
-  std::vector<std::int32_t> planned_rows;  // [n][slot, first page, kv_len]; empty: none
-  std::vector<std::int32_t> rows;          // the same for the call at hand (scratch)
+  std::size_t pages_count = 0;  // int32s of each page table
+  int grid = 0;                 // the most blocks a schedule may use (it sized float_buffer)
+  std::array<DecodeSchedule, DecodeSchedules::kMaxKinds> schedule{};  // [schedules.kinds()]
+  // Which schedule a call reads and when it is planned anew: each kind once per step.
+  DecodeSchedules schedules{1};
 };
 
 // n query rows, row i for slot slots[i] with keys [0, kv_lens[i]) (its own key included).
@@ -90,8 +96,8 @@ struct PrefillCall {
 
 // Both throw kvo::Error(kDevice) for a CUDA failure and kInternal for a shape FlashInfer does not
 // serve or a layout it cannot read (choose_attention_kernels rules those out first). Everything
-// is ordered on `stream`; a decode that plans anew first waits, on the host, for the previous
-// plan's copies out of the pinned mirrors.
+// is ordered on `stream`; a decode that plans anew first waits, on the host, for its schedule's
+// previous copies out of the pinned mirrors (a step's first layer of each kind).
 void decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& workspace,
             cudaStream_t stream);
 void prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
@@ -101,15 +107,16 @@ void prefill_unmasked(const KvLayer& kv, const PrefillCall& call, cudaStream_t s
 
 // The instantiations behind them, one translation unit per (kernel, dtype) for a parallel build.
 // plan_decode: FlashInfer's schedule for rows whose page ranges are `host_indptr` [n + 1], written
-// to the pinned mirror and copied on `stream`; its offsets go to workspace.plan.
-// run_decode: the kernel over the device page arrays, by workspace.plan.
+// to the schedule's pinned mirror and copied on `stream`; its offsets go to schedule.plan.
+// run_decode: the kernel over the device page arrays, by schedule.plan.
 template <DType E, int kHeadDim>
-cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& workspace,
-                        std::int32_t* host_indptr, cudaStream_t stream);
+cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWorkspace& workspace,
+                        DecodeSchedule& schedule, std::int32_t* host_indptr, cudaStream_t stream);
 template <DType E, int kHeadDim>
 cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWorkspace& workspace,
-                       const std::int32_t* indptr, const std::int32_t* last_page_len,
-                       const std::int32_t* indices, cudaStream_t stream);
+                       const DecodeSchedule& schedule, const std::int32_t* indptr,
+                       const std::int32_t* last_page_len, const std::int32_t* indices,
+                       cudaStream_t stream);
 template <DType E, int kHeadDim, bool kCausal>
 cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
 

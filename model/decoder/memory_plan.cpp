@@ -67,10 +67,15 @@ WorkspaceLayout::WorkspaceLayout(const ModelConfig& c, DType weight_dtype, DType
     decode_float_bytes = (heads * partial_rows * d * f + 15) + (heads * partial_rows * f + 15);
     decode_float = take(decode_float_bytes);
     decode_int_bytes = 3 * (partial_rows * i32 + 15) + i32 + i32 + (partial_rows + 15);
-    decode_int = take(decode_int_bytes);
+    // Window and full layers page their rows differently: a schedule for each kind there is.
+    bool window = false, full = false;
+    for (int l = 0; l < c.layers; ++l) (c.window(l) > 0 ? window : full) = true;
+    decode_schedules = window && full ? 2 : 1;
+    const auto schedules = static_cast<std::uint64_t>(decode_schedules);
+    decode_int = take(schedules * align256(decode_int_bytes));
     decode_pages_count = (decode_rows + 1) + decode_rows +
                          decode_rows * static_cast<std::uint64_t>(max_seq / kernels.page_size);
-    decode_pages = take(decode_pages_count * i32);
+    decode_pages = take(schedules * align256(decode_pages_count * i32));
   } else {
     partials = take(decode_rows * heads * kMaxAttentionSplits * (d + 2) * f);
   }

@@ -47,10 +47,12 @@ inline constexpr int kBlockDecodeRows = 8;
 // and for its decode:
 //   decode_float     split-KV partial outputs and log-sum-exps: [heads][P][d] + [heads][P] f32,
 //                    P = max(S, kPlannedSms * kDecodeBlocksPerSm / kv_heads) partial rows
-//   decode_int       its schedule (request, tile and output indices, chunk size, valid mask),
-//                    copied from a pinned host mirror each step
-//   decode_pages     the paged view of the decoding slots: indptr [S + 1], last_page_len [S],
-//                    page indices [S][max_seq / page_size] int32
+//   decode_int       per schedule (decode_schedules: 2 when window and full layers are both
+//                    there, whose pages differ, else 1; each 256-aligned): the schedule
+//                    (request, tile and output indices, chunk size, valid mask), copied from a
+//                    pinned host mirror when a step's first layer of its kind plans
+//   decode_pages     per schedule: the paged view of the decoding slots: indptr [S + 1],
+//                    last_page_len [S], page indices [S][max_seq / page_size] int32
 // for its prefill:
 //   prefill_tmp      split-KV partials of prefill: kPlannedSms x rows-per-SM x (d x 2 + 4) bytes
 // With a quantized cache's bf16 tiles (kernels.dequant_tiles: both phases through FlashInfer's
@@ -89,7 +91,16 @@ struct WorkspaceLayout {
   std::uint64_t prefill_stats = 0;
   std::uint64_t prefill_kv = 0;
   std::uint64_t bytes = 0;
-  int decode_grid = 0;  // the most decode blocks FlashInfer's schedule may use
+  int decode_grid = 0;       // the most decode blocks FlashInfer's schedule may use
+  int decode_schedules = 0;  // FlashInfer decode schedules (one per kind of layer)
+  // Where schedule k's int buffer and page table start.
+  std::uint64_t decode_int_at(int k) const {
+    return decode_int + static_cast<std::uint64_t>(k) * ((decode_int_bytes + 255) / 256 * 256);
+  }
+  std::uint64_t decode_pages_at(int k) const {
+    return decode_pages +
+           static_cast<std::uint64_t>(k) * ((decode_pages_count * 4 + 255) / 256 * 256);
+  }
 
   // kernels: choose_attention_kernels for the same shape (the plan's choice). weight_blocks:
   // some matrices are kept in GGUF blocks.
