@@ -163,6 +163,8 @@ void BM_GgufDecodeQ4K(benchmark::State& state) {
   std::vector<float> ones(static_cast<std::size_t>(ff), 0.5f);
   check(cudaMemcpy(x.ptr, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice),
         "cudaMemcpy");
+  // From pageable memory a copy may return before its DMA lands: done before any kernel reads.
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   cudaStream_t stream = nullptr;
   check(cudaStreamCreate(&stream), "cudaStreamCreate");
   double total = 0;
@@ -215,6 +217,9 @@ class AttentionLayer {
     check(cudaMemset(kv_.ptr, 0x3c, kv_layout_.layer_bytes()), "cudaMemset");
     check(cudaMemset(q_.ptr, 0, static_cast<std::size_t>(max_rows) * config_.q_dim() * 4),
           "cudaMemset");
+    // The memsets run on the legacy stream, which a non-blocking stream's kernels are not
+    // ordered after: they are waited for here, before any kernel reads what they wrote.
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     model::OpsShape shape;
     shape.config = config_;

@@ -56,7 +56,7 @@ fi
 out=${out:-$build/device-carry.tar.xz}
 
 targets=(cuda_cache_test model_cuda_test model_cuda_attention_test model_cuda_quant_test
-         kvo-generate kvo-replay kvo_bench_bandwidth kvo_bench_decode_compare kvo_bench_attention)
+         model_cuda_blocks_test kvo-generate kvo-replay kvo_bench_bandwidth kvo_bench_decode_compare kvo_bench_attention)
 cmake --build "$build" -j "$jobs" --target "${targets[@]}" kvoffload_shared kvoffload_planner \
   >/dev/null  # and what `cmake --install` below installs
 

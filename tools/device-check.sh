@@ -2,12 +2,18 @@
 # The one check to run on a machine with a GPU: every CUDA path proven or disproven and its
 # figures judged, under one deadline. It runs the archive tools/device-build.sh makes (carried
 # over with the tree; nothing is configured or compiled there but the Python package's native
-# module, against that machine's own PyTorch). In order of what matters most:
+# module, against that machine's own PyTorch). In order: what has never run first, then the new
+# paths, then the long figures:
 #   env        the GPU, driver, PCIe link, CPUs and memory; cuBLAS found (the toolkit's lib64,
 #              then the nvidia-cublas wheel beside PyTorch)
 #   smoke      a one-second kvo-replay on CUDA
-#   tests      the CUDA tests of the cache, the ring, the decoder, attention, quantized rows and
-#              sampling, with KVO_REQUIRE_CUDA=1 (a missing GPU fails them instead of skipping)
+#   tests      the CUDA tests of the cache, the ring, the decoder, attention, quantized rows,
+#              sampling and GGUF blocks, with KVO_REQUIRE_CUDA=1 (a missing GPU fails them
+#              instead of skipping)
+#   dropin     the Python package built there (on the CPUs from the start, beside the GPU steps),
+#              and tests/python/test_hf_cuda.py with KVO_REQUIRE_CUDA=1; SKIPPED, with the reason,
+#              where the machine has no Python.h or a transformers older than 5.24
+#   split      kvo-generate at 128K, every layer streamed, --split off and --split auto
 #   bandwidth  pinned H2D and D2H copies
 #   attention  the attention kernels alone (bf16, then int8 over bf16 tiles) against the HBM copy
 #              and the bf16 GEMM rate measured in the same run
@@ -15,22 +21,23 @@
 #              bandwidth (bf16, then int8), beside all-resident and a transformers-like cache
 #   replay     kvo-replay at the longest context, every layer streamed, bytes checked
 #   generate   kvo-generate --preset llama3-8b at 32K under a 24 GiB budget
-#   split      kvo-generate at 128K, every layer streamed, --split off and --split auto
 #   prefill    a 128K prompt of the same, bf16 then int8 K/V
 #   memcheck   compute-sanitizer --tool memcheck, then racecheck, over a few small tests
-#   racecheck  (a report fails the step); after the figures, since each pass is slow
-#   dropin     the Python package built there (on the CPUs from the start, beside the GPU steps),
-#              and tests/python/test_hf_cuda.py with KVO_REQUIRE_CUDA=1
+#   racecheck  (a report fails the step; a GPU it does not serve skips them, with its answer)
 # Each step gets its share of what is left of the deadline; a step that no longer fits is
-# skipped with a line saying so. The judge (tools/device_judge.py) then holds every figure to
-# its band (bench/results/expected-h200.md) and exits non-zero on a failed test, a benchmark
-# that threw, a byte-model mismatch, a figure outside its band, or a step skipped for a missing
-# binary (status 1, headline FAIL); with nothing failed but something skipped for time or left
-# out with --only, it exits 3 (headline INCOMPLETE); only a whole run exits 0 (PASS). At most
-# four files are written to --out: device-check.json (every figure, band and
-# verdict, the commit, GPU, driver, PCIe link, MemTotal and MemAvailable), summary.md (PASS,
-# FAIL or SKIPPED per line, expected beside measured), logs.tar.gz (every step's log and output)
-# and, when a step failed, failed.log (the end of each failed step's log).
+# skipped with a line saying so, and one the deadline cuts is SKIPPED too (what it left is not
+# judged); one stopped by its own share says so and fails. The judge (tools/device_judge.py)
+# holds every figure to its band (bench/results/expected-h100.md or expected-h200.md, by the
+# GPU's name) and exits non-zero on a failed test, a benchmark that threw, a byte-model
+# mismatch, a figure outside its band, or a step skipped for a missing binary (status 1,
+# headline FAIL); with nothing failed but something skipped for time, for a prerequisite of the
+# machine, or left out with --only, it exits 3 (headline INCOMPLETE); only a whole run exits 0
+# (PASS). At most five files are written to --out, all but failed.log rewritten whole after
+# every step (a run killed at its call's limit returns all it finished): steps.tsv (each step's
+# verdict, seconds and note), device-check.json (every figure, band and verdict, the commit,
+# GPU, driver, PCIe link, MemTotal and MemAvailable), summary.md (PASS, FAIL or SKIPPED per
+# line, expected beside measured), logs.tar.gz (every step's log and output) and, when a step
+# failed, failed.log (the end of each failed step's log).
 #
 #   tools/device-check.sh [--archive FILE | --build DIR] [--out DIR] [--deadline SECONDS]
 #                         [--backend cuda|host] [--small] [--only STEP,STEP...] [--bands FILE]
@@ -44,8 +51,8 @@
 #              CI check that keeps this script from rotting)
 #   --small    small shapes and contexts: seconds, on either backend
 #   --only     run these steps alone (the others are skipped: a second run can take the rest)
-#   --bands    the bands file (default: expected-h200.md, or expected-small.md with --small,
-#              on either backend)
+#   --bands    the bands file (default: expected-h100.md on an H100, else expected-h200.md;
+#              expected-small.md with --small, on either backend)
 #   --set      passed to the judge: a measured figure replaced (a test of the judge)
 #   --host-memory  what the machine can give the pinned stores (KVO_HOST_MEMORY, e.g. 120GiB), for
 #              a virtual machine whose memory grows as it is used: there even MemTotal starts far
@@ -73,14 +80,20 @@ while [ $# -gt 0 ]; do
     --bands) bands=$2; shift 2 ;;
     --set) judge_args+=(--set "$2"); shift 2 ;;
     --host-memory) export KVO_HOST_MEMORY=$2; shift 2 ;;
-    --help | -h) sed -n '2,51p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --help | -h) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' \
+                   "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "device-check: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 case "$backend" in cuda | host) ;; *) echo "device-check: --backend cuda or host" >&2; exit 2 ;; esac
 [[ $deadline =~ ^[0-9]+$ ]] || { echo "device-check: --deadline takes seconds" >&2; exit 2; }
 if [ -z "$bands" ]; then
-  bands=$root/bench/results/expected-h200.md
+  # Each card's bands from its own rates: an H100's HBM3 is slower than an H200's HBM3e.
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sed -n 1p)
+  case "$gpu_name" in
+    *H100*) bands=$root/bench/results/expected-h100.md ;;
+    *) bands=$root/bench/results/expected-h200.md ;;
+  esac
   [ "$small" = 1 ] && bands=$root/bench/results/expected-small.md
 fi
 start=$SECONDS
@@ -89,9 +102,23 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 logs=$work/logs
 mkdir -p "$logs" "$out"
-rm -f "$out"/device-check.json "$out"/summary.md "$out"/logs.tar.gz "$out"/failed.log
+rm -f "$out"/device-check.json "$out"/summary.md "$out"/logs.tar.gz "$out"/failed.log \
+  "$out"/steps.tsv
 
 left() { echo $((deadline - reserve - (SECONDS - start))); }
+# What is finished reaches --out at once: after every step, the steps so far, the judge's summary
+# and JSON of them and the logs, each replaced whole, so that a run killed at its call's limit
+# still returns everything it measured (what was still running is judged SKIPPED, INCOMPLETE).
+# steps.tsv goes last: a step named there is in the summary, the JSON and the logs too.
+publish() {
+  [ -f "$work/steps.tsv" ] || return 0
+  cp "$work"/*.json "$logs/" 2>/dev/null
+  python3 "$root/tools/device_judge.py" --work "$work" --bands "$bands" --out "$out" \
+    "${judge_args[@]}" >"$logs/judge.log" 2>&1
+  tar -C "$work" -czf "$out/logs.tar.gz.part" logs 2>/dev/null &&
+    mv "$out/logs.tar.gz.part" "$out/logs.tar.gz"
+  cp "$work/steps.tsv" "$out/steps.tsv.part" && mv "$out/steps.tsv.part" "$out/steps.tsv"
+}
 record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$work/steps.tsv"; }
 say() { echo "== [$((SECONDS - start)) s] $*" >&2; }
 
@@ -131,11 +158,14 @@ step() {
   elif { [ $rc = 124 ] || [ $rc = 137 ]; } && [ $cut = 1 ]; then
     record "$name" SKIPPED $((SECONDS - t0)) "the deadline cut it at ${limit} s of its ${share} s"
   elif [ $rc = 124 ] || [ $rc = 137 ]; then
-    record "$name" FAIL $((SECONDS - t0)) "timed out after ${limit} s"
+    record "$name" FAIL $((SECONDS - t0)) "stopped by its own cap of ${limit} s, not the deadline"
+  elif [ $rc = 77 ]; then  # a prerequisite of the machine, not the code under test
+    record "$name" SKIPPED $((SECONDS - t0)) "prerequisite absent: $(tail -n 1 "$logs/$name.log")"
   else
     record "$name" FAIL $((SECONDS - t0)) "exit status $rc"
   fi
   say "$name: $(tail -n 1 "$work/steps.tsv" | cut -f2) in $((SECONDS - t0)) s"
+  publish
   return $rc
 }
 
@@ -247,9 +277,17 @@ bench() {  # NAME BINARY ARGS...: Google Benchmark's JSON into NAME.json
 gtest() {  # BINARY FILTER
   KVO_REQUIRE_CUDA=1 run_bin "$1" --gtest_filter="$2" --gtest_output="json:$work/tests_$1.json"
 }
-sanitize() {  # TOOL BINARY FILTER
+sanitize() {  # TOOL BINARY FILTER; 77 where this GPU is one compute-sanitizer does not serve
+  if [ -f "$work/no_sanitizer" ]; then cat "$work/no_sanitizer"; return 77; fi
+  local rc
   with_libs compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 \
-    "$(bin_path "$2")" --gtest_filter="$3"
+    "$(bin_path "$2")" --gtest_filter="$3" 2>&1 | tee "$work/sanitizer.out"
+  rc=${PIPESTATUS[0]}
+  if grep -qi "device not supported" "$work/sanitizer.out"; then
+    echo "compute-sanitizer: Device not supported on this GPU" | tee "$work/no_sanitizer"
+    return 77
+  fi
+  return "$rc"
 }
 generate() { run_bin kvo-generate --backend "$backend" --json --quiet "$@"; }
 export build work backend carry_libs
@@ -263,7 +301,26 @@ wait_dropin_build() {
   return "$(cat "$work/dropin_build.rc")"
 }
 export -f wait_dropin_build
-if [ "$backend" = cuda ] && [ -d "$build/kvoffload" ] &&
+# Probed before relying on them: Python's headers (the module compiles against them) and the
+# transformers the drop-in is checked with. Without them the drop-in's steps are SKIPPED with the
+# reason, not failed: they are the machine's, not the code's.
+dropin_absent=""
+if [ "$backend" = cuda ] && [ -d "$build/kvoffload" ]; then
+  if ! python3 -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+      2>/dev/null; then
+    dropin_absent="no Python.h for $(python3 --version 2>&1) (its -dev headers)"
+  else
+    tf=$(python3 -c "import transformers; print(transformers.__version__)" 2>/dev/null)
+    if [ -z "$tf" ]; then
+      dropin_absent="no transformers in this machine's Python"
+    elif ! python3 -c "import sys; v = tuple(int(x) for x in sys.argv[1].split('.')[:2])
+sys.exit(v < (5, 24))" "$tf" 2>/dev/null; then
+      dropin_absent="transformers $tf here; the drop-in is checked with 5.24 or later"
+    fi
+  fi
+fi
+if [ "$backend" = cuda ] && [ -d "$build/kvoffload" ] && [ -z "$dropin_absent" ] &&
    { [ -z "$only" ] || [[ $only == *",dropin,"* ]] || [[ $only == *",dropin_build,"* ]]; }; then
   ( timeout -k 5 "$(left)" sh -c 'cmake -S "$0/tools/python" -B "$1/py" \
         -DCMAKE_PREFIX_PATH="$2/kvoffload" -DPython3_EXECUTABLE="$(command -v python3)" &&
@@ -272,12 +329,45 @@ if [ "$backend" = cuda ] && [ -d "$build/kvoffload" ] &&
     echo $? >"$work/dropin_build.rc" ) &
 fi
 
+# The time goes first to what has never run: the CUDA tests, then the new paths (the drop-in with
+# CUDA graphs, split attention; window layers and GGUF blocks are in the tests), then the long
+# figures, then the sanitizers.
 if [ "$backend" = cuda ]; then
   step smoke 30 kvo-replay -- run_bin kvo-replay --backend cuda --layers 4 --kv-heads 2 \
     --head-dim 64 --max-seq 256 --prompt 64 --steps 2
-  for t in cuda_cache_test model_cuda_test model_cuda_attention_test model_cuda_quant_test; do
+  for t in cuda_cache_test model_cuda_test model_cuda_attention_test model_cuda_quant_test \
+           model_cuda_blocks_test; do
     step "tests_$t" 120 "$t" -- gtest "$t" 'Cuda*'
   done
+fi
+
+# The drop-in on CUDA tensors: the package built against this machine's PyTorch and the carried
+# library, then its CUDA tests.
+if [ -n "$dropin_absent" ]; then
+  say "dropin: SKIPPED, $dropin_absent"
+  record dropin SKIPPED 0 "prerequisite absent: $dropin_absent"
+elif [ "$backend" = cuda ] && [ -d "$build/kvoffload" ]; then
+  step dropin_build 150 -- wait_dropin_build
+  step dropin 90 -- env KVO_REQUIRE_CUDA=1 PYTHONPATH="$work/py/python:$root/tests/python" \
+    PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    TRANSFORMERS_VERBOSITY=error python3 -m unittest discover -v -s "$root/tests/python" \
+    -p test_hf_cuda.py
+fi
+
+# Split attention at 128K, every layer streamed: decode with --split off, then --split auto (the
+# row from the rates the cache measures when it is made).
+if [ "$backend" = cuda ] && [ "$small" = 0 ]; then
+  ctx=${contexts[-1]}
+  split_runs() {
+    local ctx=$1 mode
+    for mode in off auto; do
+      generate --preset "$2" --prompt-len "$ctx" --max-seq $((ctx + 16)) --max-new 8 \
+        --resident 0 --split "$mode" >"$work/split_${mode}_$ctx.log" || return 1
+      tail -n 1 "$work/split_${mode}_$ctx.log"
+    done
+  }
+  export -f split_runs
+  step split 90 kvo-generate -- split_runs "$ctx" "$preset"
 fi
 
 step bandwidth 40 kvo_bench_bandwidth -- bench bandwidth kvo_bench_bandwidth \
@@ -298,12 +388,12 @@ step decode_int8 40 kvo_bench_decode_compare -- bench decode_compare_int8 \
 ctx=${contexts[-1]}
 step replay 40 kvo-replay -- run_bin kvo-replay "${replay_shape[@]}" --max-seq $((ctx + 8)) \
   --prompt "$ctx" --steps 8 --resident 0 --backend "$backend" --verify sample --json
-cp "$logs/replay.log" "$work/replay_$ctx.log" 2>/dev/null
+cp "$logs/replay.log" "$work/replay_$ctx.log" 2>/dev/null && publish
 
 ctx=${contexts[0]}
 step generate 60 kvo-generate -- generate --preset "$preset" --prompt-len "$ctx" \
   --max-seq $((ctx + 32)) --max-new 16 --vram-budget 24GiB
-cp "$logs/generate.log" "$work/generate_$ctx.log" 2>/dev/null
+cp "$logs/generate.log" "$work/generate_$ctx.log" 2>/dev/null && publish
 if [ "$backend" = cuda ] && [ "$small" = 0 ]; then
   ctx=${contexts[-1]}
   for kv in bf16 int8; do
@@ -312,24 +402,9 @@ if [ "$backend" = cuda ] && [ "$small" = 0 ]; then
     step "prefill$suffix" 75 kvo-generate -- generate --preset "$preset" \
       --prompt-len "$ctx" --max-seq $((ctx + 8)) --max-new 4 --chunk 2048 --kv-dtype "$kv" \
       --vram-budget 24GiB
-    cp "$logs/prefill$suffix.log" "$work/generate_prefill_${ctx}${suffix}.log" 2>/dev/null
+    cp "$logs/prefill$suffix.log" "$work/generate_prefill_${ctx}${suffix}.log" 2>/dev/null &&
+      publish
   done
-fi
-
-# Split attention at 128K, every layer streamed: decode with --split off, then --split auto (the
-# row from the rates the cache measures when it is made).
-if [ "$backend" = cuda ] && [ "$small" = 0 ]; then
-  ctx=${contexts[-1]}
-  split_runs() {
-    local ctx=$1 mode
-    for mode in off auto; do
-      generate --preset "$2" --prompt-len "$ctx" --max-seq $((ctx + 16)) --max-new 8 \
-        --resident 0 --split "$mode" >"$work/split_${mode}_$ctx.log" || return 1
-      tail -n 1 "$work/split_${mode}_$ctx.log"
-    done
-  }
-  export -f split_runs
-  step split 90 kvo-generate -- split_runs "$ctx" "$preset"
 fi
 
 # The sanitizers last of the GPU steps: each pass is slow, and a figure cannot be had later.
@@ -352,16 +427,6 @@ if [ "$backend" = cuda ]; then
   else
     record memcheck SKIPPED 0 "no compute-sanitizer on this machine"
   fi
-fi
-
-# The drop-in on CUDA tensors: the package built against this machine's PyTorch and the carried
-# library, then its CUDA tests.
-if [ "$backend" = cuda ] && [ -d "$build/kvoffload" ]; then
-  step dropin_build 150 -- wait_dropin_build
-  step dropin 90 -- env KVO_REQUIRE_CUDA=1 PYTHONPATH="$work/py/python:$root/tests/python" \
-    PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-    TRANSFORMERS_VERBOSITY=error python3 -m unittest discover -v -s "$root/tests/python" \
-    -p test_hf_cuda.py
 fi
 
 elapsed=$((SECONDS - start))

@@ -19,7 +19,8 @@ cleanup() {
 trap cleanup EXIT
 tar -C "$work" -xJf "$archive"
 carry=$work/carry
-tests=(cuda_cache_test model_cuda_test model_cuda_attention_test model_cuda_quant_test)
+tests=(cuda_cache_test model_cuda_test model_cuda_attention_test model_cuda_quant_test
+       model_cuda_blocks_test)
 benches=(kvo_bench_bandwidth kvo_bench_decode_compare kvo_bench_attention)
 status=0
 
