@@ -276,9 +276,19 @@ void Decoder::decode_attention(int layer, const LayerView& view) {
       rel[static_cast<std::size_t>(i)] =
           batch_.positions()[i] - view.first_positions[batch_.slots()[i]];
     }
-    std::int32_t* device = a.window_positions + static_cast<std::int64_t>(layer) * slots;
-    cache_->copy_to_device(device, rel.data(), rel.size() * sizeof(std::int32_t));
-    rows.positions = device;
+    // A blocking copy: made only when the rows differ from those an earlier window layer copied
+    // (once a step, however many window layers). The copied layer's region is rewritten only by
+    // a later copy, never while a kernel that reads it can still run: this step's layers read
+    // it after the copy returned, and the previous step's were waited for when this one began
+    // (decode_layers).
+    if (rel != window_copied_ || window_copied_layer_ < 0) {
+      std::int32_t* device = a.window_positions + static_cast<std::int64_t>(layer) * slots;
+      cache_->copy_to_device(device, rel.data(), rel.size() * sizeof(std::int32_t));
+      window_copied_ = rel;
+      window_copied_layer_ = layer;
+      ++window_copies_;
+    }
+    rows.positions = a.window_positions + static_cast<std::int64_t>(window_copied_layer_) * slots;
     rows.host_positions = rel.data();
   }
   if (view.split_rows != nullptr) {

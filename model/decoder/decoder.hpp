@@ -187,6 +187,9 @@ class Decoder {
   // How the weights are stored: the model dtype, and the matrices kept in GGUF blocks by type,
   // e.g. "f32; 211 matrices in GGUF blocks (210 Q4_1, 1 Q8_0)".
   std::string weights_text() const;
+  // The blocking copies of window layers' row positions to the device so far: one a decode step
+  // (all window layers share their rows), not one a window layer.
+  std::int64_t window_position_copies() const { return window_copies_; }
 
  private:
   // How matrices quantized at load take their scales (options_.weight_format).
@@ -242,6 +245,12 @@ class Decoder {
   DecodeBatch batch_;                           // the rows of the decode step in progress
   std::vector<float> decode_logits_;            // [slots][vocab], host
   std::vector<std::int32_t> window_positions_;  // a decode step's rows in a window layer, host
+  // The rows last copied to the device for a window layer, and that layer: every window layer of
+  // a step has the same rows (one window, one move per append), so one copy a step serves them
+  // all. -1: none copied.
+  std::vector<std::int32_t> window_copied_;
+  int window_copied_layer_ = -1;
+  std::int64_t window_copies_ = 0;  // copies made (window_position_copies())
 };
 
 }  // namespace kvo::model

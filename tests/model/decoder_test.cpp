@@ -363,6 +363,8 @@ TEST(Decoder, WindowLayersGiveTheLogitsOfFullLengthOnes) {
                    logits.begin() + (s + 1) * c.vocab_size);
       }
     }
+    // The window layers' positions go to the device once a step, not once a window layer.
+    EXPECT_EQ(d.window_position_copies(), windows ? 60 : 0);
     if (windows && resident == 0) {
       // Only the full layers are stored on the host and cross the bus, never a window.
       EXPECT_EQ(plan.streamed_layers, 2);
