@@ -254,6 +254,56 @@ KVO_BLOCKS_HD void dequantize_part(std::uint32_t type, const std::uint8_t* b, in
       [] {});
 }
 
+// Element l (0..31) of part `part` of a quantized block of type kType at `b`, alone:
+// dequantize_part_of's out[l], bit for bit. What lane l of a CUDA warp computes when the warp
+// walks a row a part at a time, so that its loads of the quants (and of the activations beside
+// them) are one run of consecutive bytes; the scales are read by every lane (one broadcast).
+template <ElementType kType>
+KVO_BLOCKS_HD float part_element_of(const std::uint8_t* b, int part, int l) {
+  using T = ElementType;
+  if constexpr (kType == T::kQ8_0) {
+    return mul(static_cast<float>(static_cast<std::int8_t>(b[2 + l])), half_to_float(u16_at(b)));
+  } else if constexpr (kType == T::kQ4_0 || kType == T::kQ4_1) {
+    const int at = kType == T::kQ4_0 ? 2 : 4;
+    const int byte = b[at + (l & 15)];
+    const int q = l < 16 ? (byte & 0x0f) : (byte >> 4);
+    const float d = half_to_float(u16_at(b));
+    if constexpr (kType == T::kQ4_0) {
+      return mul(d, static_cast<float>(q - 8));
+    } else {
+      return add(mul(d, static_cast<float>(q)), half_to_float(u16_at(b + 2)));
+    }
+  } else if constexpr (kType == T::kQ4_K || kType == T::kQ5_K) {
+    constexpr bool kFive = kType == T::kQ5_K;
+    int sc = 0, m = 0;
+    scale_min_k4(part, b + 4, &sc, &m);
+    const float ds = mul(half_to_float(u16_at(b)), static_cast<float>(sc));
+    const float dm = mul(half_to_float(u16_at(b + 2)), static_cast<float>(m));
+    const std::uint8_t* q = b + (kFive ? 48 : 16) + 32 * (part / 2);
+    int v = (q[l] >> (4 * (part % 2))) & 0x0f;
+    if (kFive) v |= ((b[16 + l] >> part) & 1) << 4;
+    return sub(mul(ds, static_cast<float>(v)), dm);
+  } else {
+    static_assert(kType == T::kQ6_K, "part_element_of serves the quantized block types");
+    const int half = part / 4;
+    const int k = part % 4;
+    const auto* scales = reinterpret_cast<const std::int8_t*>(b + 192);
+    const float d = half_to_float(u16_at(b + 208));
+    const float ds = mul(d, static_cast<float>(scales[8 * half + 2 * k + (l < 16 ? 0 : 1)]));
+    const int low = b[64 * half + 32 * (k % 2) + l];
+    const int high = b[128 + 32 * half + l];
+    const int q = (((low >> (4 * (k / 2))) & 0x0f) | (((high >> (2 * k)) & 3) << 4)) - 32;
+    return mul(ds, static_cast<float>(q));
+  }
+}
+// As part_element_of, the type by ggml's number; 0 for a type that is not a quantized block.
+KVO_BLOCKS_HD float part_element(std::uint32_t type, const std::uint8_t* b, int part, int l) {
+  return visit_blocks(
+      type,
+      [&](auto t) KVO_ELEMENT_LAMBDA { return part_element_of<decltype(t)::value>(b, part, l); },
+      [] { return 0.0f; });
+}
+
 // The integer codes of part `part` of a quantized block (as dequantize_part numbers them): 32
 // unsigned codes u, the scale of each half of 16 (equal but for Q6_K, whose scales are per 16)
 // and an offset m, such that element l is mul(scale[l / 16], u[l] - code_offset(type)) + m with

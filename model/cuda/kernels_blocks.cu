@@ -1,9 +1,9 @@
 // Matrices kept in GGUF blocks (model/checkpoint/ggml_blocks.hpp) on the device: a decode step's
-// rows multiply them with a kernel that reads every block once (one warp per output row, each lane
-// a part of 32 weights at a time, dequantized in registers by the header's own arithmetic, so the
-// weights are the host path's to the bit); a prefill chunk multiplies a tile of their rows
-// dequantized into the model dtype with cuBLAS (cuda_ops.cpp); the embedding reads its rows
-// the same way. Kernels first, then launchers.
+// rows multiply them with a kernel that reads every block once (one warp per output row walking
+// it a part of 32 weights at a time, lane l dequantizing element l in registers by the header's
+// own arithmetic, so the weights are the host path's to the bit and the loads coalesce); a prefill
+// chunk multiplies a tile of their rows dequantized into the model dtype with cuBLAS
+// (cuda_ops.cpp); the embedding reads its rows the same way. Kernels first, then launchers.
 #include <string>
 #include <type_traits>
 
@@ -24,16 +24,21 @@ __device__ __forceinline__ int parts_per_block() {
   return blocks::block_elements(kType) / 32;
 }
 
-// The part `p` (counted along the row) of a row of kType blocks at `row`: 32 f32 weights.
+// Element e of a row of kType blocks at `row`: lane-sized (part_element_of).
 template <std::uint32_t kType>
-__device__ __forceinline__ void row_part(const std::uint8_t* row, int p, float* w) {
+__device__ __forceinline__ float row_element(const std::uint8_t* row, int e) {
   const int per = parts_per_block<kType>();
-  blocks::dequantize_part(
-      kType, row + static_cast<std::int64_t>(p / per) * blocks::block_bytes(kType), p % per, w);
+  const int p = e / 32;
+  return blocks::part_element(kType,
+                              row + static_cast<std::int64_t>(p / per) * blocks::block_bytes(kType),
+                              p % per, e % 32);
 }
 
 // y [t][o] (+)= row o of W . x [t], t < n <= kBlockDecodeRows (kMaxRows): warp w of block b takes
-// output o = b * kWarpsPerBlock + w; its lanes take the row's parts in turn and the warp sums.
+// output o = b * kWarpsPerBlock + w and walks its row a part of 32 weights at a time, lane l
+// taking element l of each part, so that the warp loads x's 32 floats as one 128-byte run and
+// the part's quants as one run of bytes (coalesced); each lane sums its elements, the warp its
+// lanes.
 template <std::uint32_t kType, int kMaxRows>
 __global__ void linear_blocks_kernel(const float* __restrict__ x, int n, int in,
                                      const std::uint8_t* __restrict__ w, int out,
@@ -47,18 +52,13 @@ __global__ void linear_blocks_kernel(const float* __restrict__ x, int n, int in,
   float acc[kMaxRows];
 #pragma unroll
   for (int t = 0; t < kMaxRows; ++t) acc[t] = 0.0f;
-  const int parts = in / 32;
-  for (int p = lane; p < parts; p += 32) {
-    float wp[32];
-    row_part<kType>(row, p, wp);
+#pragma unroll 4
+  for (int e = lane; e < in; e += 32) {
+    const float we = row_element<kType>(row, e);
 #pragma unroll
     for (int t = 0; t < kMaxRows; ++t) {
       if (t >= n) break;
-      const float* xt = x + static_cast<std::int64_t>(t) * in + 32 * p;
-      float sum = 0.0f;
-#pragma unroll
-      for (int l = 0; l < 32; ++l) sum = fmaf(wp[l], xt[l], sum);
-      acc[t] += sum;
+      acc[t] = fmaf(we, x[static_cast<std::int64_t>(t) * in + e], acc[t]);
     }
   }
 #pragma unroll
@@ -73,26 +73,21 @@ __global__ void linear_blocks_kernel(const float* __restrict__ x, int n, int in,
   }
 }
 
-// out [rows][in] (type) = the rows, one thread per part of 32 elements.
+// out [rows][in] (type) = the rows, one thread per element: consecutive threads read consecutive
+// quants and write consecutive elements (coalesced both ways).
 template <std::uint32_t kType>
 __global__ void dequantize_kernel(const std::uint8_t* __restrict__ w, std::int64_t rows, int in,
                                   void* __restrict__ out, DType type) {
-  const std::int64_t parts_per_row = in / 32;
   const std::int64_t row_bytes =
       static_cast<std::int64_t>(in / blocks::block_elements(kType)) * blocks::block_bytes(kType);
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       i < rows * parts_per_row; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t r = i / parts_per_row;
-    const int p = static_cast<int>(i % parts_per_row);
-    float wp[32];
-    row_part<kType>(w + r * row_bytes, p, wp);
-    const std::int64_t at = r * in + 32 * static_cast<std::int64_t>(p);
-#pragma unroll
-    for (int l = 0; l < 32; ++l) store_elem(out, at + l, type, wp[l]);
+       i < rows * in; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r = i / in;
+    store_elem(out, i, type, row_element<kType>(w + r * row_bytes, static_cast<int>(i - r * in)));
   }
 }
 
-// out [n][hidden] f32 = rows tokens[n] of the table: block (row), threads over its parts.
+// out [n][hidden] f32 = rows tokens[n] of the table: block (row), threads over its elements.
 template <std::uint32_t kType>
 __global__ void embed_kernel(const std::int32_t* __restrict__ tokens,
                              const std::uint8_t* __restrict__ table, int hidden,
@@ -101,13 +96,8 @@ __global__ void embed_kernel(const std::int32_t* __restrict__ tokens,
   const std::int64_t row_bytes = static_cast<std::int64_t>(hidden / blocks::block_elements(kType)) *
                                  blocks::block_bytes(kType);
   const std::uint8_t* src = table + static_cast<std::int64_t>(tokens[row]) * row_bytes;
-  for (int p = threadIdx.x; p < hidden / 32; p += blockDim.x) {
-    float wp[32];
-    row_part<kType>(src, p, wp);
-    float* o = out + static_cast<std::int64_t>(row) * hidden + 32 * p;
-#pragma unroll
-    for (int l = 0; l < 32; ++l) o[l] = wp[l];
-  }
+  float* o = out + static_cast<std::int64_t>(row) * hidden;
+  for (int e = threadIdx.x; e < hidden; e += blockDim.x) o[e] = row_element<kType>(src, e);
 }
 
 // Calls f with the block type as a compile-time constant (the types dequantize_part serves).
@@ -157,7 +147,7 @@ void dequantize_blocks(const void* w, std::uint32_t type, std::int64_t rows, int
   with_type(type, "dequantize_blocks", [&](auto kind) {
     constexpr std::uint32_t kType = decltype(kind)::value;
     dequantize_kernel<kType>
-        <<<grid_for(rows * (in / 32)), kThreads, 0, stream>>>(bytes, rows, in, out, out_type);
+        <<<grid_for(rows * in), kThreads, 0, stream>>>(bytes, rows, in, out, out_type);
   });
   KVO_MODEL_LAUNCH_CHECK();
 }

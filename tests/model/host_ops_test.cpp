@@ -226,6 +226,13 @@ TEST(HostLinear, GgufBlocksDequantizeAndMultiplyAsTheirExpandedRows) {
                         sizeof values),
             0)
             << ggml_type(type)->name << " block " << b << " part " << part;
+        // An element at a time (what a CUDA lane computes): the same bits.
+        for (int l = 0; l < 32; ++l) {
+          const float one =
+              blocks::part_element(type, &w[static_cast<std::size_t>(b * block_bytes)], part, l);
+          ASSERT_EQ(std::memcmp(&one, &values[l], sizeof one), 0)
+              << ggml_type(type)->name << " block " << b << " part " << part << " element " << l;
+        }
       }
     }
     for (const int rows : {1, 3, 15}) {
