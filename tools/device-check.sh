@@ -56,7 +56,9 @@
 #   --set      passed to the judge: a measured figure replaced (a test of the judge)
 #   --host-memory  what the machine can give the pinned stores (KVO_HOST_MEMORY, e.g. 120GiB), for
 #              a virtual machine whose memory grows as it is used: there even MemTotal starts far
-#              below what it gives, and the 128K stores would be refused
+#              below what it gives, and the 128K stores would be refused. Default on a GPU run at
+#              full size: 120GiB where /proc/meminfo's MemTotal is below it (the lent machines
+#              give 128 GiB), else what the library reads; env.json records which
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 archive=$root/build/device-carry.tar.xz
@@ -86,6 +88,12 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$backend" in cuda | host) ;; *) echo "device-check: --backend cuda or host" >&2; exit 2 ;; esac
+if [ "$backend" = cuda ] && [ "$small" = 0 ] && [ -z "${KVO_HOST_MEMORY:-}" ]; then
+  total_kib=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo 2>/dev/null)
+  if [ -n "$total_kib" ] && [ "$total_kib" -lt $((120 * 1024 * 1024)) ]; then
+    export KVO_HOST_MEMORY=120GiB  # a VM that grows: MemTotal is not yet what it gives
+  fi
+fi
 [[ $deadline =~ ^[0-9]+$ ]] || { echo "device-check: --deadline takes seconds" >&2; exit 2; }
 if [ -z "$bands" ]; then
   # Each card's bands from its own rates: an H100's HBM3 is slower than an H200's HBM3e.

@@ -42,7 +42,14 @@ void soft_cap(float* x, std::int64_t count, float cap, cudaStream_t stream);
 void scale(float* x, std::int64_t count, float factor, cudaStream_t stream);
 
 // ---- kernels_blocks.cu: matrices in GGUF blocks (model/checkpoint/ggml_blocks.hpp) ----
-// Rows of a decode step up to this many go through linear_blocks; more through a tile.
+// Rows of a decode step up to this many go through linear_blocks; more through a tile. Why 8,
+// by a model of an H100 (not yet measured; bench/attention_bench.cpp's BM_GgufDecodeQ4K measures
+// one row): every warp of linear_blocks reads all n rows of x for its output row, from L1 (8 rows
+// of 4096 floats are 128 KiB, within an SM's 256 KiB), so a 14336 x 4096 Q4_K matrix costs its
+// 33 MB of blocks from HBM (11 us at 3 TB/s) plus n x 16 KiB x 14336 = n x 235 MB from L1 (about
+// 29 TB/s over 132 SMs): 8 us a row, 76 us in all at 8 rows. Through the tile the blocks are read,
+// 117 MB of bf16 written and read again by one GEMM: about 90 us whatever n. The two meet near 8
+// rows, and past them x no longer stays in L1. A device run should place the crossover.
 inline constexpr int kBlockDecodeRowsMax = 8;
 // y [n][out] = x [n][in] W^T (y += with `accumulate`), W [out][in] in blocks of ggml type `type`
 // (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), reading W once. REQUIRES: n <= kBlockDecodeRowsMax, in a
