@@ -288,7 +288,10 @@ gtest() {  # BINARY FILTER
 sanitize() {  # TOOL BINARY FILTER; 77 where this GPU is one compute-sanitizer does not serve
   if [ -f "$work/no_sanitizer" ]; then cat "$work/no_sanitizer"; return 77; fi
   local rc
-  with_libs compute-sanitizer --tool "$1" --error-exitcode 99 --print-limit 20 \
+  # The carried libraries reach the test alone (through env, which the sanitizer follows into
+  # the test it execs), never compute-sanitizer, one of the machine's own tools.
+  compute-sanitizer --tool "$1" --target-processes all --error-exitcode 99 --print-limit 20 \
+    env LD_LIBRARY_PATH="$carry_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     "$(bin_path "$2")" --gtest_filter="$3" 2>&1 | tee "$work/sanitizer.out"
   rc=${PIPESTATUS[0]}
   if grep -qi "device not supported" "$work/sanitizer.out"; then
