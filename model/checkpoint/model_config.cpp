@@ -159,6 +159,10 @@ double ModelConfig::attention_scale() const {
   return 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
+float ModelConfig::norm_offset() const {
+  return family_of_architecture(architecture, "the model").norm_offset;
+}
+
 std::string model_file_bounds() {
   const auto size = [](std::uint64_t bytes) {
     return bytes >= (std::uint64_t{1} << 40) ? std::to_string(bytes >> 40) + " TiB"
@@ -310,166 +314,6 @@ void validate(const ModelConfig& c) {
     throw invalid(std::string("the weights' dtype must be f32, f16 or bf16, not ") +
                   dtype_name(c.dtype));
   }
-}
-
-namespace {
-
-// Llama 3.1's rope scaling: llama3, factor 8 over a pretraining length of 8192.
-RopeScaling llama31_rope() {
-  RopeScaling r;
-  r.type = RopeType::kLlama3;
-  r.factor = 8;
-  r.low_freq_factor = 1;
-  r.high_freq_factor = 4;
-  r.original_max_position = 8192;
-  return r;
-}
-
-}  // namespace
-
-ModelConfig preset(const std::string& name) {
-  ModelConfig c;
-  if (name == "tiny") {
-    // A few layers of a Llama-3-like shape: fast enough for tests and the default demo.
-    c.vocab_size = 4096;
-    c.hidden_size = 256;
-    c.intermediate_size = 688;
-    c.layers = 4;
-    c.heads = 4;
-    c.kv_heads = 2;
-    c.head_dim = 64;  // a head size FlashInfer's kernels serve, so the demo uses them on a GPU
-    c.rope_theta = 500000.0f;
-    c.rope_scaling = llama31_rope();
-    c.max_position_embeddings = 131072;
-    c.tie_word_embeddings = true;
-    c.dtype = DType::kF32;
-  } else if (name == "llama3-8b") {
-    c.vocab_size = 128256;
-    c.hidden_size = 4096;
-    c.intermediate_size = 14336;
-    c.layers = 32;
-    c.heads = 32;
-    c.kv_heads = 8;
-    c.head_dim = 128;
-    c.rope_theta = 500000.0f;
-    c.rope_scaling = llama31_rope();
-    c.max_position_embeddings = 131072;
-  } else if (name == "mistral-7b") {
-    c.architecture = "MistralForCausalLM";
-    c.model_type = "mistral";
-    c.vocab_size = 32768;
-    c.hidden_size = 4096;
-    c.intermediate_size = 14336;
-    c.layers = 32;
-    c.heads = 32;
-    c.kv_heads = 8;
-    c.head_dim = 128;
-    c.rope_theta = 1000000.0f;
-    c.max_position_embeddings = 32768;
-  } else if (name == "qwen3-8b") {
-    // Qwen3-8B as served at 128K: yarn, factor 4 over its 32K.
-    c.architecture = "Qwen3ForCausalLM";
-    c.model_type = "qwen3";
-    c.vocab_size = 151936;
-    c.hidden_size = 4096;
-    c.intermediate_size = 12288;
-    c.layers = 36;
-    c.heads = 32;
-    c.kv_heads = 8;
-    c.head_dim = 128;
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 1000000.0f;
-    c.rope_scaling.type = RopeType::kYarn;
-    c.rope_scaling.factor = 4;
-    c.rope_scaling.original_max_position = 32768;
-    c.rope_scaling.attention_factor = 0.1 * std::log(4.0) + 1;
-    c.max_position_embeddings = 131072;
-  } else if (name == "mistral-nemo-12b") {
-    // Mistral Nemo: head_dim 128 where hidden / heads is 160.
-    c.architecture = "MistralForCausalLM";
-    c.model_type = "mistral";
-    c.vocab_size = 131072;
-    c.hidden_size = 5120;
-    c.intermediate_size = 14336;
-    c.layers = 40;
-    c.heads = 32;
-    c.kv_heads = 8;
-    c.head_dim = 128;
-    c.rope_theta = 1000000.0f;
-    c.max_position_embeddings = 131072;
-  } else if (name == "phi3-mini-128k") {
-    // Phi-3-mini-128k's shape: head_dim 96, every head its own KV head, longrope from 4K. Its
-    // factors here are a smooth ramp, not the released ones (a preset is a shape and its bytes).
-    c.architecture = "Phi3ForCausalLM";
-    c.model_type = "phi3";
-    c.vocab_size = 32064;
-    c.hidden_size = 3072;
-    c.intermediate_size = 8192;
-    c.layers = 32;
-    c.heads = 32;
-    c.kv_heads = 32;
-    c.head_dim = 96;
-    c.rope_theta = 10000.0f;
-    c.max_position_embeddings = 131072;
-    RopeScaling& r = c.rope_scaling;
-    r.type = RopeType::kLongRope;
-    r.original_max_position = 4096;
-    r.factor = 32;
-    r.attention_factor = std::sqrt(1 + std::log(32.0) / std::log(4096.0));
-    for (int i = 0; i < c.head_dim / 2; ++i) {
-      r.short_factor.push_back(1.0 + 0.02 * i);
-      r.long_factor.push_back(1.0 + 0.6 * i);
-    }
-  } else if (name == "gemma3-12b") {
-    // Gemma 3 12B's text model at 128K: 48 layers, one full layer in six (the others windows of
-    // 1024 keys rotating at base 10000), head_dim 256, linear rope scaling 8 on the full layers.
-    c.architecture = "Gemma3ForCausalLM";
-    c.model_type = "gemma3_text";
-    c.vocab_size = 262208;
-    c.hidden_size = 3840;
-    c.intermediate_size = 15360;
-    c.layers = 48;
-    c.heads = 16;
-    c.kv_heads = 8;
-    c.head_dim = 256;
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 1000000.0f;
-    c.rope_scaling.type = RopeType::kLinear;
-    c.rope_scaling.factor = 8;
-    c.max_position_embeddings = 131072;
-    c.tie_word_embeddings = true;
-    c.hidden_act = Activation::kGeluTanh;
-    c.query_pre_attn_scalar = 256;
-    c.norm_offset = 1;
-    c.rope_local_theta = 10000.0f;
-    c.sliding_window = 1024;
-    c.sliding_layers.assign(48, 1);
-    for (int i = 5; i < 48; i += 6) c.sliding_layers[static_cast<std::size_t>(i)] = 0;
-  } else if (name == "qwen2.5-7b") {
-    c.architecture = "Qwen2ForCausalLM";
-    c.model_type = "qwen2";
-    c.vocab_size = 152064;
-    c.hidden_size = 3584;
-    c.intermediate_size = 18944;
-    c.layers = 28;
-    c.heads = 28;
-    c.kv_heads = 4;
-    c.head_dim = 128;
-    c.rms_norm_eps = 1e-6f;
-    c.rope_theta = 1000000.0f;
-    c.max_position_embeddings = 32768;
-    c.qkv_bias = true;
-  } else {
-    std::string known;
-    for (const auto& n : preset_names()) known += (known.empty() ? "" : ", ") + n;
-    throw invalid("unknown preset \"" + name + "\" (known: " + known + ")");
-  }
-  return c;
-}
-
-std::vector<std::string> preset_names() {
-  return {"tiny",     "llama3-8b",        "mistral-7b",     "qwen2.5-7b",
-          "qwen3-8b", "mistral-nemo-12b", "phi3-mini-128k", "gemma3-12b"};
 }
 
 std::string to_config_json(const ModelConfig& c) {

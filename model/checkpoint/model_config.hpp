@@ -40,8 +40,6 @@ struct ModelConfig {
   double final_softcap = 0;  // Gemma 2: the same on the logits (its family's logits hook)
   // Gemma: the scores are scaled by query_pre_attn_scalar^-1/2 (its family's attention_scale).
   float query_pre_attn_scalar = 0;
-  // Every RMSNorm multiplies by (norm_offset + weight) (Gemma: 1).
-  float norm_offset = 0;
   // Gemma 3: the window layers rotate with this base and no scaling (the full layers with
   // rope_theta and rope_scaling); 0: every layer rotates alike.
   double rope_local_theta = 0;
@@ -73,6 +71,8 @@ struct ModelConfig {
   bool local_rope(int layer) const { return rope_local_theta > 0 && window(layer) > 0; }
   // The factor on q . k: the family's (model/families/family.hpp), else head_dim^-1/2.
   double attention_scale() const;
+  // What every RMSNorm's weight is offset by: the family's (Gemma: 1), else 0.
+  float norm_offset() const;
 };
 
 // The largest value each dimension may take, stated so that every size derived from a config
@@ -117,6 +117,9 @@ void validate(const ModelConfig& config);
 // Throws for an unknown name, listing the known ones.
 ModelConfig preset(const std::string& name);
 std::vector<std::string> preset_names();
+// The config.json text a preset is read from (model/checkpoint/presets.cpp); empty for an unknown
+// name.
+std::string preset_config_json(const std::string& name);
 
 // config.json text for `config`, as Hugging Face writes it (enough for transformers to load).
 std::string to_config_json(const ModelConfig& config);

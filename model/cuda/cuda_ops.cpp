@@ -36,6 +36,7 @@ class CudaOps final : public Ops {
       : shape_(shape),
         elem_(shape.weight_dtype),
         kv_elem_(shape.kv_dtype),
+        norm_offset_(shape.config.norm_offset()),
         stream_(static_cast<cudaStream_t>(stream)),
         layout_(shape.config, shape.weight_dtype, shape.kv_dtype, shape.max_rows,
                 shape.max_decode_rows, shape.max_seq, shape.kernels, shape.weight_blocks,
@@ -76,7 +77,7 @@ class CudaOps final : public Ops {
   }
   void rms_norm(const float* x, int n, int width, const void* weight, float* out) override {
     cuda::rms_norm(x, n, width, weight, elem_, static_cast<float>(shape_.config.rms_norm_eps),
-                   shape_.config.norm_offset, out, stream_);
+                   norm_offset_, out, stream_);
   }
   void linear(const float* x, int n, int in, WeightRef w, const void* bias, int out, float* y,
               bool accumulate) override {
@@ -629,8 +630,9 @@ class CudaOps final : public Ops {
   cudaEvent_t split_sent_ = nullptr;
 
   OpsShape shape_;
-  DType elem_;     // the weights'
-  DType kv_elem_;  // the cache's rows
+  DType elem_;         // the weights'
+  DType kv_elem_;      // the cache's rows
+  float norm_offset_;  // the family's, looked up once
   cudaStream_t stream_;
   WorkspaceLayout layout_;
   cublasHandle_t handle_ = nullptr;

@@ -48,9 +48,9 @@ class Ops {
 
   // out [n][hidden] = embed[tokens[i]] * OpsShape::embed_scale (tokens [n] int32, device).
   virtual void embed(const std::int32_t* tokens, int n, WeightRef table, float* out) = 0;
-  // out [n][width] = x / sqrt(mean(x^2) + eps) * (norm_offset + weight), row by row: x
-  // [n][width], weight [width] (hidden for the model's norms, head_dim for the per-head ones of
-  // Qwen3 and Gemma 3). out may be x.
+  // out [n][width] = x / sqrt(mean(x^2) + eps) * (norm_offset + weight), row by row, norm_offset
+  // the family's (ModelConfig::norm_offset()): x [n][width], weight [width] (hidden for the
+  // model's norms, head_dim for the per-head ones of Qwen3 and Gemma 3). out may be x.
   virtual void rms_norm(const float* x, int n, int width, const void* weight, float* out) = 0;
   // y [n][out] = x [n][in] W^T + bias (W [out][in] in the model dtype or in GGUF blocks, which
   // only the host path multiplies; bias [out] or null); with `accumulate`, y += instead (the

@@ -89,6 +89,9 @@ struct Family {
   // What the family does to the logits [count] after the head (Gemma 2: its soft cap); null:
   // nothing.
   void (*logits)(Ops& ops, const ModelConfig& c, float* logits, std::int64_t count) = nullptr;
+  // What every RMSNorm's weight is offset by: x * (norm_offset + weight) (Gemma: 1). A property
+  // of the family, never a config field.
+  float norm_offset = 0;
 };
 
 // config.json's hidden_act (or Gemma's hidden_activation, `key`): silu or gelu_pytorch_tanh;

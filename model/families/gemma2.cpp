@@ -1,9 +1,10 @@
 // Gemma 2 (Gemma2ForCausalLM), and the block Gemma 3 shares (gemma.hpp): the embeddings scaled
-// by sqrt(hidden_size); every RMSNorm multiplying by (1 + weight); a norm before and after the
-// attention and before and after the MLP, the "after" ones on the branch before it joins the
-// residual; a GeLU-tanh gated MLP; the scores scaled by query_pre_attn_scalar^-1/2 and, in
-// Gemma 2, soft-capped (attn_logit_softcapping), as are the final logits
-// (final_logit_softcapping); window layers and full layers alternating (layer_types).
+// by sqrt(hidden_size); every RMSNorm multiplying by (1 + weight) (the family's norm_offset); a
+// norm before and after the attention and before and after the MLP, the "after" ones on the
+// branch before it joins the residual; a GeLU-tanh gated MLP; the scores scaled by
+// query_pre_attn_scalar^-1/2 and, in Gemma 2, soft-capped (attn_logit_softcapping), as are the
+// final logits (final_logit_softcapping); window layers and full layers alternating
+// (layer_types).
 #include "model/families/gemma.hpp"
 
 #include <cmath>
@@ -16,10 +17,6 @@ namespace kvo::model {
 namespace gemma {
 
 namespace {
-
-void every_gemma(ModelConfig& c) {
-  c.norm_offset = 1;
-}
 
 // A soft-capping field: absent, its default; null, none (0); else positive.
 double softcap(const JsonField& f, const char* key, double fallback) {
@@ -79,7 +76,6 @@ void logits(Ops& ops, const ModelConfig& c, float* logits, std::int64_t count) {
 }
 
 void settle(ModelConfig& c, int window, int pattern) {
-  every_gemma(c);
   c.hidden_act = Activation::kGeluTanh;
   if (c.sliding_window == 0) c.sliding_window = window;
   sliding_pattern(c, pattern);
@@ -94,7 +90,6 @@ void sliding_pattern(ModelConfig& c, int pattern) {
 
 void read_config(const JsonField& f, ModelConfig& c, double attn_softcap, double final_softcap,
                  int window, int max_position, int pattern) {
-  every_gemma(c);
   c.qkv_bias = c.o_bias = f.boolean_or("attention_bias", false);
   // Gemma's classes default these differently from the shared reader.
   c.head_dim = static_cast<int>(f.integer_or("head_dim", 256, 2, ModelLimits::kHeadDim));
@@ -175,6 +170,7 @@ const Family kGemma2Family = {"gemma2",
                               0,
                               gemma::embedding_scale,
                               gemma::attention_scale,
-                              gemma::logits};
+                              gemma::logits,
+                              1.0f};
 
 }  // namespace kvo::model

@@ -64,6 +64,7 @@ const Family kGemma3Family = {
     0,
     gemma::embedding_scale,
     gemma::attention_scale,
-    gemma::logits};
+    gemma::logits,
+    1.0f};
 
 }  // namespace kvo::model

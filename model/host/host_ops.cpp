@@ -41,6 +41,7 @@ OpsShape with_threads(OpsShape shape) {
 HostOps::HostOps(const OpsShape& shape, void* workspace, std::uint64_t workspace_bytes)
     : shape_(with_threads(shape)),
       elem_(shape.weight_dtype),
+      norm_offset_(shape.config.norm_offset()),
       pool_(shape_.threads),
       layout_(carve(shape_, workspace, workspace_bytes, &own_)),
       linear_(pool_, elem_, shape.f32_gemm, shape.weight_blocks, shape.q8_activations,
@@ -78,7 +79,7 @@ void HostOps::rms_norm(const float* x, int n, int width, const void* weight, flo
                                           std::to_string(layout_.norm_weight.size()));
   }
   kernels::to_f32(weight, elem_, h, layout_.norm_weight.data());
-  if (const float offset = shape_.config.norm_offset; offset != 0) {
+  if (const float offset = norm_offset_; offset != 0) {
     for (int i = 0; i < h; ++i) layout_.norm_weight[static_cast<std::size_t>(i)] += offset;
   }
   pool_.run(blocks_of(n, kRowBlock), [&](int b, int) {

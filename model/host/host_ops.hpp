@@ -57,6 +57,7 @@ class HostOps final : public Ops {
  private:
   OpsShape shape_;
   DType elem_;
+  float norm_offset_;  // the family's, looked up once
   ThreadPool pool_;
   std::unique_ptr<HostRegion> own_;  // the region without a given workspace
   HostWorkspaceLayout layout_;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "kvoffload/error.hpp"
@@ -125,7 +126,7 @@ TEST(ModelConfig, GemmaFieldsReadAsTransformersReadsThem) {
   EXPECT_FLOAT_EQ(g2.query_pre_attn_scalar, 256);
   EXPECT_EQ(g2.hidden_act, Activation::kGeluTanh);
   EXPECT_TRUE(g2.tie_word_embeddings);
-  EXPECT_FLOAT_EQ(g2.norm_offset, 1);
+  EXPECT_FLOAT_EQ(g2.norm_offset(), 1);
   // The family's: embeddings times sqrt(hidden_size) (in the weights' dtype), scores by
   // query_pre_attn_scalar^-1/2.
   EXPECT_EQ(embedding_scale(g2, DType::kF32), std::sqrt(static_cast<float>(g2.hidden_size)));
@@ -196,7 +197,7 @@ TEST(ModelConfig, GemmaFieldsReadAsTransformersReadsThem) {
   EXPECT_FLOAT_EQ(back.query_pre_attn_scalar, 256);
   EXPECT_EQ(back.rope_local_theta, 1e4);
   EXPECT_EQ(describe(back.rope_scaling), describe(p.rope_scaling));
-  EXPECT_EQ(back.norm_offset, 1);
+  EXPECT_EQ(back.norm_offset(), 1);
   EXPECT_EQ(parameter_count(p), parameter_count(back));
 }
 
@@ -212,6 +213,40 @@ TEST(ModelConfig, ParameterCountIsTheLayoutsElements) {
     EXPECT_EQ(parameter_count(c), elements) << name;
   }
   EXPECT_EQ(parameter_count(preset("llama3-8b")), 8030261248);
+}
+
+// A preset is a config.json text read by the model directory's parser: each written to a file
+// loads as a checkpoint's config would, to the same model, and validates; what a family derives
+// (Gemma 3's norm offset and its windows' rope base) comes from its config's fields alone.
+TEST(ModelConfig, PresetsAreConfigJsonTextsReadByTheSameParser) {
+  const std::string dir = ::testing::TempDir() + "kvo_presets";
+  std::filesystem::create_directories(dir);
+  for (const std::string& name : preset_names()) {
+    const std::string text = preset_config_json(name);
+    ASSERT_FALSE(text.empty()) << name;
+    const std::string path = dir + "/" + name + ".json";
+    std::ofstream(path) << text;
+    const ModelConfig from_file = load_model_config(path);
+    EXPECT_EQ(to_config_json(from_file), to_config_json(preset(name))) << name;
+    EXPECT_NO_THROW(validate(from_file)) << name;
+  }
+  const ModelConfig g = preset("gemma3-12b");
+  EXPECT_EQ(g.layers, 48);
+  EXPECT_EQ(g.norm_offset(), 1);  // Gemma's (1 + w), its family's, not the preset's
+  EXPECT_EQ(g.rope_local_theta, 1e4);
+  int full = 0;
+  for (int l = 0; l < g.layers; ++l) full += g.window(l) == 0;
+  EXPECT_EQ(full, 8);
+  EXPECT_EQ(g.window(0), 1024);
+  const ModelConfig t = preset("tiny");
+  EXPECT_EQ(t.dtype, DType::kF32);
+  EXPECT_EQ(t.rope_scaling.type, RopeType::kLlama3);
+  EXPECT_DOUBLE_EQ(t.rope_scaling.original_max_position, 8192);
+  EXPECT_EQ(preset("qwen3-8b").rms_norm_eps, 1e-6);  // as its config.json says it
+  EXPECT_TRUE(preset("qwen2.5-7b").qkv_bias);
+  EXPECT_EQ(preset_config_json("no-such-preset"), "");
+  expect_error([] { preset("no-such-preset"); },
+               {"unknown preset \"no-such-preset\" (known: tiny, llama3-8b"});
 }
 
 // Every rope scaling type, read with transformers' defaults and derivations, written back by

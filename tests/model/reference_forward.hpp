@@ -299,8 +299,8 @@ class ReferenceModel {
           r(1 / std::sqrt(ms / h + static_cast<double>(static_cast<float>(c_.rms_norm_eps))));
       for (int i = 0; i < h; ++i) {
         // Gemma's (1 + w), in float32 as transformers takes it.
-        const double wi = c_.norm_offset != 0
-                              ? r(weight(w, i) + static_cast<double>(c_.norm_offset))
+        const double wi = c_.norm_offset() != 0
+                              ? r(weight(w, i) + static_cast<double>(c_.norm_offset()))
                               : weight(w, i);
         y[t * h + i] = r(wi * r(x[t * h + i] * scale));
       }
