@@ -86,8 +86,9 @@ constexpr int kRows = 4;  // query rows of a group that share each K and V load
 constexpr int kPrefetchBlocks = 1;
 
 // Prefetches elements [e0, e0 + n) of keys [j0, j0 + nb) of kv head g, all of their lines.
+template <DType T>
 KVO_AVX512_INLINE void prefetch_rows(const KeyRows& from, int g, int e0, int n, int j0, int nb) {
-  const auto elem = static_cast<std::int64_t>(element_bytes(from.type));
+  constexpr auto elem = static_cast<std::int64_t>(element_bytes(T));
   const char* base = static_cast<const char*>(from.base);
   for (int j = 0; j < nb; ++j) {
     const char* row = base + ((j0 + j) * from.token_stride + g * from.head_stride + e0) * elem;
@@ -95,8 +96,9 @@ KVO_AVX512_INLINE void prefetch_rows(const KeyRows& from, int g, int e0, int n, 
   }
 }
 
+template <DType T>
 KVO_AVX512_INLINE const char* row_at(const KeyRows& from, int j, int g) {
-  const auto elem = static_cast<std::int64_t>(element_bytes(from.type));
+  constexpr auto elem = static_cast<std::int64_t>(element_bytes(T));
   return static_cast<const char*>(from.base) +
          (j * from.token_stride + g * from.head_stride) * elem;
 }
@@ -110,14 +112,14 @@ KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int
                                     int nb, int ahead, __m512 (&out)[kRows]) {
   static_assert(kRows == 4, "4 rows x 4 keys a vector");
   __m512 t[4];  // t[j4 / 4] lane r * 4 + jj: row r, key j4 + jj
-  const auto elem = static_cast<std::int64_t>(element_bytes(k.type));
+  constexpr auto elem = static_cast<std::int64_t>(element_bytes(T));
   for (int j4 = 0; j4 < kKeyBlock; j4 += 4) {
     __m512 acc[kRows * 4];
 #pragma GCC unroll 16
     for (int i = 0; i < kRows * 4; ++i) acc[i] = _mm512_setzero_ps();
     const char* rows[4];
-    for (int jj = 0; jj < 4; ++jj) rows[jj] = row_at(k, j0 + std::min(j4 + jj, nb - 1), g);
-    prefetch_rows(k, g, 0, d, j0 + kPrefetchBlocks * kKeyBlock + j4,
+    for (int jj = 0; jj < 4; ++jj) rows[jj] = row_at<T>(k, j0 + std::min(j4 + jj, nb - 1), g);
+    prefetch_rows<T>(k, g, 0, d, j0 + kPrefetchBlocks * kKeyBlock + j4,
                   std::max(0, std::min(4, ahead - j4)));
     for (int e = 0; e < d; e += 16) {
       __m512 kj[4];
@@ -149,7 +151,7 @@ KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int
 template <DType T, int W>
 KVO_AVX512_INLINE void accumulate_values(const float* p, int rows, const KeyRows& v, int g, int j0,
                                          int nb, int ahead, int e0, float* const* acc) {
-  const auto elem = static_cast<std::int64_t>(element_bytes(v.type));
+  constexpr auto elem = static_cast<std::int64_t>(element_bytes(T));
   __m512 sums[kRows][W];
 #pragma GCC unroll 4
   for (int r = 0; r < kRows; ++r) {
@@ -158,8 +160,8 @@ KVO_AVX512_INLINE void accumulate_values(const float* p, int rows, const KeyRows
   }
   for (int j = 0; j < nb; ++j) {
     // The same columns of the value row a block ahead.
-    if (j < ahead) prefetch_rows(v, g, e0, 16 * W, j0 + kPrefetchBlocks * kKeyBlock + j, 1);
-    const char* row = row_at(v, j0 + j, g) + e0 * elem;
+    if (j < ahead) prefetch_rows<T>(v, g, e0, 16 * W, j0 + kPrefetchBlocks * kKeyBlock + j, 1);
+    const char* row = row_at<T>(v, j0 + j, g) + e0 * elem;
     __m512 vj[W];
 #pragma GCC unroll 4
     for (int c = 0; c < W; ++c) vj[c] = load16<T>(row + 16 * c * elem);
