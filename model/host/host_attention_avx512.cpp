@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "model/host/host_kernels.hpp"
+#include "offload/util/element_types.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -85,8 +86,9 @@ constexpr int kRows = 4;  // query rows of a group that share each K and V load
 constexpr int kPrefetchBlocks = 1;
 
 // Prefetches elements [e0, e0 + n) of keys [j0, j0 + nb) of kv head g, all of their lines.
+template <DType T>
 KVO_AVX512_INLINE void prefetch_rows(const KeyRows& from, int g, int e0, int n, int j0, int nb) {
-  const std::int64_t elem = from.type == DType::kF32 ? 4 : 2;
+  constexpr auto elem = static_cast<std::int64_t>(element_bytes(T));
   const char* base = static_cast<const char*>(from.base);
   for (int j = 0; j < nb; ++j) {
     const char* row = base + ((j0 + j) * from.token_stride + g * from.head_stride + e0) * elem;
@@ -94,8 +96,9 @@ KVO_AVX512_INLINE void prefetch_rows(const KeyRows& from, int g, int e0, int n, 
   }
 }
 
+template <DType T>
 KVO_AVX512_INLINE const char* row_at(const KeyRows& from, int j, int g) {
-  const std::int64_t elem = from.type == DType::kF32 ? 4 : 2;
+  constexpr auto elem = static_cast<std::int64_t>(element_bytes(T));
   return static_cast<const char*>(from.base) +
          (j * from.token_stride + g * from.head_stride) * elem;
 }
@@ -109,14 +112,14 @@ KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int
                                     int nb, int ahead, __m512 (&out)[kRows]) {
   static_assert(kRows == 4, "4 rows x 4 keys a vector");
   __m512 t[4];  // t[j4 / 4] lane r * 4 + jj: row r, key j4 + jj
-  const std::int64_t elem = k.type == DType::kF32 ? 4 : 2;
+  constexpr auto elem = static_cast<std::int64_t>(element_bytes(T));
   for (int j4 = 0; j4 < kKeyBlock; j4 += 4) {
     __m512 acc[kRows * 4];
 #pragma GCC unroll 16
     for (int i = 0; i < kRows * 4; ++i) acc[i] = _mm512_setzero_ps();
     const char* rows[4];
-    for (int jj = 0; jj < 4; ++jj) rows[jj] = row_at(k, j0 + std::min(j4 + jj, nb - 1), g);
-    prefetch_rows(k, g, 0, d, j0 + kPrefetchBlocks * kKeyBlock + j4,
+    for (int jj = 0; jj < 4; ++jj) rows[jj] = row_at<T>(k, j0 + std::min(j4 + jj, nb - 1), g);
+    prefetch_rows<T>(k, g, 0, d, j0 + kPrefetchBlocks * kKeyBlock + j4,
                   std::max(0, std::min(4, ahead - j4)));
     for (int e = 0; e < d; e += 16) {
       __m512 kj[4];
@@ -148,7 +151,7 @@ KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int
 template <DType T, int W>
 KVO_AVX512_INLINE void accumulate_values(const float* p, int rows, const KeyRows& v, int g, int j0,
                                          int nb, int ahead, int e0, float* const* acc) {
-  const std::int64_t elem = v.type == DType::kF32 ? 4 : 2;
+  constexpr auto elem = static_cast<std::int64_t>(element_bytes(T));
   __m512 sums[kRows][W];
 #pragma GCC unroll 4
   for (int r = 0; r < kRows; ++r) {
@@ -157,8 +160,8 @@ KVO_AVX512_INLINE void accumulate_values(const float* p, int rows, const KeyRows
   }
   for (int j = 0; j < nb; ++j) {
     // The same columns of the value row a block ahead.
-    if (j < ahead) prefetch_rows(v, g, e0, 16 * W, j0 + kPrefetchBlocks * kKeyBlock + j, 1);
-    const char* row = row_at(v, j0 + j, g) + e0 * elem;
+    if (j < ahead) prefetch_rows<T>(v, g, e0, 16 * W, j0 + kPrefetchBlocks * kKeyBlock + j, 1);
+    const char* row = row_at<T>(v, j0 + j, g) + e0 * elem;
     __m512 vj[W];
 #pragma GCC unroll 4
     for (int c = 0; c < W; ++c) vj[c] = load16<T>(row + 16 * c * elem);
@@ -239,18 +242,18 @@ KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const Key
 KVO_AVX512 void attend_keys_avx512(const float* q, int kv_heads, int group, int d, KeyRows k,
                                    KeyRows v, int keys, SoftmaxState* state, float* acc, float*,
                                    float*, float softcap) {
-  // This kernel keeps its own dispatch and its rows' element size as a compare on their type:
-  // in interleaved runs (Llama-3-8B layer, bf16, 32K and 128K keys, 2-core Zen 5 VM) routing it
-  // through visit() and element_bytes() (from the template's type, a field, or a value computed
-  // once) decoded at 0.41 of a streaming read against this code's 0.44.
-  switch (k.type) {
-    case DType::kF32:
-      return attend<DType::kF32>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
-    case DType::kF16:
-      return attend<DType::kF16>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
-    default:
-      return attend<DType::kBF16>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
-  }
+  // f32, f16 and bf16 rows (the caller takes quantized rows elsewhere)
+  visit(
+      k.type,
+      [&](auto t) {
+        constexpr auto kType = static_cast<DType>(decltype(t)::value);
+        if constexpr (kType == DType::kF32 || kType == DType::kF16) {
+          attend<kType>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
+        } else {
+          attend<DType::kBF16>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
+        }
+      },
+      [] {});
 }
 
 bool have_avx512() {
