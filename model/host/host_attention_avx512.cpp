@@ -120,7 +120,7 @@ KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int
     const char* rows[4];
     for (int jj = 0; jj < 4; ++jj) rows[jj] = row_at<T>(k, j0 + std::min(j4 + jj, nb - 1), g);
     prefetch_rows<T>(k, g, 0, d, j0 + kPrefetchBlocks * kKeyBlock + j4,
-                  std::max(0, std::min(4, ahead - j4)));
+                     std::max(0, std::min(4, ahead - j4)));
     for (int e = 0; e < d; e += 16) {
       __m512 kj[4];
 #pragma GCC unroll 4
