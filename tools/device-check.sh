@@ -92,12 +92,13 @@ if [ "$backend" = cuda ] && [ "$small" = 0 ] && [ -z "${KVO_HOST_MEMORY:-}" ]; t
   total_kib=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo 2>/dev/null)
   if [ -n "$total_kib" ] && [ "$total_kib" -lt $((120 * 1024 * 1024)) ]; then
     export KVO_HOST_MEMORY=120GiB  # a VM that grows: MemTotal is not yet what it gives
+    export KVO_HOST_MEMORY_DEFAULTED=1  # recorded in env.json
   fi
 fi
 [[ $deadline =~ ^[0-9]+$ ]] || { echo "device-check: --deadline takes seconds" >&2; exit 2; }
 if [ -z "$bands" ]; then
   # Each card's bands from its own rates: an H100's HBM3 is slower than an H200's HBM3e.
-  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sed -n 1p)
+  gpu_name=$(timeout 20 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sed -n 1p)
   case "$gpu_name" in
     *H100*) bands=$root/bench/results/expected-h100.md ;;
     *) bands=$root/bench/results/expected-h200.md ;;
@@ -111,7 +112,7 @@ trap 'rm -rf "$work"' EXIT
 logs=$work/logs
 mkdir -p "$logs" "$out"
 rm -f "$out"/device-check.json "$out"/summary.md "$out"/logs.tar.gz "$out"/failed.log \
-  "$out"/steps.tsv
+  "$out"/steps.tsv "$out"/*.part
 
 left() { echo $((deadline - reserve - (SECONDS - start))); }
 # What is finished reaches --out at once: after every step, the steps so far, the judge's summary
@@ -161,11 +162,15 @@ step() {
   # Through bash, so that COMMAND may be one of the functions below (exported).
   timeout -k 5 "$limit" bash -c '"$@"' "$name" "$@" >"$logs/$name.log" 2>&1
   rc=$?
+  # timeout's 124, or 137 after its kill, only once the limit has passed: a 137 before it is a
+  # kill from elsewhere (the kernel's OOM killer), a failure.
+  local timed_out=0
+  if { [ $rc = 124 ] || [ $rc = 137 ]; } && [ $((SECONDS - t0)) -ge "$limit" ]; then timed_out=1; fi
   if [ $rc = 0 ]; then
     record "$name" PASS $((SECONDS - t0)) ""
-  elif { [ $rc = 124 ] || [ $rc = 137 ]; } && [ $cut = 1 ]; then
+  elif [ $timed_out = 1 ] && [ $cut = 1 ]; then
     record "$name" SKIPPED $((SECONDS - t0)) "the deadline cut it at ${limit} s of its ${share} s"
-  elif [ $rc = 124 ] || [ $rc = 137 ]; then
+  elif [ $timed_out = 1 ]; then
     record "$name" FAIL $((SECONDS - t0)) "stopped by its own cap of ${limit} s, not the deadline"
   elif [ $rc = 77 ]; then  # a prerequisite of the machine, not the code under test
     record "$name" SKIPPED $((SECONDS - t0)) "prerequisite absent: $(tail -n 1 "$logs/$name.log")"
@@ -243,6 +248,7 @@ json.dump({
     "cpus": os.cpu_count(), "mem_total_gib": gib("MemTotal"),
     "mem_available_gib": gib("MemAvailable"), "committed_gib": gib("Committed_AS"),
     "cublas_dir": cublas or None, "host_memory_stated": os.environ.get("KVO_HOST_MEMORY"),
+    "host_memory_defaulted": os.environ.get("KVO_HOST_MEMORY_DEFAULTED") == "1",
 }, open(path, "w"), indent=1)
 PY
 if [ "$backend" = cuda ]; then
@@ -354,10 +360,10 @@ fi
 
 # The drop-in on CUDA tensors: the package built against this machine's PyTorch and the carried
 # library, then its CUDA tests.
-if [ -n "$dropin_absent" ]; then
+if [ -n "$dropin_absent" ] && { [ -z "$only" ] || [[ $only == *",dropin,"* ]]; }; then
   say "dropin: SKIPPED, $dropin_absent"
   record dropin SKIPPED 0 "prerequisite absent: $dropin_absent"
-elif [ "$backend" = cuda ] && [ -d "$build/kvoffload" ]; then
+elif [ -z "$dropin_absent" ] && [ "$backend" = cuda ] && [ -d "$build/kvoffload" ]; then
   step dropin_build 150 -- wait_dropin_build
   step dropin 90 -- env KVO_REQUIRE_CUDA=1 PYTHONPATH="$work/py/python:$root/tests/python" \
     PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \

@@ -8,8 +8,9 @@ set -u
 build=$1
 out=$2
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-rm -rf "$out"
-mkdir -p "$out"
+rm -rf "$out" "$out.tmp"
+mkdir -p "$out" "$out.tmp"
+export TMPDIR=$out.tmp  # the killed run's work folder, which its trap never removes
 setsid bash "$root/tools/device-check.sh" --build "$build" --small --backend host --out "$out" \
   >"$out.log" 2>&1 &
 pid=$!
@@ -42,4 +43,5 @@ PY
 [ -f "$out/logs.tar.gz" ] && tar -tzf "$out/logs.tar.gz" | grep -q "logs/decode.log" ||
   fail "logs.tar.gz lacks decode's log"
 ls "$out"/*.part >/dev/null 2>&1 && echo "note: a file was being replaced when the kill came"
+rm -rf "$out.tmp"
 echo "device_check_killed: INCOMPLETE with bandwidth's and decode's figures, as killed"
