@@ -31,6 +31,13 @@ ElementType type_of_ggml(std::uint32_t ggml) {
   return type;
 }
 
+void check_weights_type(const WeightRef& w, DType weights) {
+  if (!w.in_blocks() && w.type != element_type(weights)) {
+    throw Error(ErrorCode::kInternal, std::string("a matrix of ") + traits(w.type).name +
+                                          " where the model's weights are " + dtype_name(weights));
+  }
+}
+
 std::size_t matrix_bytes(ElementType type, std::int64_t rows, std::int64_t in) {
   const ElementTraits t = traits(type);
   return static_cast<std::size_t>(rows * (in / t.block_elements) * t.block_bytes);

@@ -33,6 +33,10 @@ struct WeightRef {
 // The element type of ggml's type `ggml`; throws for a number the element types' table lacks.
 ElementType type_of_ggml(std::uint32_t ggml);
 
+// Throws kvo::Error(kInternal) when `w` is neither in GGUF blocks nor in the weights' dtype: an op
+// must not read one dtype's bytes as another's.
+void check_weights_type(const WeightRef& w, DType weights);
+
 // Bytes of `rows` rows of `in` elements of a matrix of element type `type`.
 std::size_t matrix_bytes(ElementType type, std::int64_t rows, std::int64_t in);
 

@@ -82,10 +82,7 @@ class CudaOps final : public Ops {
   void linear(const float* x, int n, int in, WeightRef w, const void* bias, int out, float* y,
               bool accumulate) override {
     if (n == 0) return;
-    if (!w.in_blocks() && w.type != element_type(elem_)) {
-      throw Error(ErrorCode::kInternal, std::string("a matrix of ") + traits(w.type).name +
-                                            " where the model's weights are " + dtype_name(elem_));
-    }
+    check_weights_type(w, elem_);
     if (w.in_blocks()) {
       multiply_blocks(x, nullptr, n, in, w, bias, out, y, accumulate);
       return;

@@ -50,10 +50,7 @@ HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm, 
 
 void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const void* bias, int out,
                             float* y, bool accumulate) {
-  if (!w.in_blocks() && w.type != element_type(type_)) {
-    throw Error(ErrorCode::kInternal, std::string("a matrix of ") + traits(w.type).name +
-                                          " where the model's weights are " + dtype_name(type_));
-  }
+  check_weights_type(w, type_);
   if (n >= kGemmMinRows) {
     gemm(x, n, in, w, bias, out, y, accumulate);
     return;
