@@ -207,26 +207,23 @@ KVO_ELEMENT_VISIT decltype(auto) visit(DType dtype, F&& f, G&& otherwise) {
   return visit(element_type(dtype), element_detail::Only<false, F, G>{f, otherwise}, otherwise);
 }
 
-// The dtype whose C enum value is `c_dtype`; false for any other int.
-constexpr bool dtype_of_c(int c_dtype, DType* dtype) {
+// The dtype whose row has `value` in `field` (c_dtype, file_code); false where none has.
+constexpr bool dtype_where(int ElementTraits::*field, int value, DType* dtype) {
   for (int i = 0; i <= static_cast<int>(DType::kInt8); ++i) {
-    if (traits(static_cast<ElementType>(i)).c_dtype == c_dtype) {
+    if (traits(static_cast<ElementType>(i)).*field == value) {
       *dtype = static_cast<DType>(i);
       return true;
     }
   }
   return false;
 }
-
+// The dtype whose C enum value is `c_dtype`; false for any other int.
+constexpr bool dtype_of_c(int c_dtype, DType* dtype) {
+  return dtype_where(&ElementTraits::c_dtype, c_dtype, dtype);
+}
 // The dtype a saved context codes as `code`; false for any other value.
 constexpr bool dtype_of_file_code(int code, DType* dtype) {
-  for (int i = 0; i <= static_cast<int>(DType::kInt8); ++i) {
-    if (traits(static_cast<ElementType>(i)).file_code == code) {
-      *dtype = static_cast<DType>(i);
-      return true;
-    }
-  }
-  return false;
+  return dtype_where(&ElementTraits::file_code, code, dtype);
 }
 
 namespace element_checks {
