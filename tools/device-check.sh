@@ -308,7 +308,15 @@ sanitize() {  # TOOL BINARY FILTER; 77 where this GPU is one compute-sanitizer d
 }
 generate() { run_bin kvo-generate --backend "$backend" --json --quiet "$@"; }
 export build work backend carry_libs
-export -f bin_path with_libs run_bin bench gtest sanitize generate
+# keep_as NAME COMMAND...: COMMAND's output also in the work folder as NAME.log, where the judge
+# reads it, before the step's own publish.
+keep_as() {
+  local name=$1
+  shift
+  "$@" 2>&1 | tee "$work/$name.log"
+  return "${PIPESTATUS[0]}"
+}
+export -f bin_path with_libs run_bin bench gtest sanitize generate keep_as
 
 # The drop-in's native module compiles on the CPUs while the GPU steps run (its step below only
 # waits for it), under the same deadline.
@@ -403,24 +411,21 @@ step decode_int8 40 kvo_bench_decode_compare -- bench decode_compare_int8 \
   --benchmark_filter="kvoffload/$ctx_filter" --benchmark_min_time="$min_time"
 
 ctx=${contexts[-1]}
-step replay 40 kvo-replay -- run_bin kvo-replay "${replay_shape[@]}" --max-seq $((ctx + 8)) \
-  --prompt "$ctx" --steps 8 --resident 0 --backend "$backend" --verify sample --json
-cp "$logs/replay.log" "$work/replay_$ctx.log" 2>/dev/null && publish
+step replay 40 kvo-replay -- keep_as "replay_$ctx" run_bin kvo-replay "${replay_shape[@]}" \
+  --max-seq $((ctx + 8)) --prompt "$ctx" --steps 8 --resident 0 --backend "$backend" \
+  --verify sample --json
 
 ctx=${contexts[0]}
-step generate 60 kvo-generate -- generate --preset "$preset" --prompt-len "$ctx" \
-  --max-seq $((ctx + 32)) --max-new 16 --vram-budget 24GiB
-cp "$logs/generate.log" "$work/generate_$ctx.log" 2>/dev/null && publish
+step generate 60 kvo-generate -- keep_as "generate_$ctx" generate --preset "$preset" \
+  --prompt-len "$ctx" --max-seq $((ctx + 32)) --max-new 16 --vram-budget 24GiB
 if [ "$backend" = cuda ] && [ "$small" = 0 ]; then
   ctx=${contexts[-1]}
   for kv in bf16 int8; do
     suffix=""
     [ "$kv" = int8 ] && suffix=_int8
-    step "prefill$suffix" 75 kvo-generate -- generate --preset "$preset" \
-      --prompt-len "$ctx" --max-seq $((ctx + 8)) --max-new 4 --chunk 2048 --kv-dtype "$kv" \
-      --vram-budget 24GiB
-    cp "$logs/prefill$suffix.log" "$work/generate_prefill_${ctx}${suffix}.log" 2>/dev/null &&
-      publish
+    step "prefill$suffix" 75 kvo-generate -- keep_as "generate_prefill_${ctx}${suffix}" \
+      generate --preset "$preset" --prompt-len "$ctx" --max-seq $((ctx + 8)) --max-new 4 \
+      --chunk 2048 --kv-dtype "$kv" --vram-budget 24GiB
   done
 fi
 
