@@ -250,7 +250,30 @@ typedef struct kvo_cache_stats {
   int32_t model_kv_heads;
   int32_t ranks_per_node;
   uint64_t host_share_bytes;
+  /* Since 0.4: the layers of the plan, one layer's K (or V) bytes, and the device bytes the plan
+   * leaves to the caller's own buffers (reserved regions). */
+  int32_t layers;
+  uint64_t tensor_bytes;
+  uint64_t reserved_bytes;
 } kvo_cache_stats;
+
+/* Since 0.4: what a saved-context file holds, from its headers alone (kvo_inspect_saved_context).
+ * A file holds one record per saved slot, all of one shape. */
+typedef struct kvo_saved_context_info {
+  uint32_t struct_size; /* set by the caller: sizeof(kvo_saved_context_info) as it was compiled */
+  int32_t layers;
+  int32_t kv_heads;
+  int32_t head_dim;
+  int32_t v_head_dim; /* head_dim when V rows are the size of K rows */
+  int32_t max_seq;
+  kvo_dtype dtype;
+  int32_t records; /* saved slots */
+} kvo_saved_context_info;
+
+/* Since 0.4: an incremental digest (kvo_bytes_digest_create) and a model's weights' digest
+ * (kvo_weights_digest_create); both opaque. */
+typedef struct kvo_bytes_digest kvo_bytes_digest_t;
+typedef struct kvo_weights_digest kvo_weights_digest_t;
 
 /* ---- library -------------------------------------------------------------------------------- */
 
@@ -282,6 +305,85 @@ KVO_API kvo_status kvo_cuda_device_count(int32_t* out_count);
  * The string is owned by the cache (or the thread) and valid until the next failing call on it,
  * or kvo_cache_destroy. Never NULL. */
 KVO_API const char* kvo_last_error(const kvo_cache_t* cache);
+
+/* ---- sizes, plans and memory (since 0.4) ---------------------------------------------------- */
+
+/* Text results of the calls below are written to `buffer`, `capacity` bytes with the final NUL,
+ * cut to fit; *out_length gets the whole text's length (without the NUL), so a caller whose
+ * capacity was not more than *out_length calls again with *out_length + 1 bytes. `buffer` may be
+ * NULL when capacity is 0. Calls without a cache report failures through kvo_last_error(NULL). */
+
+/* Bytes in a size such as "24GiB", "512MiB", "1.5GB" or "4096" (kvo::parse_size). */
+KVO_API kvo_status kvo_parse_size(const char* text, uint64_t* out_bytes);
+
+/* `bytes` in the text the library prints ("1.50 GiB"). */
+KVO_API kvo_status kvo_format_bytes(uint64_t bytes, char* buffer, size_t capacity,
+                                    size_t* out_length);
+
+/* What this machine can give a pinned store now (KVO_HOST_MEMORY when set). */
+KVO_API kvo_status kvo_host_available_bytes(uint64_t* out_bytes);
+
+/* The budget a CUDA cache made with device_budget 0 takes, given its device's free and total
+ * bytes: free less a headroom of max(1 GiB, 5% of total); 0 when nothing is left. */
+KVO_API kvo_status kvo_default_device_budget(uint64_t free_bytes, uint64_t total_bytes,
+                                             uint64_t* out_budget);
+
+/* The plan kvo_cache_create would make of `options` under their device_budget (0: unlimited),
+ * allocating nothing: the plan fields of *out_plan are set, the counters are 0. Refused as
+ * kvo_cache_create refuses (a plan that does not fit names the missing bytes).
+ * REQUIRES: options and out_plan != NULL, their struct_size set. */
+KVO_API kvo_status kvo_plan(const kvo_cache_options* options, kvo_cache_stats* out_plan);
+
+/* ---- saved contexts without a cache, and fingerprints (since 0.4) -------------------------- */
+
+/* The shape of the saved context in `path` and its records' lengths (the first
+ * min(records, lengths_capacity) of them go to `lengths`, which may be NULL when the capacity is
+ * 0). Refused, naming why, for a file that cannot be read or is not a saved context. */
+KVO_API kvo_status kvo_inspect_saved_context(const char* path, kvo_saved_context_info* out_info,
+                                             int32_t* lengths, int32_t lengths_capacity);
+
+/* The model fingerprint saved with record `record` of `path` (text result, above). */
+KVO_API kvo_status kvo_saved_context_model(const char* path, int32_t record, char* buffer,
+                                           size_t capacity, size_t* out_length);
+
+/* A finite number in a fingerprint's canonical text (kvoffload/fingerprint.hpp): integral values
+ * below 2^53 as integers, others as the shortest decimal that reads back, as Python's repr. */
+KVO_API kvo_status kvo_fingerprint_number(double value, char* buffer, size_t capacity,
+                                          size_t* out_length);
+
+/* The fingerprint of `count` fields keys[i] = values[i] (each key printable ASCII without '=';
+ * a key given twice keeps its last value): the format's first line, then the fields sorted. */
+KVO_API kvo_status kvo_fingerprint_text(const char* const* keys, const char* const* values,
+                                        int32_t count, char* buffer, size_t capacity,
+                                        size_t* out_length);
+
+/* The digest (32 hex digits) of `bytes` bytes at host address `data`, hashed on the cores this
+ * process may use; the same as bytes fed to a kvo_bytes_digest in any pieces. */
+KVO_API kvo_status kvo_digest_bytes(const void* data, uint64_t bytes, char* buffer, size_t capacity,
+                                    size_t* out_length);
+
+/* The same digest of bytes fed in pieces, in order. Destroy frees it (NULL is a no-op). */
+KVO_API kvo_status kvo_bytes_digest_create(kvo_bytes_digest_t** out_digest);
+KVO_API kvo_status kvo_bytes_digest_update(kvo_bytes_digest_t* digest, const void* data,
+                                           uint64_t bytes);
+KVO_API kvo_status kvo_bytes_digest_hex(const kvo_bytes_digest_t* digest, char* buffer,
+                                        size_t capacity, size_t* out_length);
+KVO_API void kvo_bytes_digest_destroy(kvo_bytes_digest_t* digest);
+
+/* A model's weights' digest: each tensor's name, dtype name, shape and bytes' digest (above),
+ * added in any order (a name added twice is refused); hex gives 32 hex digits. */
+KVO_API kvo_status kvo_weights_digest_create(kvo_weights_digest_t** out_digest);
+KVO_API kvo_status kvo_weights_digest_add(kvo_weights_digest_t* digest, const char* name,
+                                          const char* dtype, const int64_t* shape, int32_t ndim,
+                                          const char* bytes_digest);
+KVO_API kvo_status kvo_weights_digest_hex(const kvo_weights_digest_t* digest, char* buffer,
+                                          size_t capacity, size_t* out_length);
+KVO_API void kvo_weights_digest_destroy(kvo_weights_digest_t* digest);
+
+/* The digest of the tokenizer files in directory `dir` (tokenizer.json, tokenizer.model,
+ * tokenizer_config.json, chat_template.jinja); "" when it holds none of them. */
+KVO_API kvo_status kvo_tokenizer_digest(const char* dir, char* buffer, size_t capacity,
+                                        size_t* out_length);
 
 /* ---- create and destroy --------------------------------------------------------------------- */
 
@@ -396,6 +498,23 @@ KVO_API kvo_status kvo_save_slot(kvo_cache_t* cache, int32_t slot, const char* p
 KVO_API kvo_status kvo_load_slot(kvo_cache_t* cache, int32_t slot, const char* path,
                                  const char* model, int32_t* tokens, int32_t tokens_capacity,
                                  int32_t* out_token_count);
+
+/* New in 0.4: the slots slots[0..count) of the cache, in that order, to one file (kvo_save_slot
+ * for several slots: record i holds slot slots[i]). token_counts: NULL (no token ids), or one
+ * count per slot (0, or the slot's length), the ids of every slot one after another in
+ * `tokens`. REQUIRES: as kvo_save_slot; count >= 1; the slots distinct. */
+KVO_API kvo_status kvo_save_slots(kvo_cache_t* cache, const int32_t* slots, int32_t count,
+                                  const char* path, const int32_t* tokens,
+                                  const int32_t* token_counts, const char* model);
+
+/* New in 0.4: record i of `path` into slot slots[i], for every record (count must equal the
+ * file's records); refused as kvo_load_slot, with the cache left as it was. Each record's token
+ * ids go to `tokens`, one record after another, out_token_counts[i] of them: refused before
+ * anything is loaded when they would pass tokens_capacity (max_seq * count is always enough).
+ * REQUIRES: no step open; out_token_counts holds count entries. */
+KVO_API kvo_status kvo_load_slots(kvo_cache_t* cache, const int32_t* slots, int32_t count,
+                                  const char* path, const char* model, int32_t* tokens,
+                                  int64_t tokens_capacity, int32_t* out_token_counts);
 
 /* Copies the counters and the plan into *out_stats.
  * REQUIRES: out_stats != NULL with out_stats->struct_size set. */

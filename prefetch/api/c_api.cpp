@@ -16,92 +16,11 @@
 
 #include "kvoffload/kvoffload.hpp"
 #include "offload/util/element_types.hpp"
+#include "prefetch/api/c_api_support.hpp"
 
 namespace {
 
-constexpr std::size_t kMessageBytes = 1024;
-
-struct Message {
-  char text[kMessageBytes] = {0};
-  void set(const char* call, const char* what) noexcept {
-    std::snprintf(text, sizeof(text), "%s: %s", call, what);
-  }
-};
-
-// Where a failed call without a cache leaves its message.
-thread_local Message thread_message;
-
-}  // namespace
-
-struct kvo_cache {
-  explicit kvo_cache(const kvo::CacheConfig& config) : cache(config) {}
-  kvo::OffloadedStaticCache cache;
-  std::vector<std::int32_t> new_tokens;  // [slots], reused by every begin_step
-  std::vector<std::int32_t> split_rows;  // [slots], reused by every kvo_begin_step_split
-  mutable Message message;
-};
-
-namespace {
-
-kvo_status to_status(kvo::ErrorCode code) {
-  switch (code) {
-    case kvo::ErrorCode::kInvalidArgument:
-      return KVO_ERROR_INVALID_ARGUMENT;
-    case kvo::ErrorCode::kProtocol:
-      return KVO_ERROR_PROTOCOL;
-    case kvo::ErrorCode::kOutOfMemory:
-      return KVO_ERROR_OUT_OF_MEMORY;
-    case kvo::ErrorCode::kDevice:
-      return KVO_ERROR_DEVICE;
-    case kvo::ErrorCode::kInternal:
-      return KVO_ERROR_INTERNAL;
-  }
-  return KVO_ERROR_INTERNAL;
-}
-
-// A failure the C layer itself detects (a NULL pointer, an enum out of range).
-struct CallError {
-  kvo_status status;
-  const char* what;
-};
-
-// Runs `body` and turns whatever it throws into a status and a message in `sink`.
-template <typename Body>
-kvo_status guarded(Message& sink, const char* call, Body&& body) noexcept {
-  try {
-    body();
-    return KVO_OK;
-  } catch (const CallError& e) {
-    sink.set(call, e.what);
-    return e.status;
-  } catch (const kvo::Error& e) {
-    sink.set(call, e.what());
-    return to_status(e.code());
-  } catch (const std::bad_alloc&) {
-    sink.set(call, "out of host memory");
-    return KVO_ERROR_OUT_OF_MEMORY;
-  } catch (const std::exception& e) {
-    sink.set(call, e.what());
-    return KVO_ERROR_INTERNAL;
-  } catch (...) {
-    sink.set(call, "unknown exception");
-    return KVO_ERROR_INTERNAL;
-  }
-}
-
-// As guarded(), for calls on a cache: a NULL cache is an invalid argument reported per thread.
-template <typename Cache, typename Body>
-kvo_status on_cache(Cache* cache, const char* call, Body&& body) noexcept {
-  if (cache == nullptr) {
-    thread_message.set(call, "the cache is NULL");
-    return KVO_ERROR_INVALID_ARGUMENT;
-  }
-  return guarded(cache->message, call, [&] { body(*cache); });
-}
-
-void require(const void* pointer, const char* what) {
-  if (pointer == nullptr) throw CallError{KVO_ERROR_INVALID_ARGUMENT, what};
-}
+using namespace kvo::c_api;
 
 // A C caller may store any int in an enum field, and reading a value outside the enum's range
 // through the C++ enum type is undefined: the fields are read as the ints they are stored as.
@@ -270,6 +189,32 @@ kvo::CacheConfig to_config(const kvo_cache_options& options) {
   config.shard.ranks_per_node = options.ranks_per_node == 0 ? 1 : options.ranks_per_node;
   config.shard.node_available_bytes = options.node_available_bytes;
   return config;
+}
+
+// The plan's fields of a kvo_cache_stats.
+void fill_plan(const kvo::CachePlan& plan, kvo_cache_stats* out) {
+  out->resident_layers = plan.resident_layers;
+  out->streamed_layers = plan.streamed_layers;
+  out->ring_depth = plan.ring_depth;
+  out->row_bytes = plan.row_bytes;
+  out->layer_bytes = plan.layer_bytes;
+  out->resident_bytes = plan.resident_bytes;
+  out->staging_bytes = plan.staging_bytes;
+  out->device_bytes = plan.device_bytes;
+  out->host_bytes = plan.host_bytes;
+  out->budget = plan.budget;
+  out->v_row_bytes = plan.layout.v_row_bytes;
+  out->window_layers = plan.window_layers;
+  out->window_bytes = plan.window_bytes;
+  out->split_h2d_bytes_per_s = plan.split_h2d_bytes_per_s;
+  out->split_host_bytes_per_s = plan.split_host_bytes_per_s;
+  out->kv_head_begin = plan.kv_head_begin;
+  out->model_kv_heads = plan.model_kv_heads;
+  out->ranks_per_node = plan.ranks_per_node;
+  out->host_share_bytes = plan.host_share_bytes;
+  out->layers = plan.layers;
+  out->tensor_bytes = plan.tensor_bytes;
+  out->reserved_bytes = plan.reserved_bytes;
 }
 
 }  // namespace
@@ -551,6 +496,82 @@ kvo_status kvo_load_slot(kvo_cache_t* cache, int32_t slot, const char* path, con
   });
 }
 
+kvo_status kvo_save_slots(kvo_cache_t* cache, const int32_t* slots, int32_t count, const char* path,
+                          const int32_t* tokens, const int32_t* token_counts, const char* model) {
+  return on_cache(cache, "kvo_save_slots", [&](kvo_cache& c) {
+    require(path, "path is NULL");
+    require(slots, "slots is NULL");
+    if (count < 1 || count > c.cache.config().slots) {  // checked before an int is read
+      throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                       "count is " + std::to_string(count) + ", and the cache has " +
+                           std::to_string(c.cache.config().slots) + " slots");
+    }
+    std::vector<kvo::SlotContext> contexts(static_cast<std::size_t>(count));
+    const int32_t* next = tokens;
+    for (int32_t i = 0; i < count; ++i) {
+      kvo::SlotContext& context = contexts[static_cast<std::size_t>(i)];
+      if (model != nullptr) context.model = model;
+      const int32_t n = token_counts != nullptr ? token_counts[i] : 0;
+      if (n < 0) throw CallError{KVO_ERROR_INVALID_ARGUMENT, "a token count is negative"};
+      if (n == 0) continue;
+      require(tokens, "tokens is NULL and a token count is not 0");
+      context.tokens.assign(next, next + n);
+      next += n;
+    }
+    c.cache.save_slots(std::vector<int>(slots, slots + count), path, contexts);
+  });
+}
+
+kvo_status kvo_load_slots(kvo_cache_t* cache, const int32_t* slots, int32_t count, const char* path,
+                          const char* model, int32_t* tokens, int64_t tokens_capacity,
+                          int32_t* out_token_counts) {
+  return on_cache(cache, "kvo_load_slots", [&](kvo_cache& c) {
+    require(path, "path is NULL");
+    require(slots, "slots is NULL");
+    require(out_token_counts, "out_token_counts is NULL");
+    if (count < 1 || count > c.cache.config().slots) {  // checked before an int is read
+      throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                       "count is " + std::to_string(count) + ", and the cache has " +
+                           std::to_string(c.cache.config().slots) + " slots");
+    }
+    if (tokens_capacity < 0) {
+      throw CallError{KVO_ERROR_INVALID_ARGUMENT, "tokens_capacity is negative"};
+    }
+    kvo::SavedContextFile file(path);
+    std::int64_t saved = 0;
+    for (const kvo::SlotContext& context : file.info().contexts) {
+      saved += static_cast<std::int64_t>(context.tokens.size());
+    }
+    if (saved > tokens_capacity) {
+      throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                       std::string(path) + " holds " + std::to_string(saved) +
+                           " token ids, more than tokens_capacity (" +
+                           std::to_string(tokens_capacity) + "); nothing was loaded");
+    }
+    if (saved > 0) require(tokens, "tokens is NULL");
+    const std::vector<kvo::SlotContext> contexts =
+        c.cache.load_slots(std::vector<int>(slots, slots + count), file, model ? model : "");
+    for (std::size_t i = 0; i < contexts.size(); ++i) {
+      const std::vector<std::int32_t>& ids = contexts[i].tokens;
+      tokens = std::copy(ids.begin(), ids.end(), tokens);
+      out_token_counts[i] = static_cast<int32_t>(ids.size());
+    }
+  });
+}
+
+kvo_status kvo_plan(const kvo_cache_options* options, kvo_cache_stats* out_plan) {
+  return guarded(thread_message, "kvo_plan", [&] {
+    require(options, "options is NULL");
+    require(out_plan, "out_plan is NULL");
+    check_struct_size(out_plan->struct_size, kStatsBase, "out_plan");
+    const kvo::CacheConfig config = to_config(read_options(*options));
+    kvo_cache_stats full;
+    std::memset(&full, 0, sizeof(full));
+    fill_plan(kvo::plan_cache(config, config.device_budget), &full);
+    write_out(full, out_plan);
+  });
+}
+
 kvo_status kvo_stats(const kvo_cache_t* cache, kvo_cache_stats* out_stats) {
   return on_cache(cache, "kvo_stats", [&](const kvo_cache& c) {
     require(out_stats, "out_stats is NULL");
@@ -568,25 +589,7 @@ kvo_status kvo_stats(const kvo_cache_t* cache, kvo_cache_stats* out_stats) {
     out->prefetch_reissues = stats.prefetch_reissues;
     out->reorder_bytes = stats.reorder_bytes;
     out->device_allocations = stats.device_allocations;
-    out->resident_layers = stats.plan.resident_layers;
-    out->streamed_layers = stats.plan.streamed_layers;
-    out->ring_depth = stats.plan.ring_depth;
-    out->row_bytes = stats.plan.row_bytes;
-    out->layer_bytes = stats.plan.layer_bytes;
-    out->resident_bytes = stats.plan.resident_bytes;
-    out->staging_bytes = stats.plan.staging_bytes;
-    out->device_bytes = stats.plan.device_bytes;
-    out->host_bytes = stats.plan.host_bytes;
-    out->budget = stats.plan.budget;
-    out->v_row_bytes = stats.plan.layout.v_row_bytes;
-    out->window_layers = stats.plan.window_layers;
-    out->window_bytes = stats.plan.window_bytes;
-    out->split_h2d_bytes_per_s = stats.plan.split_h2d_bytes_per_s;
-    out->split_host_bytes_per_s = stats.plan.split_host_bytes_per_s;
-    out->kv_head_begin = stats.plan.kv_head_begin;
-    out->model_kv_heads = stats.plan.model_kv_heads;
-    out->ranks_per_node = stats.plan.ranks_per_node;
-    out->host_share_bytes = stats.plan.host_share_bytes;
+    fill_plan(stats.plan, out);
     write_out(full, out_stats);
   });
 }

@@ -469,6 +469,165 @@ static void save_and_restore(engine* e, uint64_t seed) {
   remove(path);
 }
 
+/* Several slots to one file and back (kvo_save_slots, kvo_load_slots), the file read without a
+ * cache (kvo_inspect_saved_context, kvo_saved_context_model), and a load whose token ids would
+ * not fit refused before anything changed. */
+static void save_and_restore_slots(engine* e, uint64_t seed) {
+  char path[64];
+  int32_t slots[2] = {1, 0};
+  int32_t ids[2 * MAX_SEQ];
+  int32_t counts[2];
+  int32_t back[2 * MAX_SEQ];
+  int32_t back_counts[2] = {-1, -1};
+  int32_t lengths[3] = {-1, -1, -1};
+  int32_t length = -1;
+  char model[64];
+  size_t model_length = 0;
+  kvo_saved_context_info info;
+  int32_t i, n = 0;
+  snprintf(path, sizeof(path), "c_api_test_slots_%llu.kvo", (unsigned long long)seed);
+  counts[0] = e->length[1];
+  counts[1] = 0; /* slot 0 saved without its ids */
+  for (i = 0; i < counts[0]; ++i) ids[n++] = 7000 + i;
+  MUST(e->cache, kvo_save_slots(e->cache, slots, 2, path, ids, counts, "model=c-test"));
+
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  MUST(NULL, kvo_inspect_saved_context(path, &info, lengths, 3));
+  CHECK(info.records == 2 && info.layers == LAYERS && info.kv_heads == KV_HEADS);
+  CHECK(info.head_dim == HEAD_DIM && info.v_head_dim == HEAD_DIM && info.max_seq == MAX_SEQ);
+  CHECK(info.dtype == KVO_DTYPE_F32);
+  CHECK(lengths[0] == e->length[1] && lengths[1] == e->length[0] && lengths[2] == -1);
+  MUST(NULL, kvo_saved_context_model(path, 1, model, sizeof model, &model_length));
+  CHECK(model_length == strlen("model=c-test") && strcmp(model, "model=c-test") == 0);
+  MUST(NULL, kvo_saved_context_model(path, 0, model, 6, &model_length)); /* cut to fit */
+  CHECK(model_length == strlen("model=c-test") && strcmp(model, "model") == 0);
+  EXPECT_STATUS(NULL, kvo_saved_context_model(path, 2, model, sizeof model, &model_length),
+                KVO_ERROR_INVALID_ARGUMENT, "record 2");
+  EXPECT_STATUS(NULL, kvo_inspect_saved_context("no-such-file.kvo", &info, NULL, 0),
+                KVO_ERROR_INVALID_ARGUMENT, "no-such-file.kvo");
+
+  MUST(e->cache, kvo_reset_slot(e->cache, 0));
+  MUST(e->cache, kvo_reset_slot(e->cache, 1));
+  EXPECT_STATUS(
+      e->cache,
+      kvo_load_slots(e->cache, slots, 2, path, "model=c-test", back, counts[0] - 1, back_counts),
+      KVO_ERROR_INVALID_ARGUMENT, "more than tokens_capacity");
+  EXPECT_STATUS(
+      e->cache,
+      kvo_load_slots(e->cache, slots, 2, path, "model=other", back, 2 * MAX_SEQ, back_counts),
+      KVO_ERROR_INVALID_ARGUMENT, "saved for another model");
+  MUST(e->cache, kvo_length(e->cache, 1, &length));
+  CHECK(length == 0 && back_counts[0] == -1);
+  MUST(e->cache,
+       kvo_load_slots(e->cache, slots, 2, path, "model=c-test", back, 2 * MAX_SEQ, back_counts));
+  CHECK(back_counts[0] == counts[0] && back_counts[1] == 0);
+  for (i = 0; i < counts[0]; ++i) CHECK(back[i] == ids[i]);
+  MUST(e->cache, kvo_length(e->cache, 1, &length));
+  CHECK(length == e->length[1]);
+  MUST(e->cache, kvo_length(e->cache, 0, &length));
+  CHECK(length == e->length[0]);
+  remove(path);
+}
+
+/* The calls without a cache: sizes, the default budget, a plan equal to a cache's, fingerprints
+ * and the digests they are made of. */
+static void calls_without_a_cache(void) {
+  uint64_t bytes = 0;
+  char text[160];
+  size_t length = 0;
+  unsigned char data[1000];
+  char whole[40], pieces[40], first[40], second[40];
+  const char* keys[3] = {"b", "a", "b"};
+  const char* values[3] = {"1", "x y", "2"};
+  int64_t shape[2] = {4, 250};
+  kvo_bytes_digest_t* digest = NULL;
+  kvo_weights_digest_t* w1 = NULL;
+  kvo_weights_digest_t* w2 = NULL;
+  kvo_cache_options options;
+  kvo_cache_stats plan, stats;
+  kvo_cache_t* cache = NULL;
+  uint64_t state = 12345;
+  int i;
+
+  MUST(NULL, kvo_parse_size("1.5GiB", &bytes));
+  CHECK(bytes == 3ull << 29);
+  EXPECT_STATUS(NULL, kvo_parse_size("lots", &bytes), KVO_ERROR_INVALID_ARGUMENT, "lots");
+  MUST(NULL, kvo_format_bytes(3ull << 29, text, sizeof text, &length));
+  CHECK(length == strlen(text) && strncmp(text, "1.50 GiB", 8) == 0);
+  MUST(NULL, kvo_format_bytes(3ull << 29, text, 5, &length)); /* cut to fit */
+  CHECK(strlen(text) == 4 && length > 4);
+  EXPECT_STATUS(NULL, kvo_format_bytes(1, NULL, 8, &length), KVO_ERROR_INVALID_ARGUMENT,
+                "buffer is NULL");
+  MUST(NULL, kvo_default_device_budget(10ull << 30, 80ull << 30, &bytes));
+  CHECK(bytes == 6ull << 30); /* less 5% of 80 GiB */
+  MUST(NULL, kvo_default_device_budget(1ull << 29, 8ull << 30, &bytes));
+  CHECK(bytes == 0); /* less than the 1 GiB headroom */
+  MUST(NULL, kvo_host_available_bytes(&bytes));
+  CHECK(bytes > 0);
+
+  /* A plan is what a cache of the same options allocates. */
+  options = small_options(9);
+  options.resident_layers = 2;
+  plan.struct_size = stats.struct_size = sizeof plan;
+  MUST(NULL, kvo_plan(&options, &plan));
+  MUST(NULL, kvo_cache_create(&options, &cache));
+  MUST(cache, kvo_stats(cache, &stats));
+  CHECK(plan.layers == LAYERS && plan.resident_layers == 2 && plan.steps == 0);
+  CHECK(plan.resident_layers == stats.resident_layers && plan.ring_depth == stats.ring_depth);
+  CHECK(plan.device_bytes == stats.device_bytes && plan.host_bytes == stats.host_bytes);
+  CHECK(plan.tensor_bytes == stats.tensor_bytes && plan.layer_bytes == 2 * plan.tensor_bytes);
+  kvo_cache_destroy(cache);
+  options.device_budget = plan.staging_bytes / 2;
+  EXPECT_STATUS(NULL, kvo_plan(&options, &plan), KVO_ERROR_OUT_OF_MEMORY, "");
+
+  MUST(NULL, kvo_fingerprint_number(1e-05, text, sizeof text, &length));
+  CHECK(strcmp(text, "1e-05") == 0);
+  MUST(NULL, kvo_fingerprint_number(500000.0, text, sizeof text, &length));
+  CHECK(strcmp(text, "500000") == 0);
+  EXPECT_STATUS(NULL, kvo_fingerprint_number(0.0 / 0.0, text, sizeof text, &length),
+                KVO_ERROR_INVALID_ARGUMENT, "");
+  MUST(NULL, kvo_fingerprint_text(keys, values, 3, text, sizeof text, &length));
+  CHECK(strcmp(text, "kvoffload-fingerprint 2\na=x y\nb=2") == 0);
+  EXPECT_STATUS(NULL, kvo_fingerprint_text(values, keys, 3, text, sizeof text, &length),
+                KVO_ERROR_INVALID_ARGUMENT, "");
+
+  for (i = 0; i < 1000; ++i) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    data[i] = (unsigned char)state;
+  }
+  MUST(NULL, kvo_digest_bytes(data, sizeof data, whole, sizeof whole, &length));
+  CHECK(length == 32);
+  MUST(NULL, kvo_bytes_digest_create(&digest));
+  MUST(NULL, kvo_bytes_digest_update(digest, data, 1));
+  MUST(NULL, kvo_bytes_digest_update(digest, data + 1, 600));
+  MUST(NULL, kvo_bytes_digest_update(digest, data + 601, 399));
+  MUST(NULL, kvo_bytes_digest_hex(digest, pieces, sizeof pieces, &length));
+  CHECK(strcmp(whole, pieces) == 0);
+  kvo_bytes_digest_destroy(digest);
+  data[999] ^= 1;
+  MUST(NULL, kvo_digest_bytes(data, sizeof data, pieces, sizeof pieces, &length));
+  CHECK(strcmp(whole, pieces) != 0);
+
+  MUST(NULL, kvo_weights_digest_create(&w1));
+  MUST(NULL, kvo_weights_digest_create(&w2));
+  MUST(NULL, kvo_weights_digest_add(w1, "a.weight", "F32", shape, 2, whole));
+  MUST(NULL, kvo_weights_digest_add(w1, "b.weight", "F32", shape, 2, pieces));
+  MUST(NULL, kvo_weights_digest_add(w2, "b.weight", "F32", shape, 2, pieces));
+  MUST(NULL, kvo_weights_digest_add(w2, "a.weight", "F32", shape, 2, whole));
+  EXPECT_STATUS(NULL, kvo_weights_digest_add(w2, "a.weight", "F32", shape, 2, whole),
+                KVO_ERROR_INVALID_ARGUMENT, "a.weight");
+  MUST(NULL, kvo_weights_digest_hex(w1, first, sizeof first, &length));
+  MUST(NULL, kvo_weights_digest_hex(w2, second, sizeof second, &length));
+  CHECK(length == 32 && strcmp(first, second) == 0); /* any order */
+  kvo_weights_digest_destroy(w1);
+  kvo_weights_digest_destroy(w2);
+  kvo_bytes_digest_destroy(NULL);
+  kvo_weights_digest_destroy(NULL);
+  MUST(NULL, kvo_tokenizer_digest(".", text, sizeof text, &length));
+  CHECK(length == 0); /* no tokenizer files here */
+}
+
 static void check_defaults(void) {
   kvo_cache_options d;
   MUST(NULL, kvo_cache_options_init(&d, sizeof d));
@@ -506,6 +665,8 @@ static void run(uint64_t seed, int async_stream) {
   provoke_errors(&e);
   engine_run(&e, 40);
   save_and_restore(&e, seed);
+  engine_run(&e, 20);
+  save_and_restore_slots(&e, seed);
   engine_run(&e, 20);
   MUST(e.cache, kvo_stats(e.cache, &stats));
   CHECK(stats.h2d_bytes_total > 0 && stats.d2h_bytes_total > 0);
@@ -853,6 +1014,7 @@ static void shard(void) {
 
 int main(void) {
   check_defaults();
+  calls_without_a_cache();
   shard();
   quantized_rows();
   window_layers();
