@@ -1,5 +1,4 @@
-# Finding LibTorch's CMake package without a CUDA toolkit. Included by cmake/kvoffload_capi.cmake
-# and by tools/python/CMakeLists.txt.
+# Finding LibTorch's CMake package without a CUDA toolkit. Included by cmake/kvoffload_capi.cmake.
 #
 # The torch wheel is a CUDA build, and its CMake config (Caffe2's public/cuda.cmake) then insists
 # on a full CUDA toolkit (nvcc, headers, a try_run, matching versions) even for CPU use, because

@@ -10,6 +10,7 @@ import unittest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StaticCache
 
+import tiny_models  # noqa: F401 (it checks where kvoffload was imported from)
 from kvoffload.hf import OffloadedStaticCache
 
 NEW_TOKENS = 24

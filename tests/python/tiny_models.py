@@ -14,9 +14,22 @@ Every model has 4 layers and, where its family mixes kinds, two full-attention l
 can be resident while the other is streamed. Windows are 8 tokens: the tests' prompts cross them.
 """
 
+import os
+import sysconfig
+
 import torch
 import transformers as tf
 from transformers import AutoModelForCausalLM
+
+import kvoffload
+
+# Under ctest the tests run against the wheel installed into an environment
+# (tools/python-wheel.sh), never the build tree: KVO_EXPECT_INSTALLED_PACKAGE says so.
+if os.environ.get("KVO_EXPECT_INSTALLED_PACKAGE"):
+    _site = os.path.realpath(sysconfig.get_paths()["purelib"])
+    if not os.path.realpath(kvoffload.__file__).startswith(_site + os.sep):
+        raise ImportError(f"kvoffload was imported from {kvoffload.__file__}, not from the "
+                          f"environment's installed package ({_site})")
 
 VOCAB = 128
 PAD = 0
