@@ -7,7 +7,9 @@ code), and generates the tokens transformers' StaticCache gives without compilin
 - generate's own compile path (compile_config, on the CPU with _compile_all_devices) with the
   inductor backend, on a two-layer Llama (one resident, one streamed): fake tensors, generated C++
   kernels and the op's strides together;
-- the same path, eager backend, on Gemma 3 (windows) and Qwen3-Next (states).
+- the same path, eager backend, on Gemma 3 (windows) and Qwen3-Next (states);
+- with default arguments, as transformers' compile tests run it (dynamic=False): one graph for
+  every decode step of several generates, each with a new cache and a shorter prompt.
 
 fullgraph=True makes any graph break an error, so passing means no break at the cache."""
 
@@ -17,6 +19,7 @@ import torch
 from transformers import CompileConfig, StaticCache
 
 from greedy import MAX_CACHE_LEN, NEW_TOKENS, greedy, offloaded, reference_cache
+from kvoffload.hf import OffloadedStaticCache
 from kvoffload.hf_local import WindowLayer
 from tiny_models import make_model, prompts
 
@@ -77,7 +80,8 @@ class FullGraph(unittest.TestCase):
                                ids, mask)
         recorder = GraphRecorder()
         compiled = torch.compile(model.forward, fullgraph=True, backend=recorder)
-        cache = offloaded(model, 2, resident_layers=1)
+        # Valid rows only: the lengths are Python ints, which dynamo makes symbolic.
+        cache = offloaded(model, 2, resident_layers=1, static_shapes=False)
         self.assertEqual(decode_loop(model, compiled, cache, ids, mask).tolist(),
                          expected.tolist())
         # Decoding compiled once for the first length and once with the length symbolic, each
@@ -85,13 +89,14 @@ class FullGraph(unittest.TestCase):
         self.assertEqual(recorder.op_counts(), [4] * len(recorder.graphs))
         self.assertLessEqual(len(recorder.graphs), 2)
         self.assertEqual(cache.get_seq_length(), 12 + NEW_TOKENS - 1)
-        # New caches of the same shape reuse the graphs: at most one more compile, when the
-        # cache handle first changes and dynamo makes it symbolic.
+        # New caches of the same shape reuse the graphs: the op names its cache by a tensor,
+        # whose value dynamo does not guard.
+        graphs = len(recorder.graphs)
         for resident in (0, 2, 4):
-            cache = offloaded(model, 2, resident_layers=resident)
+            cache = offloaded(model, 2, resident_layers=resident, static_shapes=False)
             self.assertEqual(decode_loop(model, compiled, cache, ids, mask).tolist(),
                              expected.tolist(), f"a new cache, resident_layers={resident}")
-        self.assertLessEqual(len(recorder.graphs), 3)
+        self.assertEqual(len(recorder.graphs), graphs, "a new cache recompiled")
 
     def test_generate_compile_path_with_inductor(self):
         model = make_model("llama3", num_hidden_layers=2)
@@ -246,7 +251,7 @@ class StaticShapes(unittest.TestCase):
         self.assertEqual(cache.get_seq_length(), 1)
         with self.assertRaises(TypeError):
             offloaded(model, 1, static_shapes="yes")
-        self.assertFalse(offloaded(model, 1).static_shapes)  # the CPU's default
+        self.assertTrue(offloaded(model, 1).static_shapes)  # the default, on the CPU too
         # Eagerly, a window filling up step by step (4-token prompt, window 8): whole windows
         # returned while not full, the mask sizes to match.
         model = make_model("gpt_oss")
@@ -255,6 +260,64 @@ class StaticShapes(unittest.TestCase):
         cache = offloaded(model, 2, resident_layers=1, static_shapes=True)
         self.assertEqual(greedy(model, cache, ids, mask, new_tokens=12).tolist(),
                          expected.tolist())
+
+
+class CompilesOnceByDefault(unittest.TestCase):
+    """With default arguments, generate's compile path as transformers' own compile tests run it
+    (fullgraph=True, dynamic=False) compiles the decode step once, and further generates, each
+    with a new cache of the same shape and a shorter prompt, reuse that graph: nothing dynamo
+    guards on differs between two caches of one shape. The tokens are StaticCache's."""
+
+    TOKENS = 12
+
+    def setUp(self):
+        torch._dynamo.reset()
+
+    def test_new_caches_and_shorter_prompts_reuse_one_graph(self):
+        # llama3: 4 full layers, every one resident, or every one streamed; gemma2: windows
+        # beside 2 full layers; qwen3_next: states beside 2 full layers (streamed through a
+        # ring of one buffer: two would hold them all).
+        for name, resident, ring in (("llama3", 4, 2), ("llama3", 0, 2), ("gemma2", 0, 1),
+                                     ("qwen3_next", 0, 1)):
+            torch._dynamo.reset()
+            model = make_model(name)
+            recorder = GraphRecorder()
+            config = fixed_shapes_config(recorder)
+            for round_, (length, seed, pads) in enumerate(((12, 21, (3, 0)), (9, 22, (0, 2)),
+                                                           (5, 23, (1, 0)))):
+                where = f"{name}, resident_layers={resident}, generate {round_ + 1}"
+                ids, mask = prompts(2, length, seed=seed, pad_rows=pads)
+                expected = greedy(model, reference_cache(model), ids, mask,
+                                  new_tokens=self.TOKENS)
+                cache = offloaded(model, 2, resident_layers=resident, ring_depth=ring)
+                self.assertTrue(cache.static_shapes and cache.is_compileable, where)
+                got = greedy(model, cache, ids, mask, new_tokens=self.TOKENS,
+                             compile_config=config)
+                self.assertEqual(got.tolist(), expected.tolist(), where)
+                self.assertEqual(len(recorder.graphs), 1, f"{where}: compiled again")
+                if resident == 0:
+                    self.assertGreater(cache.stats()["h2d_bytes_total"], 0, where)
+
+    def test_bf16_logits_are_static_caches_bit_for_bit(self):
+        # In bf16 a softmax over the valid columns alone rounds differently from StaticCache's
+        # over every column; by default the cache returns every row, so the logits are the same
+        # bits, eagerly, resident and streamed.
+        model = make_model("llama3").to(torch.bfloat16)
+        ids, mask = prompts(2, 12, seed=24, pad_rows=(2, 0))
+
+        def scores(cache):
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=self.TOKENS,
+                                 do_sample=False, cache=cache, output_logits=True,
+                                 return_dict_in_generate=True)
+            return out.sequences, torch.stack(out.logits)
+
+        tokens, logits = scores(StaticCache(config=model.config, max_cache_len=MAX_CACHE_LEN))
+        for resident in (4, 0):
+            cache = OffloadedStaticCache(model.config, 2, MAX_CACHE_LEN, device="cpu",
+                                         dtype=torch.bfloat16, resident_layers=resident)
+            got_tokens, got_logits = scores(cache)
+            self.assertEqual(got_tokens.tolist(), tokens.tolist(), f"resident={resident}")
+            self.assertTrue(torch.equal(got_logits, logits), f"resident={resident}: logits")
 
 
 if __name__ == "__main__":

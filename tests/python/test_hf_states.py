@@ -31,6 +31,12 @@ class GreedyMatchesTransformers(unittest.TestCase):
 
     def test_minimax(self):
         check_architecture(self, "minimax")
+        # Its forward masks the valid rows only: static shapes are off by default for it, and
+        # asking for them is refused rather than attending over unmasked rows.
+        model = make_model("minimax")
+        self.assertFalse(offloaded(model, 1).static_shapes)
+        with self.assertRaisesRegex(ValueError, "static_shapes=True is not supported"):
+            offloaded(model, 1, static_shapes=True)
 
 
 class States(unittest.TestCase):

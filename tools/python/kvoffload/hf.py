@@ -33,19 +33,20 @@ masking_utils.py, generation/utils.py and the models' attention and mixers):
 5. ``is_compileable`` lets generate compile the decode forward (on a CUDA device by default, on
    the CPU with ``CompileConfig(_compile_all_devices=True)``).
 
-What the cache returns: ``update`` of an offloaded layer returns only the valid rows, keys and
-values each [batch, kv_heads, len + n, head_dim] (len = tokens before this forward), as zero-copy
-*strided* views of the native cache's device buffer (token-major, so not contiguous; transformers'
-sdpa and eager attention take strided keys). ``get_mask_sizes`` answers (len + n, 0) for those
-layers, as transformers' DynamicLayer does, so the mask has one column per returned key. The views
-are valid until the next call on the cache (the next layer's update may reuse the buffer): they
-are for that layer's attention only. Window layers answer as transformers' static sliding layers
-do (kvoffload/hf_local.py). Under ``torch.compile`` the offloaded update is the custom op
-``torch.ops.kvoffload.update`` (kvoffload/hf_ops.py) and the lengths are Python ints, which
-dynamo turns into symbolic ints: the graph has no break at the cache and is reused for every
-length after the first decode steps. With ``static_shapes=True`` every offloaded layer returns
-``max_cache_len`` rows and every window its whole window, and a compiled forward reads no
-Python length at all, so one graph serves every decode step under ``dynamic=False`` too.
+What the cache returns: ``update`` of an offloaded layer returns keys and values each [batch,
+kv_heads, max_cache_len, head_dim], as transformers' StaticLayer does (the rows past the valid ones
+hidden by the mask), as zero-copy *strided* views of the native cache's device buffer (token-major,
+so not contiguous; transformers' sdpa and eager attention take strided keys); the views are made
+once per buffer, through DLPack, and are valid until the next call on the cache (the next layer's
+update may reuse the buffer): they are for that layer's attention only. With
+``static_shapes=False`` it returns only the valid rows, [batch, kv_heads, len + n, head_dim] (len =
+tokens before this forward), and ``get_mask_sizes`` answers (len + n, 0), as transformers'
+DynamicLayer does. Window layers answer as transformers' static sliding layers do
+(kvoffload/hf_local.py). Under ``torch.compile`` the offloaded update is the custom op
+``torch.ops.kvoffload.update`` (kvoffload/hf_ops.py), the cache named by a tensor (dynamo guards
+its shape, not its value, so a new cache of the same shape reuses the graph). With static shapes
+a compiled forward reads no Python length at all, so one graph serves every decode step under
+``dynamic=False``; without, the lengths are Python ints that dynamo turns into symbolic ints.
 
 Tensor parallelism: on a model loaded with ``tp_plan="auto"`` under ``torchrun``, each rank's cache
 holds that rank's KV heads, read from the model's config and torch.distributed; the ranks agree on
@@ -216,17 +217,22 @@ class OffloadedStaticCache(Cache):
             and values in ``dtype``: new tensors then, not views (2 x rows x heads x head size x
             its element size per layer's update, in torch's allocator, freed after that layer's
             attention). Windows and states stay in ``dtype``.
-        static_shapes: False: ``update`` returns the valid rows of an offloaded layer, one more
-            every step. True: it returns all ``max_cache_len`` rows per batch row and
-            ``get_mask_sizes`` answers ``(max_cache_len, 0)``, as transformers' StaticCache does,
-            so a compiled decode step keeps its shapes: ``torch.compile(..., dynamic=False)``
-            compiles once, and generate compiles on CUDA by itself (CUDA graphs,
-            ``is_compileable`` True there). Only the valid rows are copied either way; what the
-            mode adds is attention over masked rows, whose values are finite (zeros, or rows of
-            an earlier layer or step). None (the default): True on a CUDA device, where generate
-            compiles a static cache's decode step by default; False on the CPU, where it compiles
-            only when asked (pass True for ``CompileConfig(dynamic=False)``, as transformers' own
-            compile tests run; with ``dynamic=None`` the lengths become symbolic instead).
+        static_shapes: True (the default): ``update`` returns all ``max_cache_len`` rows per
+            batch row and ``get_mask_sizes`` answers ``(max_cache_len, 0)``, as transformers'
+            StaticCache does: the model computes what it computes with StaticCache, logits bit
+            for bit in every dtype, and a compiled decode step keeps its shapes, so
+            ``CompileConfig(fullgraph=True, dynamic=False)`` compiles it once and a second
+            ``generate`` with a new cache of the same shape reuses the graph (generate compiles
+            on CUDA by itself, with CUDA graphs). Only the valid rows are copied; what it costs is
+            attention over the masked rows past them (finite values: zeros, or rows of an earlier
+            layer or step), ``max_cache_len`` keys per step instead of the valid ones. False:
+            ``update`` returns the valid rows, one more every step, and attention reads only
+            those, which is faster eagerly while the cache is mostly empty (a long
+            ``max_cache_len`` with short generations), but in bf16 and fp16 a softmax over fewer
+            columns rounds differently from StaticCache's and can flip a greedy token at a
+            near-tie; compiled, the lengths become symbolic (``dynamic=None``) or every step
+            recompiles (``dynamic=False``). None: True, but False for models whose forward
+            insists on a cache class of their own (MiniMax), which mask the valid rows only.
 
     Raises:
         UnsupportedModelError: the model has layers the cache cannot serve (named, with why).
@@ -277,8 +283,14 @@ class OffloadedStaticCache(Cache):
                      for s in specs]
         self._specs = specs
         self.device = _resolve_device(device)
+        own_cache_class = getattr(text_config, "model_type", None) in _MODEL_CACHE_CLASSES
         if static_shapes is None:
-            static_shapes = self.device.type == "cuda"
+            static_shapes = not own_cache_class
+        elif static_shapes and own_cache_class:
+            raise ValueError(
+                f"static_shapes=True is not supported for {text_config.model_type}: its forward "
+                "builds masks for the valid rows only (it insists on a cache class of its own, "
+                "which generate does not compile for); leave static_shapes unset")
         self.static_shapes = static_shapes
         self.dtype = _resolve_dtype(dtype, text_config)
         self.kv_dtype = _resolve_kv_dtype(kv_dtype, self.dtype)

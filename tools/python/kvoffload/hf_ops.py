@@ -5,18 +5,18 @@ at the cache.
     keys, values = torch.ops.kvoffload.update(key_states, value_states, cache, layer, rows,
                                               max_seq)
 
-``cache`` is a live native cache's handle (``register``); ``layer`` its offloaded-layer index;
-``rows`` the keys it returns per batch row (tokens before this forward plus this forward's), which
-the Python side tracks as an int, so the output's shape is known while tracing (a symbolic int
-under dynamic shapes); ``max_seq`` the rows between two batch rows of the output: the cache's
-max_cache_len when the outputs are views of its device buffer, as in eager mode, and ``rows`` for
-a quantized cache, whose outputs are new dequantized tensors. Either way they are [batch,
-kv_heads, rows, head_dim] with strides [max_seq * kv_heads * head_dim, head_dim, kv_heads *
-head_dim, 1] (token-major; values with their own head_dim), which the fake implementation
-reproduces exactly so that compiled code indexes them as they are. The fake
-implementation reads nothing but its arguments: the handle and the layer may be symbolic ints, so
-a new cache of the same shape reuses a compiled graph (after at most one recompile, when dynamo
-first sees the handle change and makes it symbolic).
+``cache`` is a live native cache's handle (``register``) in a 0-d int64 CPU tensor: dynamo guards a
+tensor by its dtype, device and shape, never by its value, so a second cache of the same shape
+reuses the graph compiled for the first (an int would be specialized, and a new handle would
+recompile). ``layer`` is its offloaded-layer index; ``rows`` the keys it returns per batch row
+(tokens before this forward plus this forward's), which the Python side tracks as an int, so the
+output's shape is known while tracing (a symbolic int under dynamic shapes); ``max_seq`` the rows
+between two batch rows of the output: the cache's max_cache_len when the outputs are views of its
+device buffer, as in eager mode, and ``rows`` for a quantized cache, whose outputs are new
+dequantized tensors. Either way they are [batch, kv_heads, rows, head_dim] with strides [max_seq *
+kv_heads * head_dim, head_dim, kv_heads * head_dim, 1] (token-major; values with their own
+head_dim), which the fake implementation reproduces exactly so that compiled code indexes them as
+they are. The fake implementation reads nothing but its arguments' shapes.
 
 The op does host-side work (the per-step protocol, prefetch scheduling) that a CUDA graph would
 not replay, so it is tagged ``cudagraph_unsafe``: inductor keeps it out of captured graphs.
@@ -35,16 +35,18 @@ _CACHES: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionar
 _NEXT_HANDLE = itertools.count(1)
 
 
-def register(cache) -> int:
-    """A handle for ``cache`` (an OffloadedStaticCache with a native cache), valid while it lives."""
+def register(cache) -> torch.Tensor:
+    """A handle for ``cache`` (an OffloadedStaticCache with a native cache), valid while it lives:
+    a 0-d int64 CPU tensor, the op's ``cache`` argument."""
     handle = next(_NEXT_HANDLE)
     _CACHES[handle] = cache
-    return handle
+    return torch.tensor(handle, dtype=torch.int64)
 
 
 @torch.library.custom_op("kvoffload::update", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
-def update(key_states: torch.Tensor, value_states: torch.Tensor, cache: int, layer: int,
+def update(key_states: torch.Tensor, value_states: torch.Tensor, cache: torch.Tensor, layer: int,
            rows: int, max_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    cache = int(cache)
     owner = _CACHES.get(cache)
     if owner is None:
         raise RuntimeError(f"kvoffload.update: cache handle {cache} names no live cache")
