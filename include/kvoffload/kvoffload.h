@@ -257,7 +257,7 @@ typedef struct kvo_cache_stats {
   uint64_t reserved_bytes;
 } kvo_cache_stats;
 
-/* Since 0.4: what a saved-context file holds, from its headers alone (kvo_inspect_saved_context).
+/* New in 0.4: what a saved-context file holds, from its headers alone (kvo_inspect_saved_context).
  * A file holds one record per saved slot, all of one shape. */
 typedef struct kvo_saved_context_info {
   uint32_t struct_size; /* set by the caller: sizeof(kvo_saved_context_info) as it was compiled */
@@ -270,7 +270,7 @@ typedef struct kvo_saved_context_info {
   int32_t records; /* saved slots */
 } kvo_saved_context_info;
 
-/* Since 0.4: an incremental digest (kvo_bytes_digest_create) and a model's weights' digest
+/* New in 0.4: an incremental digest (kvo_bytes_digest_create) and a model's weights' digest
  * (kvo_weights_digest_create); both opaque. */
 typedef struct kvo_bytes_digest kvo_bytes_digest_t;
 typedef struct kvo_weights_digest kvo_weights_digest_t;
