@@ -6,10 +6,10 @@
 #   lib/        every shared library they load besides glibc, the NVIDIA driver and cuBLAS:
 #               Google Benchmark, the tokenizers' PCRE2, utf8proc, SentencePiece and protobuf-lite,
 #               the C++ runtime, and OpenBLAS with libgfortran (loaded at run time, not linked)
-#   kvoffload/  `cmake --install` of the library, for building the Python package there against
-#               that machine's PyTorch (tools/python/CMakeLists.txt)
+#   wheel/      the Python package's wheel (pyproject.toml, built with CUDA), which the GPU
+#               machine installs as a user would, beside its own PyTorch: it links no torch
 #   commit, MANIFEST
-# Nothing is compiled or configured on the GPU machine but that Python module. cuBLAS is the GPU
+# Nothing is compiled or configured on the GPU machine. cuBLAS is the GPU
 # machine's own: tools/device-check.sh looks for libcublas.so.13 in the CUDA toolkit's lib64 and
 # then in the nvidia-cublas wheel beside PyTorch, and stops, naming both places, where it finds
 # neither.
@@ -57,8 +57,7 @@ out=${out:-$build/device-carry.tar.xz}
 
 targets=(cuda_cache_test model_cuda_test model_cuda_attention_test model_cuda_quant_test
          model_cuda_blocks_test kvo-generate kvo-replay kvo_bench_bandwidth kvo_bench_decode_compare kvo_bench_attention)
-cmake --build "$build" -j "$jobs" --target "${targets[@]}" kvoffload_shared kvoffload_planner \
-  >/dev/null  # and what `cmake --install` below installs
+cmake --build "$build" -j "$jobs" --target "${targets[@]}" >/dev/null
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
@@ -81,8 +80,11 @@ done | sort -u | grep -v '/libopenblas' |
   grep -vE '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libcuda|libcublas[^/]*|libcudart)\.so' |
   while read -r lib; do cp -L "$lib" "$carry/lib/"; done
 strip --strip-unneeded "$carry"/lib/* 2>/dev/null || true
-cmake --install "$build" --prefix "$carry/kvoffload" >/dev/null
-rm -f "$carry"/kvoffload/lib/*.a "$carry"/kvoffload/lib/cmake/kvoffload/kvoffload-{static,torch}-targets*.cmake
+# The wheel a user's `pip wheel .` makes, with the CUDA backend (its build kept beside the tree's
+# build, so a second run is incremental).
+"$("$root/tools/python-env.sh")/bin/python" -m pip wheel --quiet --disable-pip-version-check \
+  --no-deps --wheel-dir "$carry/wheel" -C build-dir="$build/wheel-build" \
+  -C cmake.define.KVO_WITH_CUDA=ON "$root" >/dev/null
 git -C "$root" rev-parse HEAD >"$carry/commit" 2>/dev/null || echo unknown >"$carry/commit"
 (cd "$carry" && find . -type f -printf '%s %p\n' | sort -k2) >"$carry/MANIFEST"
 

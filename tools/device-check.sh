@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one check to run on a machine with a GPU: every CUDA path proven or disproven and its
 # figures judged, under one deadline. It runs the archive tools/device-build.sh makes (carried
-# over with the tree; nothing is configured or compiled there but the Python package's native
-# module, against that machine's own PyTorch). In order: what has never run first, then the new
+# over with the tree; nothing is configured or compiled there: the Python package is the carried
+# wheel, installed beside that machine's own PyTorch). In order: what has never run first, then the new
 # paths, then the long figures:
 #   env        the GPU, driver, PCIe link, CPUs and memory; cuBLAS found (the toolkit's lib64,
 #              then the nvidia-cublas wheel beside PyTorch)
@@ -10,9 +10,9 @@
 #   tests      the CUDA tests of the cache, the ring, the decoder, attention, quantized rows,
 #              sampling and GGUF blocks, with KVO_REQUIRE_CUDA=1 (a missing GPU fails them
 #              instead of skipping)
-#   dropin     the Python package built there (on the CPUs from the start, beside the GPU steps),
+#   dropin     the carried wheel installed there (pip, no index, beside the machine's PyTorch),
 #              and tests/python/test_hf_cuda.py with KVO_REQUIRE_CUDA=1; SKIPPED, with the reason,
-#              where the machine has no Python.h or a transformers older than 5.24
+#              where the machine has no transformers 5.24 or later
 #   split      kvo-generate at 128K, every layer streamed, --split off and --split auto
 #   bandwidth  pinned H2D and D2H copies
 #   attention  the attention kernels alone (bf16, then int8 over bf16 tiles) against the HBM copy
@@ -320,38 +320,19 @@ export -f bin_path with_libs run_bin bench gtest sanitize generate keep_as
 
 # The drop-in's native module compiles on the CPUs while the GPU steps run (its step below only
 # waits for it), under the same deadline.
-wait_dropin_build() {
-  while [ ! -f "$work/dropin_build.rc" ]; do sleep 1; done
-  cat "$work/dropin_build.log"
-  return "$(cat "$work/dropin_build.rc")"
-}
-export -f wait_dropin_build
-# Probed before relying on them: Python's headers (the module compiles against them) and the
-# transformers the drop-in is checked with. Without them the drop-in's steps are SKIPPED with the
-# reason, not failed: they are the machine's, not the code's.
+# Probed before relying on it: the transformers the drop-in is checked with. Without it the
+# drop-in's steps are SKIPPED with the reason, not failed: it is the machine's, not the code's.
 dropin_absent=""
-if [ "$backend" = cuda ] && [ -d "$build/kvoffload" ]; then
-  if ! python3 -c 'import os, sys, sysconfig
-sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
-      2>/dev/null; then
-    dropin_absent="no Python.h for $(python3 --version 2>&1) (its -dev headers)"
-  else
-    tf=$(python3 -c "import transformers; print(transformers.__version__)" 2>/dev/null)
-    if [ -z "$tf" ]; then
-      dropin_absent="no transformers in this machine's Python"
-    elif ! python3 -c "import sys; v = tuple(int(x) for x in sys.argv[1].split('.')[:2])
+wheel=""
+for f in "$build"/wheel/kvoffload-*.whl; do [ -f "$f" ] && wheel=$f; done
+if [ "$backend" = cuda ] && [ -n "$wheel" ]; then
+  tf=$(python3 -c "import transformers; print(transformers.__version__)" 2>/dev/null)
+  if [ -z "$tf" ]; then
+    dropin_absent="no transformers in this machine's Python"
+  elif ! python3 -c "import sys; v = tuple(int(x) for x in sys.argv[1].split('.')[:2])
 sys.exit(v < (5, 24))" "$tf" 2>/dev/null; then
-      dropin_absent="transformers $tf here; the drop-in is checked with 5.24 or later"
-    fi
+    dropin_absent="transformers $tf here; the drop-in is checked with 5.24 or later"
   fi
-fi
-if [ "$backend" = cuda ] && [ -d "$build/kvoffload" ] && [ -z "$dropin_absent" ] &&
-   { [ -z "$only" ] || [[ $only == *",dropin,"* ]] || [[ $only == *",dropin_build,"* ]]; }; then
-  ( timeout -k 5 "$(left)" sh -c 'cmake -S "$0/tools/python" -B "$1/py" \
-        -DCMAKE_PREFIX_PATH="$2/kvoffload" -DPython3_EXECUTABLE="$(command -v python3)" &&
-      cmake --build "$1/py" -j "$(( $(nproc) / 2 > 1 ? $(nproc) / 2 : 1 ))"' "$root" "$work" "$build" \
-      >"$work/dropin_build.log" 2>&1
-    echo $? >"$work/dropin_build.rc" ) &
 fi
 
 # The time goes first to what has never run: the CUDA tests, then the new paths (the drop-in with
@@ -366,14 +347,15 @@ if [ "$backend" = cuda ]; then
   done
 fi
 
-# The drop-in on CUDA tensors: the package built against this machine's PyTorch and the carried
-# library, then its CUDA tests.
+# The drop-in on CUDA tensors: the carried wheel installed beside this machine's PyTorch, then its
+# CUDA tests.
 if [ -n "$dropin_absent" ] && { [ -z "$only" ] || [[ $only == *",dropin,"* ]]; }; then
   say "dropin: SKIPPED, $dropin_absent"
   record dropin SKIPPED 0 "prerequisite absent: $dropin_absent"
-elif [ -z "$dropin_absent" ] && [ "$backend" = cuda ] && [ -d "$build/kvoffload" ]; then
-  step dropin_build 150 -- wait_dropin_build
-  step dropin 90 -- env KVO_REQUIRE_CUDA=1 PYTHONPATH="$work/py/python:$root/tests/python" \
+elif [ -z "$dropin_absent" ] && [ "$backend" = cuda ] && [ -n "$wheel" ]; then
+  step dropin_install 60 -- python3 -m pip install --no-deps --no-index --quiet \
+    --disable-pip-version-check --target "$work/py" "$wheel"
+  step dropin 90 -- env KVO_REQUIRE_CUDA=1 PYTHONPATH="$work/py:$root/tests/python" \
     PYTHONDONTWRITEBYTECODE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     TRANSFORMERS_VERBOSITY=error python3 -m unittest discover -v -s "$root/tests/python" \
     -p test_hf_cuda.py
