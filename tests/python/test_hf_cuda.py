@@ -40,7 +40,7 @@ class OnCuda(unittest.TestCase):
         )
 
     def make_cache(self, resident_layers, static_shapes=False):
-        # Eager, valid rows only, unless asked: static shapes (the default on CUDA) make generate
+        # Eager, valid rows only, unless asked: static shapes (the default) make generate
         # compile, which test_cuda_graphs_with_static_shapes checks.
         return OffloadedStaticCache(
             self.model.config, BATCH, MAX_CACHE_LEN, device=self.device, dtype=torch.float32,
@@ -106,7 +106,7 @@ class OnCuda(unittest.TestCase):
         timings = {}
         for label, make in (("StaticCache", lambda: StaticCache(config=self.model.config,
                                                                  max_cache_len=MAX_CACHE_LEN)),
-                            ("streamed", lambda: OffloadedStaticCache(  # static by default here
+                            ("streamed", lambda: OffloadedStaticCache(  # static by default
                                 self.model.config, BATCH, MAX_CACHE_LEN, device=self.device,
                                 dtype=torch.float32, resident_layers=0)),
                             ("resident", lambda: self.make_cache(4, static_shapes=True))):
@@ -132,6 +132,29 @@ class OnCuda(unittest.TestCase):
             timings[label] = NEW_TOKENS / (time.perf_counter() - start)
         print("decode tokens/s with CUDA graphs (tiny Llama, prefill included): " +
               ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+
+    def test_a_new_cache_reuses_the_compiled_graph(self):
+        """Defaults, as transformers' compile tests run them (fullgraph, dynamic=False, generate's
+        own CUDA graphs): a second generate with a new cache of the same shape, and a shorter
+        prompt, reuses the first one's graph."""
+        config = CompileConfig(fullgraph=True, dynamic=False)
+        torch._dynamo.reset()
+        if hasattr(self.model, "_compiled_call"):
+            del self.model._compiled_call
+        torch._dynamo.utils.counters.clear()
+        for length in (PROMPT, PROMPT - 5):
+            ids, mask = self.ids[:, -length:], self.mask[:, -length:]
+            expected = self.model.generate(
+                ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS,
+                cache=StaticCache(config=self.model.config, max_cache_len=MAX_CACHE_LEN))
+            cache = OffloadedStaticCache(self.model.config, BATCH, MAX_CACHE_LEN,
+                                         device=self.device, dtype=torch.float32,
+                                         resident_layers=0)
+            got = self.model.generate(ids, attention_mask=mask, do_sample=False,
+                                      max_new_tokens=NEW_TOKENS, cache=cache,
+                                      compile_config=config)
+            self.assertEqual(got.tolist(), expected.tolist(), f"a {length}-token prompt")
+        self.assertEqual(torch._dynamo.utils.counters["stats"]["unique_graphs"], 1)
 
 
 if __name__ == "__main__":
