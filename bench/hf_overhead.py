@@ -16,17 +16,18 @@ the time from the first generated token to the last (the prefill is not in it).
 
 Update time per decode step: the time spent in the cache's update calls (all layers) during the
 decode steps, and for the kvoffload variants its split: `native` is the time inside the native
-update (the C++ adapter: the per-step protocol, the appends, and streamed, waiting for a layer's
-prefix copy), `python` the rest of the update call (dispatch and bookkeeping in kvoffload/hf.py),
-`acquire_wait` the part of `native` spent waiting for prefix copies (the host backend copies on
-its own threads, behind the model's compute). Timing adds a little to every variant alike.
+update (kvoffload/_native.py over the C ABI: the checks, the per-step protocol, the appends, and
+streamed, waiting for a layer's prefix copy), `python` the rest of the update call (dispatch and
+bookkeeping in kvoffload/hf.py), `acquire_wait` the part of `native` spent waiting for prefix
+copies (the host backend copies on its own threads, behind the model's compute). Timing adds a
+little to every variant alike.
 
 Update alone (`update_only`): the same caches driven without the model, one decode step at a
 time after a --prompt token prefill of random keys and values, --steps steps: `cache_update_us`
 per layer through OffloadedStaticCache.update (what transformers calls), `native_update_us` per
-layer through the native update directly; their difference is the Python per layer. Streamed,
-`acquire_wait_us` is the part of the native time spent waiting for a layer's prefix copy (with no
-model compute to hide it behind), per layer.
+layer through the native update directly; their difference is the drop-in's own Python per
+layer. Streamed, `acquire_wait_us` is the part of the native time spent waiting for a layer's
+prefix copy (with no model compute to hide it behind), per layer.
 
 With --compile, the same three variants also run through generate's own compile path
 (CompileConfig(backend="inductor", fullgraph=True), on the CPU with _compile_all_devices), after
@@ -113,9 +114,10 @@ def make_cache(variant, model, args):
     if variant == "static":
         return StaticCache(config=model.config, max_cache_len=args.max_cache_len)
     layers = model.config.num_hidden_layers
+    static_shapes = {"default": None, "on": True, "off": False}[args.static_shapes]
     return OffloadedStaticCache(
         model.config, 1, args.max_cache_len, device="cpu", dtype=model.dtype,
-        resident_layers=layers if variant == "resident" else 0,
+        resident_layers=layers if variant == "resident" else 0, static_shapes=static_shapes,
     )
 
 
@@ -240,6 +242,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=50, help="decode steps of update_only")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
+    parser.add_argument("--static-shapes", choices=("default", "on", "off"), default="default",
+                        help="the kvoffload caches' static_shapes (default: the cache's default)")
     parser.add_argument("--compile", action="store_true",
                         help="also run through generate's compile path (inductor)")
     parser.add_argument("--json", help="also write the JSON here")
@@ -271,6 +275,7 @@ def main():
         "new": args.new,
         "max_cache_len": args.max_cache_len,
         "repeats": args.repeats,
+        "static_shapes": args.static_shapes,
         "update_only": update_only(model, args),
     }
     config = None

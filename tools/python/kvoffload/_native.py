@@ -332,12 +332,17 @@ class Cache:
                                               C.byref(row_bytes)))
                 setattr(self, name, row_bytes.value)
         self._view = _capi.View(struct_size=C.sizeof(_capi.View))
+        self._view_ref = C.byref(self._view)
+        self._cuda = cuda
+        self._k_heads_dim = torch.Size((kv_heads, head_dim))
+        self._v_heads_dim = torch.Size((kv_heads, self._v_head_dim))
         self._views: dict = {}  # (k, v) addresses -> their whole-buffer tensors
         self._new_tokens = (C.c_int32 * slots)()
         self._in_step = False
         self._held_layer = -1  # acquired and not yet released
         self._step_tokens = 0  # n of the open step
         self._step_batch = 0  # rows of the open step: slots [0, step_batch)
+        self._step_length = 0  # rows each of them held before the open step
         self._held_stream = None  # the stream the held layer was updated on
 
     def _check(self, status: int) -> None:
@@ -371,18 +376,9 @@ class Cache:
                              f"{self._slots} (batch <= slots), {self._kv_heads} (kv_heads), "
                              f"n >= 1 (tokens), {head_dim} (head_dim)]")
 
-    def update(self, key_states, value_states, layer: int):
-        """Appends key_states and value_states, each [batch, kv_heads, n, head_dim], as rows
-        [len, len + n) of layer `layer`, and returns the (keys, values) to attend over."""
-        if not 0 <= layer < self._layers:
-            raise ValueError(f"update: layer_idx {layer} is out of range (the cache has "
-                             f"{self._layers} layers)")
-        self._check_states(key_states, "key_states", self._head_dim, layer)
-        self._check_states(value_states, "value_states", self._v_head_dim, layer)
-        batch, _, n, _ = key_states.shape
-        if value_states.shape[0] != batch or value_states.shape[2] != n:
-            raise ValueError(f"update of layer {layer}: key_states {list(key_states.shape)} and "
-                             f"value_states {list(value_states.shape)} differ in batch or tokens")
+    def _begin(self, batch: int, n: int) -> int:
+        """At layer 0: checks the step can start and returns the length it starts from (the
+        same for every row of the batch); changes nothing."""
         committed = self._length(0)
         for s in range(1, batch):
             if self._length(s) != committed:
@@ -390,34 +386,61 @@ class Cache:
                     f"update: rows of the batch hold different lengths (slot 0: {committed}, "
                     f"slot {s}: {self._length(s)}); the cache keeps every row at the same "
                     "position")
+        if self._in_step and self._held_layer != self._layers - 1:
+            raise RuntimeError(
+                f"update of layer 0 while the open step has updated only layers [0, "
+                f"{self._held_layer + 1}) of {self._layers} (every layer is updated once per "
+                "step, in order; reset() drops the step)")
+        length = committed + (self._step_tokens if self._in_step else 0)
+        if length + n > self._max_seq:
+            raise ValueError(f"update: {n} more tokens after {length} would pass "
+                             f"max_cache_len ({self._max_seq})")
+        return length
+
+    def _continue(self, layer: int, batch: int, n: int) -> None:
+        """At a layer after 0: checks it is the step's next one, with layer 0's rows."""
+        if not self._in_step:
+            raise RuntimeError(f"update of layer {layer} before layer 0 of a step (layers "
+                               "are updated in order 0, 1, ...)")
+        if layer != self._held_layer + 1:
+            expected = ("every layer of the step was updated; layer 0 starts the next"
+                        if self._held_layer + 1 == self._layers
+                        else f"expected layer {self._held_layer + 1}")
+            raise RuntimeError(f"update of layer {layer} out of order: {expected}")
+        if n != self._step_tokens:
+            raise ValueError(f"update of layer {layer} with {n} tokens, but layer 0 of this "
+                             f"step had {self._step_tokens}")
+        if batch != self._step_batch:
+            raise ValueError(f"update of layer {layer} with a batch of {batch} rows, but "
+                             f"layer 0 of this step had {self._step_batch}")
+
+    def update(self, key_states, value_states, layer: int):
+        """Appends key_states and value_states, each [batch, kv_heads, n, head_dim], as rows
+        [len, len + n) of layer `layer`, and returns the (keys, values) to attend over."""
+        # Every check runs before anything changes; the common case costs a few comparisons.
+        if not 0 <= layer < self._layers:
+            raise ValueError(f"update: layer_idx {layer} is out of range (the cache has "
+                             f"{self._layers} layers)")
+        k_shape = getattr(key_states, "shape", None)
+        v_shape = getattr(value_states, "shape", None)
+        if (k_shape is None or v_shape is None or len(k_shape) != 4 or len(v_shape) != 4
+                or key_states.dtype != self._dtype or value_states.dtype != self._dtype
+                or key_states.device != self._device or value_states.device != self._device
+                or k_shape[1:2] + k_shape[3:] != self._k_heads_dim
+                or v_shape[1:2] + v_shape[3:] != self._v_heads_dim
+                or not 1 <= k_shape[0] <= self._slots or k_shape[2] < 1):
+            self._check_states(key_states, "key_states", self._head_dim, layer)
+            self._check_states(value_states, "value_states", self._v_head_dim, layer)
+        batch, n = k_shape[0], k_shape[2]
+        if v_shape[0] != batch or v_shape[2] != n:
+            raise ValueError(f"update of layer {layer}: key_states {list(k_shape)} and "
+                             f"value_states {list(v_shape)} differ in batch or tokens")
         starts_step = layer == 0
-        length = committed
         if starts_step:
-            if self._in_step and self._held_layer != self._layers - 1:
-                raise RuntimeError(
-                    f"update of layer 0 while the open step has updated only layers [0, "
-                    f"{self._held_layer + 1}) of {self._layers} (every layer is updated once per "
-                    "step, in order; reset() drops the step)")
-            if self._in_step:
-                length += self._step_tokens
-            if length + n > self._max_seq:
-                raise ValueError(f"update: {n} more tokens after {length} would pass "
-                                 f"max_cache_len ({self._max_seq})")
+            length = self._begin(batch, n)
         else:
-            if not self._in_step:
-                raise RuntimeError(f"update of layer {layer} before layer 0 of a step (layers "
-                                   "are updated in order 0, 1, ...)")
-            if layer != self._held_layer + 1:
-                expected = ("every layer of the step was updated; layer 0 starts the next"
-                            if self._held_layer + 1 == self._layers
-                            else f"expected layer {self._held_layer + 1}")
-                raise RuntimeError(f"update of layer {layer} out of order: {expected}")
-            if n != self._step_tokens:
-                raise ValueError(f"update of layer {layer} with {n} tokens, but layer 0 of this "
-                                 f"step had {self._step_tokens}")
-            if batch != self._step_batch:
-                raise ValueError(f"update of layer {layer} with a batch of {batch} rows, but "
-                                 f"layer 0 of this step had {self._step_batch}")
+            self._continue(layer, batch, n)
+            length = self._step_length
 
         # Appends take each row [n][kv_heads][head_dim] contiguous, as the cache stores it
         # (quantized: [n][row bytes], made here on the tensors' device).
@@ -426,7 +449,7 @@ class Cache:
         if self._quantized:
             k_rows = _quantize_rows(k_rows, self._stored, self._k_row_bytes)
             v_rows = _quantize_rows(v_rows, self._stored, self._v_row_bytes)
-        stream = self._stream()
+        stream = self._stream() if self._cuda else None
         handle = self._handle
         if starts_step:
             if self._in_step:
@@ -437,22 +460,25 @@ class Cache:
                 self._new_tokens[s] = n if s < batch else 0
             self._check(lib.kvo_begin_step(handle, self._new_tokens, self._slots))
             self._in_step = True
-            self._step_tokens, self._step_batch = n, batch
+            self._step_tokens, self._step_batch, self._step_length = n, batch, length
         else:
             self._check(lib.kvo_release(handle, self._held_layer, self._held_stream))
         self._held_layer = -1
-        view = self._view
-        self._check(lib.kvo_acquire(handle, layer, C.byref(view), stream))
+        self._check(lib.kvo_acquire(handle, layer, self._view_ref, stream))
         self._held_layer = layer
         self._held_stream = stream
         self._last_stream[0] = stream
         k_base, v_base = k_rows.data_ptr(), v_rows.data_ptr()
-        k_step = k_rows.stride(0) * k_rows.element_size()
-        v_step = v_rows.stride(0) * v_rows.element_size()
-        for s in range(batch):
-            self._check(lib.kvo_append(handle, layer, s, k_base + s * k_step, v_base + s * v_step,
-                                       n, stream))
+        if batch == 1:
+            self._check(lib.kvo_append(handle, layer, 0, k_base, v_base, n, stream))
+        else:
+            k_step = k_rows.stride(0) * k_rows.element_size()
+            v_step = v_rows.stride(0) * v_rows.element_size()
+            for s in range(batch):
+                self._check(lib.kvo_append(handle, layer, s, k_base + s * k_step,
+                                           v_base + s * v_step, n, stream))
 
+        view = self._view
         rows = self._max_seq if self._static_shapes else length + n  # returned per batch row
         keys, values = self._buffers(view)
         if self._quantized:
