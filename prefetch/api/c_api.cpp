@@ -67,6 +67,15 @@ void check_count(const kvo_cache& c, std::int32_t count, const char* what) {
   }
 }
 
+// A count of slots for kvo_save_slots and kvo_load_slots, checked before an int is read.
+void check_slot_count(const kvo_cache& c, std::int32_t count) {
+  if (count < 1 || count > c.cache.config().slots) {
+    throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
+                     "count is " + std::to_string(count) + ", and the cache has " +
+                         std::to_string(c.cache.config().slots) + " slots");
+  }
+}
+
 kvo::SplitMode to_split(int mode) {
   switch (mode) {
     case KVO_SPLIT_OFF:
@@ -501,11 +510,7 @@ kvo_status kvo_save_slots(kvo_cache_t* cache, const int32_t* slots, int32_t coun
   return on_cache(cache, "kvo_save_slots", [&](kvo_cache& c) {
     require(path, "path is NULL");
     require(slots, "slots is NULL");
-    if (count < 1 || count > c.cache.config().slots) {  // checked before an int is read
-      throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
-                       "count is " + std::to_string(count) + ", and the cache has " +
-                           std::to_string(c.cache.config().slots) + " slots");
-    }
+    check_slot_count(c, count);
     std::vector<kvo::SlotContext> contexts(static_cast<std::size_t>(count));
     const int32_t* next = tokens;
     for (int32_t i = 0; i < count; ++i) {
@@ -529,11 +534,7 @@ kvo_status kvo_load_slots(kvo_cache_t* cache, const int32_t* slots, int32_t coun
     require(path, "path is NULL");
     require(slots, "slots is NULL");
     require(out_token_counts, "out_token_counts is NULL");
-    if (count < 1 || count > c.cache.config().slots) {  // checked before an int is read
-      throw kvo::Error(kvo::ErrorCode::kInvalidArgument,
-                       "count is " + std::to_string(count) + ", and the cache has " +
-                           std::to_string(c.cache.config().slots) + " slots");
-    }
+    check_slot_count(c, count);
     if (tokens_capacity < 0) {
       throw CallError{KVO_ERROR_INVALID_ARGUMENT, "tokens_capacity is negative"};
     }
