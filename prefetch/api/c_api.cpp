@@ -253,7 +253,7 @@ const char* kvo_status_name(kvo_status status) {
 }
 
 kvo_status kvo_cuda_device_count(int32_t* out_count) {
-  return guarded(thread_message, "kvo_cuda_device_count", [&] {
+  return on_thread("kvo_cuda_device_count", [&] {
     require(out_count, "out_count is NULL");
     *out_count = kvo::cuda_device_count();
   });
@@ -281,7 +281,7 @@ kvo::DType quantized_dtype(int dtype, std::int32_t kv_heads, std::int32_t dim, s
 }  // namespace
 
 kvo_status kvo_row_bytes(kvo_dtype dtype, int32_t kv_heads, int32_t dim, uint64_t* out_bytes) {
-  return guarded(thread_message, "kvo_row_bytes", [&] {
+  return on_thread("kvo_row_bytes", [&] {
     require(out_bytes, "out_bytes is NULL");
     if (kv_heads <= 0 || dim <= 0) {
       throw kvo::Error(kvo::ErrorCode::kInvalidArgument, "kv_heads and dim must be positive; got " +
@@ -294,7 +294,7 @@ kvo_status kvo_row_bytes(kvo_dtype dtype, int32_t kv_heads, int32_t dim, uint64_
 
 kvo_status kvo_quantize_rows(kvo_dtype dtype, int32_t kv_heads, int32_t dim, const float* src,
                              int64_t rows, void* dst) {
-  return guarded(thread_message, "kvo_quantize_rows", [&] {
+  return on_thread("kvo_quantize_rows", [&] {
     const kvo::DType d = quantized_dtype(stored_int(dtype), kv_heads, dim, rows);
     if (rows == 0) return;
     require(src, "src is NULL");
@@ -310,7 +310,7 @@ kvo_status kvo_quantize_rows(kvo_dtype dtype, int32_t kv_heads, int32_t dim, con
 
 kvo_status kvo_dequantize_rows(kvo_dtype dtype, int32_t kv_heads, int32_t dim, const void* src,
                                int64_t rows, float* dst) {
-  return guarded(thread_message, "kvo_dequantize_rows", [&] {
+  return on_thread("kvo_dequantize_rows", [&] {
     const kvo::DType d = quantized_dtype(stored_int(dtype), kv_heads, dim, rows);
     if (rows == 0) return;
     require(src, "src is NULL");
@@ -330,7 +330,7 @@ const char* kvo_last_error(const kvo_cache_t* cache) {
 }
 
 kvo_status kvo_cache_options_init(kvo_cache_options* options, uint32_t struct_size) {
-  return guarded(thread_message, "kvo_cache_options_init", [&] {
+  return on_thread("kvo_cache_options_init", [&] {
     require(options, "options is NULL");
     check_struct_size(struct_size, kOptionsBase, "options");
     // A larger struct is a newer header's, whose defaults this library cannot know.
@@ -350,7 +350,7 @@ kvo_status kvo_cache_options_init(kvo_cache_options* options, uint32_t struct_si
 }
 
 kvo_status kvo_cache_create(const kvo_cache_options* options, kvo_cache_t** out_cache) {
-  return guarded(thread_message, "kvo_cache_create", [&] {
+  return on_thread("kvo_cache_create", [&] {
     require(out_cache, "out_cache is NULL");
     *out_cache = nullptr;
     require(options, "options is NULL");
@@ -561,7 +561,7 @@ kvo_status kvo_load_slots(kvo_cache_t* cache, const int32_t* slots, int32_t coun
 }
 
 kvo_status kvo_plan(const kvo_cache_options* options, kvo_cache_stats* out_plan) {
-  return guarded(thread_message, "kvo_plan", [&] {
+  return on_thread("kvo_plan", [&] {
     require(options, "options is NULL");
     require(out_plan, "out_plan is NULL");
     check_struct_size(out_plan->struct_size, kStatsBase, "out_plan");

@@ -166,8 +166,7 @@ def library_path() -> str:
     return beside
 
 
-def _load() -> C.CDLL:
-    path = library_path()
+def _load(path: str) -> C.CDLL:
     lib = C.CDLL(path)  # CDLL: every call releases the GIL
     for name, argtypes in _PROTOTYPES.items():
         try:
@@ -186,8 +185,8 @@ def _load() -> C.CDLL:
     return lib
 
 
-lib = _load()
 PATH = library_path()
+lib = _load(PATH)
 VERSION = lib.kvo_version().decode()
 
 

@@ -355,7 +355,7 @@ class Cache:
         return out.value
 
     def _stream(self):
-        if self._device.type != "cuda":
+        if not self._cuda:
             return None  # the host backend: synchronous, like CPU tensors
         return torch.cuda.current_stream(self._device).cuda_stream or None
 
@@ -449,7 +449,7 @@ class Cache:
         if self._quantized:
             k_rows = _quantize_rows(k_rows, self._stored, self._k_row_bytes)
             v_rows = _quantize_rows(v_rows, self._stored, self._v_row_bytes)
-        stream = self._stream() if self._cuda else None
+        stream = self._stream()
         handle = self._handle
         if starts_step:
             if self._in_step:
