@@ -520,6 +520,42 @@ KVO_API kvo_status kvo_load_slots(kvo_cache_t* cache, const int32_t* slots, int3
  * REQUIRES: out_stats != NULL with out_stats->struct_size set. */
 KVO_API kvo_status kvo_stats(const kvo_cache_t* cache, kvo_cache_stats* out_stats);
 
+/* ---- split attention's host part (since 0.5) ------------------------------------------------ */
+
+/* Decode attention over the rows a split view leaves in host memory (kvo_layer_view.host_k and
+ * host_v), in place, on threads of its own: what a caller attends there while the device attends
+ * the rows past the split, the two merged by their log-sum-exp. Opaque; one call at a time on
+ * each. Its calls report failures through kvo_last_error(NULL). */
+typedef struct kvo_host_attention kvo_host_attention_t;
+
+/* New in 0.5: an attention for rows of `dtype` with kv_heads heads of head_dim (K and V alike)
+ * and `heads` query heads (a multiple of kv_heads, a GQA group per kv head), at most max_rows
+ * query rows a call, on `threads` threads (0: every core this process may use). Scores are
+ * q . k * scale (scale 0: 1 / sqrt(head_dim)), then softcap * tanh(score / softcap) where
+ * softcap > 0. Destroy frees it (NULL is a no-op).
+ * REQUIRES: out_attention != NULL; heads, kv_heads, head_dim, max_rows >= 1; threads >= 0;
+ * scale and softcap finite, softcap >= 0. */
+KVO_API kvo_status kvo_host_attention_create(int32_t heads, int32_t kv_heads, int32_t head_dim,
+                                             kvo_dtype dtype, int32_t max_rows, int32_t threads,
+                                             float scale, float softcap,
+                                             kvo_host_attention_t** out_attention);
+KVO_API void kvo_host_attention_destroy(kvo_host_attention_t* attention);
+
+/* New in 0.5: row i, the query q[i] [heads][head_dim] (f32, host memory) of slot slots[i],
+ * attends keys [key_begin[i], key_end[i]) of that slot's host rows in `view` (a layer held
+ * between kvo_acquire and kvo_release whose view has host_k and host_v: a streamed layer of a
+ * step that splits). out [rows][heads][head_dim] gets the normalized outputs; lse [rows][heads],
+ * unless NULL, their log-sum-exp in log2 (FlashInfer's convention: log2 of the sum over the keys
+ * of 2^(score * log2 e)). A row of no keys gives out 0 and lse -inf.
+ * REQUIRES: 1 <= rows <= max_rows; the view's dtype, kv_heads and head_dim the attention's, and
+ * its v_head_dim equal to head_dim; slots distinct, in [0, view->slots); 0 <= key_begin[i] <=
+ * key_end[i] <= view->lengths[slots[i]] (rows committed before this step). */
+KVO_API kvo_status kvo_host_attention_run(kvo_host_attention_t* attention,
+                                          const kvo_layer_view* view, const float* q,
+                                          int32_t rows, const int32_t* slots,
+                                          const int32_t* key_begin, const int32_t* key_end,
+                                          float* out, float* lse);
+
 /* ---- streams and copies, for callers without their own runtime, and for tests --------------- */
 
 /* A new stream in *out_stream (a cudaStream_t on CUDA, an asynchronous worker on the host

@@ -1,6 +1,6 @@
 // Plain arithmetic shared by the host path and the CUDA kernels: element conversions, rotary
-// angles (with Llama 3 frequency scaling), the online-softmax merge, and the seeded values of
-// synthetic weights. Everything here is __host__ __device__, so the CPU tests cover what the
+// angles (with Llama 3 frequency scaling), the seeded values of synthetic weights, and the online
+// softmax (offload/attend/softmax.hpp's, by the names the model uses). Everything here is __host__ __device__, so the CPU tests cover what the
 // kernels compute.
 #pragma once
 
@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kvoffload/quant.hpp"
+#include "offload/attend/softmax.hpp"
 #include "offload/util/element_types.hpp"
 
 #if defined(__CUDACC__)
@@ -18,6 +19,16 @@
 #endif
 
 namespace kvo::model {
+
+// The online softmax (offload/attend/softmax.hpp), by the names the model's code uses.
+using attend::lse_merge;
+using attend::LseMerge;
+using attend::MergeScales;
+using attend::soft_cap_value;
+using attend::softmax_block_rescale;
+using attend::softmax_lse2;
+using attend::softmax_merge;
+using attend::SoftmaxState;
 
 // ---- element conversions (round to nearest even, as torch does) ----------------------------
 
@@ -144,85 +155,6 @@ KVO_HD float gelu_tanh(float x) {
   const float beta = 0.7978845608028654f;  // sqrt(2 / pi)
   const float inner = beta * (x + 0.044715f * x * x * x);
   return 0.5f * x * (1.0f + tanhf(inner));
-}
-
-// Soft-capping (Gemma 2's scores and logits): cap * tanh(x / cap).
-KVO_HD float soft_cap_value(float x, float cap) {
-  return tanhf(x / cap) * cap;
-}
-
-// ---- online softmax ---------------------------------------------------------------------------
-
-// The state of a softmax-weighted sum over a range of keys: max score, sum of exp(score - max);
-// the weighted values are kept by the caller, scaled by the same exp(score - max).
-struct SoftmaxState {
-  float max = -INFINITY;
-  float sum = 0;
-};
-
-// Merging two partial states: returns the factors by which each side's accumulated values
-// must be multiplied; `a` becomes the merged state.
-struct MergeScales {
-  float a = 1;
-  float b = 1;
-};
-
-KVO_HD MergeScales softmax_merge(SoftmaxState& a, SoftmaxState b) {
-  MergeScales scales;
-  if (b.max == -INFINITY) {
-    scales.b = 0;
-    return scales;
-  }
-  if (a.max == -INFINITY) {
-    scales.a = 0;
-    a = b;
-    return scales;
-  }
-  const float m = a.max > b.max ? a.max : b.max;
-  scales.a = expf(a.max - m);
-  scales.b = expf(b.max - m);
-  a.sum = a.sum * scales.a + b.sum * scales.b;
-  a.max = m;
-  return scales;
-}
-
-// A softmax state's log-sum-exp in FlashInfer's convention (log2): (max + ln sum) log2 e; -inf
-// for a state that has seen no keys.
-KVO_HD float softmax_lse2(SoftmaxState s) {
-  return s.sum > 0 ? (s.max + logf(s.sum)) * 1.4426950408889634f : -INFINITY;
-}
-
-// Merging a running attention output with the output of another, disjoint, range of keys, both
-// normalized and each with its log-sum-exp in FlashInfer's convention (log2 of the sum of
-// 2^(score * sm_scale * log2 e)): out = keep * out + take * tile, lse = log2(2^lse + 2^tile_lse).
-// -inf is "no keys": a state that has seen none takes the tile whole. Exact up to rounding, in
-// any order of the tiles.
-struct LseMerge {
-  float keep = 0;
-  float take = 1;
-  float lse = -INFINITY;
-};
-
-KVO_HD LseMerge lse_merge(float lse, float tile_lse) {
-  if (lse == -INFINITY) return {0.0f, 1.0f, tile_lse};
-  if (tile_lse == -INFINITY) return {1.0f, 0.0f, lse};
-  const float m = lse > tile_lse ? lse : tile_lse;
-  const float a = exp2f(lse - m);
-  const float b = exp2f(tile_lse - m);
-  const float sum = a + b;
-  return {a / sum, b / sum, m + log2f(sum)};
-}
-
-// One key block of an online softmax for one query row, as the blocked prefill attention runs
-// it: `block_max` is the largest unmasked score of the block (-inf when all are masked). Raises
-// state.max to it and returns the factor by which the running sum and the accumulated values
-// must be scaled before the block's exp(score - state.max) are added. 0 means "nothing seen
-// yet": the caller starts its accumulator from zero instead of scaling it.
-KVO_HD float softmax_block_rescale(SoftmaxState& state, float block_max) {
-  if (block_max == -INFINITY || block_max <= state.max) return state.max == -INFINITY ? 0.0f : 1.0f;
-  const float factor = state.max == -INFINITY ? 0.0f : expf(state.max - block_max);
-  state.max = block_max;
-  return factor;
 }
 
 // ---- seeded synthetic values ----------------------------------------------------------------

@@ -64,8 +64,9 @@ HostAttention::HostAttention(const ModelConfig& config, DType type, ThreadPool& 
       group_(config.heads / config.kv_heads),
       scale_(static_cast<float>(config.attention_scale())),
       softcap_(static_cast<float>(config.attn_softcap)),
-      avx512_(kernels::have_avx512() && config.head_dim % 16 == 0),
-      scratch_(std::move(scratch)) {}
+      scratch_(std::move(scratch)) {
+  make_decode();
+}
 
 HostAttention::HostAttention(const ModelConfig& config, DType type, int max_decode_rows,
                              ThreadPool& pool)
@@ -73,6 +74,18 @@ HostAttention::HostAttention(const ModelConfig& config, DType type, int max_deco
   scratch_ = carve_own(&own_, [&](HostCarver& carver) {
     return HostAttentionScratch::carve(carver, config, type, max_decode_rows, pool.threads());
   });
+  make_decode();
+}
+
+void HostAttention::make_decode() {
+  attend::DecodeShape shape;
+  shape.heads = config_.heads;
+  shape.kv_heads = config_.kv_heads;
+  shape.head_dim = config_.head_dim;
+  shape.type = type_;
+  shape.scale = scale_;
+  shape.softcap = softcap_;
+  decode_ = std::make_unique<attend::DecodeAttention>(shape, pool_, scratch_.decode);
 }
 
 double HostAttention::measure_rate(const ModelConfig& config, DType type, ThreadPool& pool,
@@ -102,14 +115,6 @@ double HostAttention::measure_rate(const ModelConfig& config, DType type, Thread
     if (round > 0 && s > 0) best = std::max(best, 2.0 * static_cast<double>(rows * row) / s);
   }
   return best;
-}
-
-HostAttention::Split HostAttention::split(int keys) {
-  Split s;
-  s.parts = std::clamp((keys + kMinPartKeys - 1) / kMinPartKeys, 1, kMaxParts);
-  s.part_keys = (keys + s.parts - 1) / s.parts;
-  s.parts = std::max(1, (keys + s.part_keys - 1) / s.part_keys);
-  return s;
 }
 
 void HostAttention::prefill(const float* q, int n, int slot, int first_position, int window,
@@ -195,107 +200,7 @@ void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
 void HostAttention::decode(const float* q, int n, const std::int32_t* slots,
                            const std::int32_t* positions, int window, const LayerView& view,
                            float* out, const KeyRange& range) {
-  const int d = config_.head_dim;
-  const int heads = config_.heads;
-  const int kv_heads = config_.kv_heads;
-  // Row i's keys: [lo, lo + count).
-  const auto lo = [&](int i) {
-    const int first = first_key(window, positions[i]);
-    return range.begin != nullptr ? std::max(first, range.begin[slots[i]]) : first;
-  };
-  const auto count = [&](int i) {
-    const int end =
-        range.end != nullptr ? std::min(positions[i] + 1, range.end[slots[i]]) : positions[i] + 1;
-    return std::max(0, end - lo(i));
-  };
-  scratch_.first_task[0] = 0;
-  for (int i = 0; i < n; ++i) {
-    const int keys = count(i);
-    scratch_.first_task[static_cast<std::size_t>(i) + 1] =
-        scratch_.first_task[static_cast<std::size_t>(i)] + (keys > 0 ? split(keys).parts : 0);
-  }
-  // Partials of (row i, part p): states [heads], values [heads][d].
-  auto part_index = [&](int i, int p) { return static_cast<std::size_t>(i) * kMaxParts + p; };
-  const std::size_t values_per_part = static_cast<std::size_t>(heads) * d;
-  // 1. Each (row, part of the keys): a partial softmax over its keys for every kv head.
-  const std::int64_t bytes = elem_bytes(type_);
-  pool_.run(scratch_.first_task[static_cast<std::size_t>(n)], [&](int task, int thread) {
-    const int i = static_cast<int>(
-        std::upper_bound(scratch_.first_task.begin(), scratch_.first_task.begin() + n + 1, task) -
-        scratch_.first_task.begin() - 1);
-    const int first = lo(i);
-    const int keys = count(i);
-    const Split sp = split(keys);
-    const int p = task - scratch_.first_task[static_cast<std::size_t>(i)];
-    const int part0 = first + p * sp.part_keys;
-    DecodeScratch& s = scratch_.decode[static_cast<std::size_t>(thread)];
-    const float* qi = q + static_cast<std::int64_t>(i) * heads * d;
-    for (std::size_t e = 0; e < values_per_part; ++e) s.q[e] = qi[e] * scale_;
-    SoftmaxState* state = scratch_.part_state.data() + part_index(i, p) * heads;
-    float* values = scratch_.part_values.data() + part_index(i, p) * values_per_part;
-    std::fill(state, state + heads, SoftmaxState{});
-    std::fill(values, values + values_per_part, 0.0f);
-    const std::int64_t at =
-        slots[i] * view.slot_stride + static_cast<std::int64_t>(part0) * view.token_stride;
-    const char* k_first = static_cast<const char*>(view.k) + at * bytes;
-    const char* v_first = static_cast<const char*>(view.v) + at * bytes;
-    const int part_keys = std::min(sp.part_keys, keys - p * sp.part_keys);
-    const auto attend = avx512_ ? kernels::attend_keys_avx512 : kernels::attend_keys;
-    if (!is_quantized(type_)) {
-      const kernels::KeyRows k{k_first, view.token_stride, view.head_stride, type_};
-      const kernels::KeyRows v{v_first, view.token_stride, view.head_stride, type_};
-      attend(s.q.data(), kv_heads, group_, d, k, v, part_keys, state, values, s.kv.data(),
-             s.scores.data(), softcap_);
-      return;
-    }
-    // Quantized rows: blocks of keys dequantized, every head at once, then attended as f32.
-    const DType dtype = type_;
-    const std::int64_t row = static_cast<std::int64_t>(kv_heads) * d;
-    const kernels::KeyRows k{s.k.data(), row, d, DType::kF32};
-    const kernels::KeyRows v{s.v.data(), row, d, DType::kF32};
-    for (int j0 = 0; j0 < part_keys; j0 += kDequantKeys) {
-      const int block = std::min(kDequantKeys, part_keys - j0);
-      for (int j = 0; j < block; ++j) {
-        const std::int64_t from = (j0 + j) * view.token_stride;
-        dequantize_row(k_first + from, kv_heads, d, dtype, s.k.data() + j * row);
-        dequantize_row(v_first + from, kv_heads, d, dtype, s.v.data() + j * row);
-      }
-      attend(s.q.data(), kv_heads, group_, d, k, v, block, state, values, s.kv.data(),
-             s.scores.data(), softcap_);
-    }
-  });
-  // 2. Each (row, kv head): merge its parts in order, normalize.
-  pool_.run(n * kv_heads, [&](int task, int) {
-    const int i = task / kv_heads;
-    const int g = task % kv_heads;
-    const int keys = count(i);
-    const int parts = keys > 0 ? split(keys).parts : 0;
-    for (int h = g * group_; h < (g + 1) * group_; ++h) {
-      float* dst = out + (static_cast<std::int64_t>(i) * heads + h) * d;
-      float* lse =
-          range.lse != nullptr ? range.lse + static_cast<std::int64_t>(i) * heads + h : nullptr;
-      if (parts == 0) {
-        std::fill(dst, dst + d, 0.0f);
-        if (lse != nullptr) *lse = -INFINITY;
-        continue;
-      }
-      SoftmaxState state = scratch_.part_state[part_index(i, 0) * heads + h];
-      const float* first_values = scratch_.part_values.data() + part_index(i, 0) * values_per_part +
-                                  static_cast<std::size_t>(h) * d;
-      std::copy(first_values, first_values + d, dst);
-      for (int p = 1; p < parts; ++p) {
-        const MergeScales m =
-            softmax_merge(state, scratch_.part_state[part_index(i, p) * heads + h]);
-        const float* values = scratch_.part_values.data() + part_index(i, p) * values_per_part +
-                              static_cast<std::size_t>(h) * d;
-        for (int e = 0; e < d; ++e) dst[e] = dst[e] * m.a + values[e] * m.b;
-      }
-      const float inv = 1.0f / state.sum;
-      for (int e = 0; e < d; ++e) dst[e] *= inv;
-      // The scores were scaled (and capped) before the softmax: max + ln(sum), in log2.
-      if (lse != nullptr) *lse = softmax_lse2(state);
-    }
-  });
+  decode_->run(q, n, slots, positions, window, view, out, range);
 }
 
 }  // namespace kvo::model

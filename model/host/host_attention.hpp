@@ -7,13 +7,8 @@
 // kPrefillKeyBlock keys computes the scores and the weighted values with OpenBLAS's sgemm
 // (single-threaded, inside the pool). f16/bf16 keys are converted block by block.
 //
-// Decode splits each row over parts of the keys, as a GPU split-K decode does: a task is
-// (row, part), which walks its keys front to back, every kv head of a block of keys at once (the
-// rows are token-major, so a task reads one contiguous range; a task per kv head would read a
-// 1/kv_heads slice of every page, which measured 10x slower). Each leaves a partial softmax state
-// and weighted sum per kv head, and a second pass, (row, kv head) per task, merges the parts in
-// order. How the keys are split depends on the key count only, so the result is the same for any
-// thread count, and a row's result does not depend on the other rows.
+// Decode is offload/attend/decode_attention.hpp's, the code split attention's host part runs
+// through the C ABI too.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +20,7 @@
 #include "model/common/numerics.hpp"
 #include "model/host/host_workspace.hpp"
 #include "model/host/thread_pool.hpp"
+#include "offload/attend/decode_attention.hpp"
 
 namespace kvo::model {
 
@@ -32,11 +28,8 @@ class HostAttention {
  public:
   static constexpr int kQueryBlock = 64;
   static constexpr int kPrefillKeyBlock = 128;
-  static constexpr int kMinPartKeys = 256;  // decode: keys per part, at least...
-  static constexpr int kMaxParts = 64;      // ...and at most this many parts per (row, kv head)
-
-  // Decode over quantized rows: keys dequantized (every head) per block of this many.
-  static constexpr int kDequantKeys = 64;
+  static constexpr int kMinPartKeys = attend::DecodeAttention::kMinPartKeys;  // decode's parts
+  static constexpr int kMaxParts = attend::DecodeAttention::kMaxParts;
 
   // scratch: carved for the same shape and the pool's threads (HostAttentionScratch::carve);
   // without it, the object carves a region of its own.
@@ -49,18 +42,8 @@ class HostAttention {
   // scaled by the config's attention_scale() and soft-capped by its attn_softcap.
   void prefill(const float* q, int n, int slot, int first_position, int window,
                const LayerView& view, float* out);
-  // Where decode rows' keys are cut, for split attention (the rows before a split row attended
-  // here over the host store, the others elsewhere): row i attends only keys [begin[s], end[s])
-  // of its own, s its slot slots[i] (0 and positions[i] + 1 where null: LayerView::split_rows
-  // serves as either), and writes its log-sum-exp per head to lse [n][heads] where not null:
-  // log2 of the sum of exp of its scaled, capped scores, as FlashInfer's, so that lse_merge
-  // (numerics.hpp) joins the parts exactly. A row left with no keys gives out 0 and lse -inf,
-  // which lse_merge drops.
-  struct KeyRange {
-    const std::int32_t* begin = nullptr;  // [slots], host
-    const std::int32_t* end = nullptr;    // [slots], host
-    float* lse = nullptr;                 // [n][heads]
-  };
+  // Where decode rows' keys are cut, for split attention (attend::KeyRange).
+  using KeyRange = attend::KeyRange;
   // Row i: q [heads][head_dim] of slots[i] at positions[i] (host arrays), over keys
   // [first_key(window, positions[i]), positions[i]] (cut by `range`). out [n][heads][head_dim].
   void decode(const float* q, int n, const std::int32_t* slots, const std::int32_t* positions,
@@ -74,16 +57,13 @@ class HostAttention {
   static double measure_rate(const ModelConfig& config, DType type, ThreadPool& pool,
                              std::uint64_t bytes = 64ull << 20);
 
-  // How decode splits `keys` keys: parts of part_keys keys (the last may be shorter).
-  struct Split {
-    int parts = 1;
-    int part_keys = 0;
-  };
-  static Split split(int keys);
+  // How decode splits `keys` keys (attend::DecodeAttention::split).
+  using Split = attend::DecodeAttention::Split;
+  static Split split(int keys) { return attend::DecodeAttention::split(keys); }
 
  private:
+  void make_decode();
   using PrefillScratch = HostAttentionScratch::Prefill;
-  using DecodeScratch = HostAttentionScratch::Decode;
 
   void prefill_block(const float* q, int n, int slot, int first_position, int window,
                      const LayerView& view, int kv_head, int block, PrefillScratch& s, float* out);
@@ -94,9 +74,9 @@ class HostAttention {
   int group_;
   float scale_;
   float softcap_;                    // 0: none
-  bool avx512_;                      // decode through kernels::attend_keys_avx512
   std::unique_ptr<HostRegion> own_;  // the region without a given scratch
   HostAttentionScratch scratch_;
+  std::unique_ptr<attend::DecodeAttention> decode_;  // over scratch_.decode
 };
 
 }  // namespace kvo::model

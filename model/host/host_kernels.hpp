@@ -9,10 +9,12 @@
 #include <cstdint>
 
 #include "model/common/numerics.hpp"
+#include "offload/attend/attend_keys.hpp"
+#include "offload/attend/row_math.hpp"
 
 namespace kvo::model::kernels {
 
-constexpr int kLanes = 16;
+using attend::rows::kLanes;
 
 // dst [count] = src [count] of `type`, exactly.
 void to_f32(const void* src, DType type, std::int64_t count, float* dst);
@@ -94,35 +96,12 @@ void linear_row_blocks_q8(const void* xq, int in, const void* w, std::uint32_t b
                           DType bias_type, const void* bias, int o0, int o1, float* y,
                           bool accumulate, bool portable = false);
 
-// Rows of K or V of one slot: token j, kv head g at `base` + j * token_stride + g * head_stride
-// elements of `type`.
-struct KeyRows {
-  const void* base = nullptr;
-  std::int64_t token_stride = 0;
-  std::int64_t head_stride = 0;
-  DType type = DType::kF32;
-};
-
-constexpr int kKeyBlock = 16;  // keys per step of attend_keys
-
-// The online softmax of the query rows of every kv head, q [kv_heads * group][head_dim] (already
-// scaled by 1/sqrt(head_dim); row g * group + r belongs to kv head g), over keys [0, keys): on
-// return state[row] holds the max score and the sum of exp(score - max), and acc [row][head_dim]
-// the values weighted by the same exponentials. Both start from "nothing seen" (state default,
-// acc zero) and may continue a previous call. A block of keys is converted for all heads at once,
-// so K and V are read front to back. softcap > 0: each score becomes soft_cap_value(score,
-// softcap) first. Scratch: kv [kKeyBlock][kv_heads][head_dim], scores [kv_heads * group]
-// [kKeyBlock].
-void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
-                 int keys, SoftmaxState* state, float* acc, float* kv, float* scores,
-                 float softcap);
-
-// attend_keys with AVX-512 intrinsics (model/host/host_attention_avx512.cpp), the same results up
-// to rounding. REQUIRES: have_avx512(), head_dim a multiple of 16.
-void attend_keys_avx512(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
-                        int keys, SoftmaxState* state, float* acc, float* kv, float* scores,
-                        float softcap);
-bool have_avx512();
+// Decode attention's kernels (offload/attend/attend_keys.hpp), by the names the model's code uses.
+using attend::attend_keys;
+using attend::attend_keys_avx512;
+using attend::have_avx512;
+using attend::KeyRows;
+using attend::kKeyBlock;
 // AVX-512 with VNNI (vpdpbusd), where this build has code for it (the q8 activation kernels).
 bool have_avx512_vnni();
 

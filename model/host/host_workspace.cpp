@@ -91,24 +91,27 @@ HostAttentionScratch HostAttentionScratch::carve(HostCarver& carver, const Model
     p.last = carver.take<int>(rows);
     s.prefill.push_back(p);
   }
+  attend::DecodeShape shape;
+  shape.heads = config.heads;
+  shape.kv_heads = config.kv_heads;
+  shape.head_dim = config.head_dim;
+  shape.type = kv_type;
+  const attend::DecodeAttention::Sizes sizes =
+      attend::DecodeAttention::sizes(shape, max_decode_rows);
   for (int t = 0; t < threads; ++t) {
-    Decode q;
-    q.q = carver.take<float>(static_cast<std::size_t>(config.heads) * d);
-    q.kv = carver.take<float>(static_cast<std::size_t>(kernels::kKeyBlock) * config.kv_heads * d);
-    q.scores = carver.take<float>(static_cast<std::size_t>(config.heads) * kernels::kKeyBlock);
-    if (is_quantized(kv_type)) {
-      const std::size_t keys =
-          static_cast<std::size_t>(HostAttention::kDequantKeys) * config.kv_heads * d;
-      q.k = carver.take<float>(keys);
-      q.v = carver.take<float>(keys);
+    attend::DecodeScratch::Thread q;
+    q.q = carver.take<float>(sizes.q).data();
+    q.kv = carver.take<float>(sizes.kv).data();
+    q.scores = carver.take<float>(sizes.scores).data();
+    if (sizes.dequant > 0) {
+      q.k = carver.take<float>(sizes.dequant).data();
+      q.v = carver.take<float>(sizes.dequant).data();
     }
-    s.decode.push_back(q);
+    s.decode.threads.push_back(q);
   }
-  const std::size_t parts =
-      static_cast<std::size_t>(max_decode_rows) * HostAttention::kMaxParts * config.heads;
-  s.part_state = carver.take<SoftmaxState>(parts);
-  s.part_values = carver.take<float>(parts * d);
-  s.first_task = carver.take<int>(static_cast<std::size_t>(max_decode_rows) + 1);
+  s.decode.part_state = carver.take<SoftmaxState>(sizes.part_states).data();
+  s.decode.part_values = carver.take<float>(sizes.part_values).data();
+  s.decode.first_task = carver.take<int>(sizes.first_task).data();
   return s;
 }
 

@@ -17,6 +17,7 @@
 #include "model/checkpoint/model_config.hpp"
 #include "model/common/numerics.hpp"
 #include "model/decoder/ops.hpp"
+#include "offload/attend/decode_attention.hpp"
 
 namespace kvo::model {
 
@@ -102,16 +103,8 @@ struct HostAttentionScratch {
     HostSpan<SoftmaxState> state;          // [rows]
     HostSpan<int> first, last;             // [rows]: keys each row sees
   };
-  struct Decode {
-    HostSpan<float> q, kv, scores;  // [heads][d] (scaled), [kKeyBlock][d], [group][kKeyBlock]
-    HostSpan<float> k, v;           // quantized rows: [kDequantKeys][kv_heads][d] each
-  };
   std::vector<Prefill> prefill;  // [threads]
-  std::vector<Decode> decode;    // [threads]
-  // Decode partials: [rows][kMaxParts] of states [heads] and values [heads][head_dim].
-  HostSpan<SoftmaxState> part_state;
-  HostSpan<float> part_values;
-  HostSpan<int> first_task;  // [rows + 1]: tasks of the rows before
+  attend::DecodeScratch decode;  // decode's buffers, for each of `threads`
 
   static HostAttentionScratch carve(HostCarver& carver, const ModelConfig& config, DType kv_type,
                                     int max_decode_rows, int threads);

@@ -963,6 +963,172 @@ static void split_attention(void) {
   CHECK(cache == NULL);
 }
 
+/* Since 0.5: split attention's host part. A cache of f32 or bf16 rows (GQA: 4 query heads on 2
+ * kv heads, 16 elements, 700 keys, so that a row's keys are cut in parts and merged) splits a
+ * decode step; kvo_host_attention_run attends each slot's host rows [begin, split) in place and
+ * its outputs and log-sum-exps match a double-precision reference, with and without a soft cap.
+ * Views without host rows, keys past the committed rows, a slot twice, another dtype and too many
+ * rows are refused, naming why. */
+static uint16_t bf16_bits(float x) { /* truncated: the reference reads the same value */
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return (uint16_t)(u >> 16);
+}
+static float bf16_float(uint16_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+static void host_attention(void) {
+  enum { QH = 4, KVH = 2, DIM = 16, SEQ = 768, SL = 2, RF = KVH * DIM, PROMPT = 700 };
+  static float keys[2][SL][SEQ][RF]; /* the values every row holds, K then V */
+  static uint16_t half[2][SEQ][RF];
+  static float rows[2][SEQ][RF];
+  float q[SL][QH][DIM], out[SL][QH][DIM], lse[SL][QH];
+  const int32_t prompt[SL] = {PROMPT, PROMPT}, one[SL] = {1, 1};
+  const int32_t split[SL] = {600, 333};
+  const int32_t slots[SL] = {0, 1}, begin[SL] = {17, 0};
+  uint64_t rng = 29;
+  int type, cap;
+  for (type = 0; type < 2; ++type) {
+    const kvo_dtype dtype = type == 0 ? KVO_DTYPE_F32 : KVO_DTYPE_BF16;
+    kvo_cache_options options;
+    kvo_cache_t* cache = NULL;
+    kvo_host_attention_t* attention = NULL;
+    kvo_layer_view view;
+    int s, kv, t, e, h, step;
+    MUST(NULL, kvo_cache_options_init(&options, sizeof options));
+    options.layers = 2;
+    options.kv_heads = KVH;
+    options.head_dim = DIM;
+    options.max_seq = SEQ;
+    options.slots = SL;
+    options.dtype = dtype;
+    options.resident_layers = 0;
+    options.ring_depth = 1;
+    options.backend = KVO_BACKEND_HOST;
+    MUST(NULL, kvo_cache_create(&options, &cache));
+    for (step = 0; step < 2; ++step) {
+      int layer;
+      if (step == 0) {
+        MUST(cache, kvo_begin_step(cache, prompt, SL));
+      } else {
+        MUST(cache, kvo_begin_step_split(cache, one, split, SL));
+      }
+      for (layer = 0; layer < 2; ++layer) {
+        memset(&view, 0, sizeof view);
+        view.struct_size = sizeof view;
+        MUST(cache, kvo_acquire(cache, layer, &view, NULL));
+        if (step == 1 && layer == 1) break; /* held: attended below */
+        for (s = 0; s < SL; ++s) {
+          const int n = step == 0 ? PROMPT : 1;
+          const int at = step == 0 ? 0 : PROMPT;
+          for (kv = 0; kv < 2; ++kv) {
+            for (t = 0; t < n; ++t) {
+              for (e = 0; e < RF; ++e) {
+                float x;
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                x = (float)((double)(rng >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+                half[kv][t][e] = bf16_bits(x);
+                rows[kv][t][e] = type == 0 ? x : bf16_float(half[kv][t][e]);
+                if (layer == 1) keys[kv][s][at + t][e] = rows[kv][t][e];
+              }
+            }
+          }
+          if (type == 0) {
+            MUST(cache, kvo_append(cache, layer, s, rows[0], rows[1], n, NULL));
+          } else {
+            MUST(cache, kvo_append(cache, layer, s, half[0], half[1], n, NULL));
+          }
+        }
+        MUST(cache, kvo_release(cache, layer, NULL));
+      }
+      if (step == 0) MUST(cache, kvo_end_step(cache));
+    }
+    CHECK(view.host_k != NULL && view.split_rows != NULL);
+    for (s = 0; s < SL; ++s) {
+      for (h = 0; h < QH; ++h) {
+        for (e = 0; e < DIM; ++e) {
+          rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+          q[s][h][e] = (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+        }
+      }
+    }
+    for (cap = 0; cap < 2; ++cap) {
+      const float scale = 0.3f, softcap = cap ? 2.5f : 0.0f;
+      int32_t end[SL];
+      end[0] = split[0];
+      end[1] = split[1];
+      MUST(NULL, kvo_host_attention_create(QH, KVH, DIM, dtype, SL, 2, scale, softcap,
+                                           &attention));
+      MUST(NULL, kvo_host_attention_run(attention, &view, &q[0][0][0], SL, slots, begin, end,
+                                        &out[0][0][0], &lse[0][0]));
+      for (s = 0; s < SL; ++s) {
+        for (h = 0; h < QH; ++h) {
+          const int g = h / (QH / KVH);
+          double m = -INFINITY, sum = 0, acc[DIM] = {0}, worst = 0;
+          static double score[SEQ];
+          for (t = begin[s]; t < end[s]; ++t) {
+            double dot = 0;
+            for (e = 0; e < DIM; ++e) dot += (double)q[s][h][e] * keys[0][s][t][g * DIM + e];
+            dot *= scale;
+            if (cap) dot = softcap * tanh(dot / softcap);
+            score[t] = dot;
+            if (dot > m) m = dot;
+          }
+          for (t = begin[s]; t < end[s]; ++t) {
+            const double p = exp(score[t] - m);
+            sum += p;
+            for (e = 0; e < DIM; ++e) acc[e] += p * keys[1][s][t][g * DIM + e];
+          }
+          for (e = 0; e < DIM; ++e) {
+            const double d = fabs(acc[e] / sum - out[s][h][e]);
+            if (d > worst) worst = d;
+          }
+          CHECK(worst < 2e-5);
+          CHECK(fabs((m + log(sum)) / log(2.0) - lse[s][h]) < 2e-5 * (1 + fabs(lse[s][h])));
+        }
+      }
+      /* Refused, naming why. */
+      end[1] = PROMPT + 1;
+      EXPECT_STATUS(NULL, kvo_host_attention_run(attention, &view, &q[0][0][0], SL, slots,
+                                                 begin, end, &out[0][0][0], NULL),
+                    KVO_ERROR_INVALID_ARGUMENT, "committed rows");
+      end[1] = split[1];
+      {
+        const int32_t twice[SL] = {1, 1};
+        EXPECT_STATUS(NULL, kvo_host_attention_run(attention, &view, &q[0][0][0], SL, twice,
+                                                   begin, end, &out[0][0][0], NULL),
+                      KVO_ERROR_INVALID_ARGUMENT, "given twice");
+      }
+      EXPECT_STATUS(NULL, kvo_host_attention_run(attention, &view, &q[0][0][0], SL + 1, slots,
+                                                 begin, end, &out[0][0][0], NULL),
+                    KVO_ERROR_INVALID_ARGUMENT, "takes 1 to 2");
+      kvo_host_attention_destroy(attention);
+    }
+    /* Another dtype's attention; a view with no host rows (layer 0 of a prefill). */
+    MUST(NULL, kvo_host_attention_create(QH, KVH, DIM, type == 0 ? KVO_DTYPE_BF16 : KVO_DTYPE_F32,
+                                         1, 0, 0.0f, 0.0f, &attention));
+    EXPECT_STATUS(NULL, kvo_host_attention_run(attention, &view, &q[0][0][0], 1, slots, begin,
+                                               split, &out[0][0][0], NULL),
+                  KVO_ERROR_INVALID_ARGUMENT, "this attention reads");
+    view.host_k = NULL;
+    EXPECT_STATUS(NULL, kvo_host_attention_run(attention, &view, &q[0][0][0], 1, slots, begin,
+                                               split, &out[0][0][0], NULL),
+                  KVO_ERROR_INVALID_ARGUMENT, "has no host rows");
+    kvo_host_attention_destroy(attention);
+    kvo_host_attention_destroy(NULL); /* a no-op */
+    EXPECT_STATUS(NULL, kvo_host_attention_create(3, 2, DIM, dtype, 1, 0, 0.0f, 0.0f,
+                                                  &attention),
+                  KVO_ERROR_INVALID_ARGUMENT, "not a multiple");
+    CHECK(attention == NULL);
+    MUST(cache, kvo_abort_step(cache, NULL));
+    kvo_cache_destroy(cache);
+  }
+}
+
 /* A tensor-parallel rank: heads [kv_head_begin, + kv_heads) of model_kv_heads, on one of
  * ranks_per_node ranks. The plan reports them; a range past the model is refused; a context saved
  * by one rank is refused by a cache holding another rank's heads, naming both ranges. */
@@ -1019,6 +1185,7 @@ int main(void) {
   quantized_rows();
   window_layers();
   split_attention();
+  host_attention();
   run(1, 0);
   run(2, 1);
   run(3, 1);

@@ -16,8 +16,8 @@ from __future__ import annotations
 import ctypes as C
 import os
 
-# The oldest library this package runs against: the C ABI it calls first appeared in 0.4.
-ABI_FLOOR = (0, 4)
+# The oldest library this package runs against: the C ABI it calls first appeared in 0.5.
+ABI_FLOOR = (0, 5)
 
 OK, INVALID_ARGUMENT, PROTOCOL, OUT_OF_MEMORY, DEVICE, INTERNAL = range(6)
 DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "fp8": 3, "int8": 4}

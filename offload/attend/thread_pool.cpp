@@ -1,10 +1,10 @@
-#include "model/host/thread_pool.hpp"
+#include "offload/attend/thread_pool.hpp"
 
 #include <sched.h>
 
 #include <stdexcept>
 
-namespace kvo::model {
+namespace kvo::attend {
 namespace {
 
 // A worker that finished a loop polls for the next one this many times before it sleeps, and the
@@ -117,4 +117,4 @@ void ThreadPool::work(int thread) {
   }
 }
 
-}  // namespace kvo::model
+}  // namespace kvo::attend

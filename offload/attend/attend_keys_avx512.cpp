@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "model/host/host_kernels.hpp"
+#include "offload/attend/attend_keys.hpp"
 #include "offload/util/element_types.hpp"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -15,7 +15,7 @@
 #define KVO_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma,f16c")))
 #define KVO_AVX512_INLINE KVO_AVX512 __attribute__((always_inline)) inline
 
-namespace kvo::model::kernels {
+namespace kvo::attend {
 namespace {
 
 static_assert(kKeyBlock == 16, "one score per lane of a 512-bit vector");
@@ -262,11 +262,11 @@ bool have_avx512() {
   return yes;
 }
 
-}  // namespace kvo::model::kernels
+}  // namespace kvo::attend
 
 #else
 
-namespace kvo::model::kernels {
+namespace kvo::attend {
 
 // Not built for this machine: have_avx512() says so, and nothing calls the kernel.
 void attend_keys_avx512(const float*, int, int, int, KeyRows, KeyRows, int, SoftmaxState*, float*,
@@ -276,6 +276,6 @@ bool have_avx512() {
   return false;
 }
 
-}  // namespace kvo::model::kernels
+}  // namespace kvo::attend
 
 #endif

@@ -1,0 +1,43 @@
+// The inner loop of decode attention on the host: a block of query rows of every kv head against
+// keys read in place from the cache's rows, with an online softmax. A portable build (plain loops,
+// cloned per x86-64 level) and one written with AVX-512 intrinsics, picked at run time.
+#pragma once
+
+#include <cstdint>
+
+#include "offload/attend/softmax.hpp"
+#include "offload/util/element_types.hpp"
+
+namespace kvo::attend {
+
+// Rows of K or V of one slot: token j, kv head g at `base` + j * token_stride + g * head_stride
+// elements of `type`.
+struct KeyRows {
+  const void* base = nullptr;
+  std::int64_t token_stride = 0;
+  std::int64_t head_stride = 0;
+  DType type = DType::kF32;
+};
+
+constexpr int kKeyBlock = 16;  // keys per step of attend_keys
+
+// The online softmax of the query rows of every kv head, q [kv_heads * group][head_dim] (already
+// scaled by 1/sqrt(head_dim); row g * group + r belongs to kv head g), over keys [0, keys): on
+// return state[row] holds the max score and the sum of exp(score - max), and acc [row][head_dim]
+// the values weighted by the same exponentials. Both start from "nothing seen" (state default,
+// acc zero) and may continue a previous call. A block of keys is converted for all heads at once,
+// so K and V are read front to back. softcap > 0: each score becomes soft_cap_value(score,
+// softcap) first. Scratch: kv [kKeyBlock][kv_heads][head_dim], scores [kv_heads * group]
+// [kKeyBlock].
+void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
+                 int keys, SoftmaxState* state, float* acc, float* kv, float* scores,
+                 float softcap);
+
+// attend_keys with AVX-512 intrinsics (attend_keys_avx512.cpp), the same results up
+// to rounding. REQUIRES: have_avx512(), head_dim a multiple of 16.
+void attend_keys_avx512(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
+                        int keys, SoftmaxState* state, float* acc, float* kv, float* scores,
+                        float softcap);
+bool have_avx512();
+
+}  // namespace kvo::attend
