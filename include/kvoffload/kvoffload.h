@@ -551,10 +551,9 @@ KVO_API void kvo_host_attention_destroy(kvo_host_attention_t* attention);
  * its v_head_dim equal to head_dim; slots distinct, in [0, view->slots); 0 <= key_begin[i] <=
  * key_end[i] <= view->lengths[slots[i]] (rows committed before this step). */
 KVO_API kvo_status kvo_host_attention_run(kvo_host_attention_t* attention,
-                                          const kvo_layer_view* view, const float* q,
-                                          int32_t rows, const int32_t* slots,
-                                          const int32_t* key_begin, const int32_t* key_end,
-                                          float* out, float* lse);
+                                          const kvo_layer_view* view, const float* q, int32_t rows,
+                                          const int32_t* slots, const int32_t* key_begin,
+                                          const int32_t* key_end, float* out, float* lse);
 
 /* ---- streams and copies, for callers without their own runtime, and for tests --------------- */
 

@@ -1061,8 +1061,7 @@ static void host_attention(void) {
       int32_t end[SL];
       end[0] = split[0];
       end[1] = split[1];
-      MUST(NULL, kvo_host_attention_create(QH, KVH, DIM, dtype, SL, 2, scale, softcap,
-                                           &attention));
+      MUST(NULL, kvo_host_attention_create(QH, KVH, DIM, dtype, SL, 2, scale, softcap, &attention));
       MUST(NULL, kvo_host_attention_run(attention, &view, &q[0][0][0], SL, slots, begin, end,
                                         &out[0][0][0], &lse[0][0]));
       for (s = 0; s < SL; ++s) {
@@ -1093,35 +1092,39 @@ static void host_attention(void) {
       }
       /* Refused, naming why. */
       end[1] = PROMPT + 1;
-      EXPECT_STATUS(NULL, kvo_host_attention_run(attention, &view, &q[0][0][0], SL, slots,
-                                                 begin, end, &out[0][0][0], NULL),
+      EXPECT_STATUS(NULL,
+                    kvo_host_attention_run(attention, &view, &q[0][0][0], SL, slots, begin, end,
+                                           &out[0][0][0], NULL),
                     KVO_ERROR_INVALID_ARGUMENT, "committed rows");
       end[1] = split[1];
       {
         const int32_t twice[SL] = {1, 1};
-        EXPECT_STATUS(NULL, kvo_host_attention_run(attention, &view, &q[0][0][0], SL, twice,
-                                                   begin, end, &out[0][0][0], NULL),
+        EXPECT_STATUS(NULL,
+                      kvo_host_attention_run(attention, &view, &q[0][0][0], SL, twice, begin, end,
+                                             &out[0][0][0], NULL),
                       KVO_ERROR_INVALID_ARGUMENT, "given twice");
       }
-      EXPECT_STATUS(NULL, kvo_host_attention_run(attention, &view, &q[0][0][0], SL + 1, slots,
-                                                 begin, end, &out[0][0][0], NULL),
+      EXPECT_STATUS(NULL,
+                    kvo_host_attention_run(attention, &view, &q[0][0][0], SL + 1, slots, begin, end,
+                                           &out[0][0][0], NULL),
                     KVO_ERROR_INVALID_ARGUMENT, "takes 1 to 2");
       kvo_host_attention_destroy(attention);
     }
     /* Another dtype's attention; a view with no host rows (layer 0 of a prefill). */
     MUST(NULL, kvo_host_attention_create(QH, KVH, DIM, type == 0 ? KVO_DTYPE_BF16 : KVO_DTYPE_F32,
                                          1, 0, 0.0f, 0.0f, &attention));
-    EXPECT_STATUS(NULL, kvo_host_attention_run(attention, &view, &q[0][0][0], 1, slots, begin,
-                                               split, &out[0][0][0], NULL),
+    EXPECT_STATUS(NULL,
+                  kvo_host_attention_run(attention, &view, &q[0][0][0], 1, slots, begin, split,
+                                         &out[0][0][0], NULL),
                   KVO_ERROR_INVALID_ARGUMENT, "this attention reads");
     view.host_k = NULL;
-    EXPECT_STATUS(NULL, kvo_host_attention_run(attention, &view, &q[0][0][0], 1, slots, begin,
-                                               split, &out[0][0][0], NULL),
+    EXPECT_STATUS(NULL,
+                  kvo_host_attention_run(attention, &view, &q[0][0][0], 1, slots, begin, split,
+                                         &out[0][0][0], NULL),
                   KVO_ERROR_INVALID_ARGUMENT, "has no host rows");
     kvo_host_attention_destroy(attention);
     kvo_host_attention_destroy(NULL); /* a no-op */
-    EXPECT_STATUS(NULL, kvo_host_attention_create(3, 2, DIM, dtype, 1, 0, 0.0f, 0.0f,
-                                                  &attention),
+    EXPECT_STATUS(NULL, kvo_host_attention_create(3, 2, DIM, dtype, 1, 0, 0.0f, 0.0f, &attention),
                   KVO_ERROR_INVALID_ARGUMENT, "not a multiple");
     CHECK(attention == NULL);
     MUST(cache, kvo_abort_step(cache, NULL));

@@ -24,6 +24,7 @@ DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "fp8": 3, "int8": 4}
 DTYPE_NAMES = {number: name for name, number in DTYPES.items()}
 BACKENDS = {"auto": 0, "cuda": 1, "host": 2}
 BACKEND_NAMES = {number: name for name, number in BACKENDS.items()}
+SPLIT_MODES = {"off": 0, "auto": 1, "rows": 2}
 AUTO_RESIDENT_LAYERS = -1
 
 
@@ -145,9 +146,14 @@ _PROTOTYPES = {
     "kvo_load_slots": [_P, _I32P, _I32, _STR, _STR, _I32P, C.c_int64, _I32P],
     "kvo_stats": [_P, C.POINTER(Stats)],
     "kvo_stream_synchronize": [_P, _P],
+    "kvo_host_attention_create": [_I32, _I32, _I32, C.c_int, _I32, _I32, C.c_float, C.c_float,
+                                  C.POINTER(_P)],
+    "kvo_host_attention_run": [_P, C.POINTER(View), _P, _I32, _I32P, _I32P, _I32P, _P, _P],
+    "kvo_host_attention_destroy": [_P],
 }
 _RESULTS = {"kvo_version": C.c_char_p, "kvo_status_name": C.c_char_p,
             "kvo_last_error": C.c_char_p, "kvo_cache_destroy": None,
+            "kvo_host_attention_destroy": None,
             "kvo_bytes_digest_destroy": None, "kvo_weights_digest_destroy": None}
 
 

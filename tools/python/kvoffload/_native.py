@@ -27,6 +27,7 @@ of its own update. Errors are those of kvoffload/_capi.py; a refused call change
 from __future__ import annotations
 
 import ctypes as C
+import math
 import weakref
 
 import torch
@@ -76,7 +77,7 @@ def cuda_device_count() -> int:
 def _options(layers, kv_heads, head_dim, max_seq, slots, dtype, resident_layers, ring_depth,
              device_budget, v_head_dim, kv_head_begin, model_kv_heads, ranks_per_node=1,
              node_available_bytes=0, backend="host", device=0, host_max_delay_us=0,
-             host_delay_seed=0) -> _capi.Options:
+             host_delay_seed=0, split="off", split_rows=0) -> _capi.Options:
     if dtype not in _capi.DTYPES:
         raise ValueError(f"dtype is one of {', '.join(_capi.DTYPES)}, not {dtype!r}")
     if backend not in _capi.BACKENDS:
@@ -92,6 +93,7 @@ def _options(layers, kv_heads, head_dim, max_seq, slots, dtype, resident_layers,
     options.ranks_per_node, options.node_available_bytes = ranks_per_node, node_available_bytes
     options.backend, options.device = _capi.BACKENDS[backend], device
     options.host_max_delay_us, options.host_delay_seed = host_max_delay_us, host_delay_seed
+    options.split_mode, options.split_rows = _capi.SPLIT_MODES[split], split_rows
     return options
 
 
@@ -293,7 +295,7 @@ class Cache:
                  resident_layers=_capi.AUTO_RESIDENT_LAYERS, ring_depth=2, device_budget=0,
                  host_max_delay_us=0, host_delay_seed=0, v_head_dim=0, states_dtype="",
                  static_shapes=False, kv_head_begin=0, model_kv_heads=0, ranks_per_node=1,
-                 node_available_bytes=0):
+                 node_available_bytes=0, split="off", split_rows=0):
         quantized = dtype in _MAX_CODE
         if quantized and states_dtype not in _STATES:
             raise ValueError(f"a cache of {dtype} K/V quantizes keys and values computed in f32, "
@@ -306,7 +308,7 @@ class Cache:
         options = _options(layers, kv_heads, head_dim, max_seq, slots, dtype, resident_layers,
                            ring_depth, device_budget, v_head_dim, kv_head_begin, model_kv_heads,
                            ranks_per_node, node_available_bytes, backend, device,
-                           host_max_delay_us, host_delay_seed)
+                           host_max_delay_us, host_delay_seed, split, split_rows)
         handle = C.c_void_p()
         _capi.check(lib.kvo_cache_create(C.byref(options), C.byref(handle)))
         self._handle = handle.value
@@ -325,12 +327,11 @@ class Cache:
         self._layers, self._slots, self._max_seq = layers, slots, max_seq
         self._kv_heads, self._head_dim = kv_heads, head_dim
         self._v_head_dim = v_head_dim or head_dim
-        if quantized:
-            row_bytes = C.c_uint64()
-            for width, name in ((head_dim, "_k_row_bytes"), (self._v_head_dim, "_v_row_bytes")):
-                _capi.check(lib.kvo_row_bytes(_capi.DTYPES[dtype], kv_heads, width,
-                                              C.byref(row_bytes)))
-                setattr(self, name, row_bytes.value)
+        row_bytes = C.c_uint64()
+        for width, name in ((head_dim, "_k_row_bytes"), (self._v_head_dim, "_v_row_bytes")):
+            _capi.check(lib.kvo_row_bytes(_capi.DTYPES[dtype], kv_heads, width,
+                                          C.byref(row_bytes)))
+            setattr(self, name, row_bytes.value)
         self._view = _capi.View(struct_size=C.sizeof(_capi.View))
         self._view_ref = C.byref(self._view)
         self._cuda = cuda
@@ -344,6 +345,15 @@ class Cache:
         self._step_batch = 0  # rows of the open step: slots [0, step_batch)
         self._step_length = 0  # rows each of them held before the open step
         self._held_stream = None  # the stream the held layer was updated on
+        # Split attention: the held layer's split rows per batch row (None: it does not split),
+        # the layer whose split rows no attend() has read yet (-1: none), and what splits saved.
+        self._split = split != "off"
+        self._split_rows = None
+        self._split_pending = -1
+        self._split_saved = 0
+        self._split_last = []
+        self._split_keys = None  # what update() of the held layer returned (split caches)
+        self._host_attention: dict = {}  # (heads, scale, softcap) -> kvo_host_attention_t
 
     def _check(self, status: int) -> None:
         if status != _capi.OK:
@@ -435,6 +445,12 @@ class Cache:
         if v_shape[0] != batch or v_shape[2] != n:
             raise ValueError(f"update of layer {layer}: key_states {list(k_shape)} and "
                              f"value_states {list(v_shape)} differ in batch or tokens")
+        if self._split_pending >= 0:
+            raise RuntimeError(
+                f"update of layer {layer}: layer {self._split_pending} split its keys between "
+                "host and device memory, and nothing attended it through kvoffload's split "
+                "attention (its staged rows before the split are not its keys): the model's "
+                "attention is not the one OffloadedStaticCache(split=...) set; reset() the cache")
         starts_step = layer == 0
         if starts_step:
             length = self._begin(batch, n)
@@ -479,6 +495,14 @@ class Cache:
                                            v_base + s * v_step, n, stream))
 
         view = self._view
+        if self._split:
+            self._split_rows = None
+            if view.split_rows:  # a streamed layer of a decode step that splits
+                self._split_rows = [view.split_rows[s] for s in range(batch)]
+                self._split_pending = layer
+                self._split_saved += sum(self._split_rows) * (self._k_row_bytes +
+                                                             self._v_row_bytes)
+                self._split_last = self._split_rows
         rows = self._max_seq if self._static_shapes else length + n  # returned per batch row
         keys, values = self._buffers(view)
         if self._quantized:
@@ -491,10 +515,11 @@ class Cache:
                 keys, values = (torch.nn.functional.pad(t.permute(0, 2, 1, 3),
                                                         (0, 0, 0, 0, 0, rows - valid))
                                 .permute(0, 2, 1, 3) for t in (keys, values))
-            return keys, values
-        if batch == self._slots and rows == self._max_seq:
-            return keys, values
-        return keys[:batch, :, :rows], values[:batch, :, :rows]
+        elif batch != self._slots or rows != self._max_seq:
+            keys, values = keys[:batch, :, :rows], values[:batch, :, :rows]
+        if self._split:
+            self._split_keys = keys
+        return keys, values
 
     def _buffers(self, view):
         """The whole buffers a view names as tensors, made the first time a buffer is seen (the
@@ -535,6 +560,9 @@ class Cache:
 
     def reset(self) -> None:
         """Empties every row: aborts an open step, lengths back to 0."""
+        self._split_pending = -1
+        self._split_rows = None
+        self._split_keys = None
         if self._in_step:
             stream = self._held_stream if self._held_layer >= 0 else self._stream()
             self._check(lib.kvo_abort_step(self._handle, stream))
@@ -605,4 +633,95 @@ class Cache:
         self._check(lib.kvo_stats(self._handle, C.byref(stats)))
         out = {name: getattr(stats, name) for name in _capi.COUNTERS}
         out["plan"] = _plan_dict(stats)
+        if self._split:
+            out["split_rows_last"] = list(self._split_last)
+            out["split_bytes_saved"] = self._split_saved
         return out
+
+    def returned(self, layer: int, keys) -> bool:
+        """Whether `keys` are what update() of the held layer `layer` returned (attend() attends
+        them)."""
+        return self._in_step and layer == self._held_layer and keys is self._split_keys
+
+    def _host_attention_for(self, heads: int, scale: float, softcap: float) -> int:
+        key = (heads, scale, softcap)
+        handle = self._host_attention.get(key)
+        if handle is None:
+            out = C.c_void_p()
+            self._check_thread(lib.kvo_host_attention_create(
+                heads, self._kv_heads, self._head_dim, _capi.DTYPES[self._stored], self._slots,
+                0, scale, softcap, C.byref(out)))
+            handle = out.value
+            weakref.finalize(self, lib.kvo_host_attention_destroy, handle)
+            self._host_attention[key] = handle
+        return handle
+
+    @staticmethod
+    def _check_thread(status: int) -> None:
+        if status != _capi.OK:
+            _capi.raise_for(status)
+
+    def attend(self, query, keys, values, mask, layer: int, scaling, softcap):
+        """Split attention of the held layer `layer` for a decode step: query [batch, heads, 1,
+        head_dim] over keys [0, len + 1) of each batch row, the rows before the split in the host
+        store (the library's host attention, in place) and the rest in keys and values (what
+        update returned), merged by their log-sum-exps. mask: the model's mask (bool, True where
+        a key is seen, or additive floats; None: every valid key is seen). Returns the output
+        [batch, 1, heads, head_dim] in the query's dtype, as transformers' attention functions
+        do."""
+        if layer != self._held_layer:
+            raise RuntimeError(f"attend of layer {layer}, but layer {self._held_layer} is held")
+        self._split_pending = -1
+        self._split_keys = None
+        batch, heads, n, dim = query.shape
+        valid = self._step_length + n
+        cuts = self._split_rows if self._split_rows is not None else [0] * batch
+        cut = cuts[0]
+        if any(c != cut for c in cuts):
+            raise RuntimeError(f"layer {layer} split its batch rows at different rows {cuts}")
+        scale = float(scaling) if scaling is not None else dim ** -0.5
+        cap = float(softcap) if softcap else 0.0
+        group = heads // self._kv_heads
+        # The device part: rows [cut, valid), in f32.
+        k = keys[:batch, :, cut:valid].float().repeat_interleave(group, dim=1)
+        v = values[:batch, :, cut:valid].float().repeat_interleave(group, dim=1)
+        scores = torch.matmul(query.float(), k.transpose(-1, -2)) * scale
+        if cap:
+            scores = torch.tanh(scores / cap) * cap
+        seen_before = None  # [batch, cut]: which host rows the mask shows
+        if mask is not None:
+            columns = mask[:batch, :, :, :valid]
+            if columns.dtype == torch.bool:
+                scores = scores.masked_fill(~columns[..., cut:], float("-inf"))
+                seen_before = columns[:, 0, -1, :cut]
+            else:
+                scores = scores + columns[..., cut:].float()
+                seen_before = columns[:, 0, -1, :cut] == 0
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [batch, heads, n, 1]
+        out = torch.matmul(torch.softmax(scores, dim=-1), v)
+        if cut > 0:
+            begin = [0] * batch
+            if seen_before is not None:
+                seen = seen_before.cpu()
+                for b in range(batch):
+                    row = seen[b]
+                    first = int(row.int().argmax()) if bool(row.any()) else cut
+                    if not bool(row[first:].all()):
+                        raise ValueError(
+                            f"layer {layer}: the attention mask of batch row {b} hides keys "
+                            f"among rows [{first}, {cut}) that split attention reads in host "
+                            "memory; it takes masks that hide a prefix (left padding) only")
+                    begin[b] = first
+            q = query[:, :, -1, :].float().cpu().contiguous()  # [batch, heads, dim]
+            host_out = torch.empty_like(q)
+            host_lse = torch.empty((batch, heads), dtype=torch.float32)
+            handle = self._host_attention_for(heads, scale, cap)
+            self._check_thread(lib.kvo_host_attention_run(
+                handle, self._view_ref, q.data_ptr(), batch, _capi.int32_array(range(batch)),
+                _capi.int32_array(begin), _capi.int32_array(cuts), host_out.data_ptr(),
+                host_lse.data_ptr()))
+            host_lse = (host_lse * math.log(2.0)).to(query.device)[:, :, None, None]
+            host_out = host_out.to(query.device)[:, :, None, :]
+            merged = torch.logaddexp(lse, host_lse)
+            out = out * torch.exp(lse - merged) + host_out * torch.exp(host_lse - merged)
+        return out.to(query.dtype).transpose(1, 2).contiguous()

@@ -71,7 +71,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DummyLayer
 
-from . import _native, hf_fingerprint, hf_ops, hf_tp
+from . import _native, hf_fingerprint, hf_ops, hf_split, hf_tp
 from .hf_layers import OFFLOADED, WINDOW, KvLayout, UnsupportedModelError, describe_layers
 from .hf_local import StateLayer, WindowLayer, WindowStateLayer
 from .hf_offloaded import OffloadedLayer, OffloadedStateLayer
@@ -184,6 +184,17 @@ def _shard_of(config, text_config, specs) -> hf_tp.Shard:
                             any(s.states for s in specs))
 
 
+def _parse_split(split) -> tuple[str, int]:
+    """(the native split mode, its rows) of the ``split`` argument."""
+    if split is None or split is False:
+        return "off", 0
+    if split == "auto":
+        return "auto", 0
+    if isinstance(split, bool) or not isinstance(split, int) or not 0 <= split <= _INT32_MAX:
+        raise ValueError(f"split is None (off), 'auto' or a number of rows >= 0, got {split!r}")
+    return "rows", split
+
+
 def _check_path(path) -> str:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__} {path!r}")
@@ -233,6 +244,15 @@ class OffloadedStaticCache(Cache):
             near-tie; compiled, the lengths become symbolic (``dynamic=None``) or every step
             recompiles (``dynamic=False``). None: True, but False for models whose forward
             insists on a cache class of their own (MiniMax), which mask the valid rows only.
+        split: split attention at decode (kvoffload/hf_split.py): ``"auto"`` for a split row
+            from the host's and the bus's rates measured now (as ``kvo-generate --split auto``),
+            or a number of rows; None (the default): off. Each streamed layer of a decode step
+            then leaves the rows before the split in host memory, attended there in place by
+            the library's host attention while the device attends the rest, merged exactly;
+            only the rows after the split cross the bus (``stats()``: ``split_rows_last``,
+            ``split_bytes_saved``). It sets ``config``'s attention to kvoffload's split
+            attention, which hands every layer that does not split to the attention the model
+            had (``"sdpa"`` or ``"eager"``); a split layer attended by anything else is refused.
 
     Raises:
         UnsupportedModelError: the model has layers the cache cannot serve (named, with why).
@@ -265,10 +285,12 @@ class OffloadedStaticCache(Cache):
         ring_depth: int = 2,
         kv_dtype=None,
         static_shapes: bool | None = None,
+        split=None,
     ):
         _check_config(config)
         if static_shapes is not None and not isinstance(static_shapes, bool):
             raise TypeError(f"static_shapes must be True, False or None, got {static_shapes!r}")
+        split_mode, split_rows = _parse_split(split)
         text_config = config.get_text_config(decoder=True)
         self._text_config = text_config
         for name, value in (("max_batch_size", max_batch_size), ("max_cache_len", max_cache_len)):
@@ -359,6 +381,8 @@ class OffloadedStaticCache(Cache):
                     static_shapes=static_shapes,
                     ranks_per_node=self.shard.ranks_per_node,
                     node_available_bytes=node_bytes,
+                    split=split_mode,
+                    split_rows=split_rows,
                 )
             except Exception as error:  # every rank learns of it below
                 failure = error
@@ -376,6 +400,16 @@ class OffloadedStaticCache(Cache):
                     "resident (plan()['resident_layers_requested'] keeps the request)",
                     stacklevel=2)
         self._resident_requested = resident_layers
+        # Split attention: offloaded layers from this one on are streamed, and may split.
+        self.split = split
+        self._split_from = -1
+        if split_mode != "off":
+            if kv is not None and kv.v_head_dim != kv.k_head_dim:
+                raise ValueError(
+                    f"split attention needs values as wide as keys, and this model's are "
+                    f"{kv.v_head_dim} and {kv.k_head_dim} wide")
+            if self._native is not None:
+                self._split_from = self._native.stats()["plan"]["resident_layers"]
 
         # Per model layer: its index among the offloaded layers (-1: kept here), its layer object.
         self._slot = [-1] * len(specs)
@@ -413,6 +447,9 @@ class OffloadedStaticCache(Cache):
         self._length = 0
         self._forward_tokens = 0
         self._open = False
+        if self._split_from >= 0:  # streamed layers split: the model attends them through us
+            streamed = [slot if slot >= self._split_from else -1 for slot in self._slot]
+            hf_split.install(self._handle, streamed, config, text_config)
 
     def _rank_layout(self, spec) -> KvLayout:
         kv, world = spec.kv, self.shard.world_size
@@ -789,7 +826,10 @@ class OffloadedStaticCache(Cache):
     def stats(self) -> dict[str, Any]:
         """Counters of the native cache (kvoffload/cache.hpp: CacheStats): steps,
         h2d_bytes_total, d2h_bytes_total, h2d/d2h_bytes_last_step, acquire_wait_s,
-        prefetch_reissues, device_allocations (fixed after construction), and ``plan()``."""
+        prefetch_reissues, device_allocations (fixed after construction), and ``plan()``; with
+        split attention, ``split_rows_last`` (the last split's rows per batch row) and
+        ``split_bytes_saved`` (bytes the splits kept off the bus: the rows before each split,
+        K and V, of every layer that split)."""
         if self._native is None:
             counters = dict.fromkeys(
                 ("steps", "h2d_bytes_total", "d2h_bytes_total", "h2d_bytes_last_step",

@@ -43,14 +43,24 @@ def register(cache) -> torch.Tensor:
     return torch.tensor(handle, dtype=torch.int64)
 
 
+def find(cache: torch.Tensor):
+    """The cache a handle names, or None when it is gone."""
+    return _CACHES.get(int(cache))
+
+
+def owner(cache: torch.Tensor):
+    """The cache a handle names (``register``)."""
+    handle = int(cache)
+    found = _CACHES.get(handle)
+    if found is None:
+        raise RuntimeError(f"kvoffload: cache handle {handle} names no live cache")
+    return found
+
+
 @torch.library.custom_op("kvoffload::update", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def update(key_states: torch.Tensor, value_states: torch.Tensor, cache: torch.Tensor, layer: int,
            rows: int, max_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    cache = int(cache)
-    owner = _CACHES.get(cache)
-    if owner is None:
-        raise RuntimeError(f"kvoffload.update: cache handle {cache} names no live cache")
-    keys, values = owner._native.update(key_states, value_states, layer)
+    keys, values = owner(cache)._native.update(key_states, value_states, layer)
     if keys.shape[2] != rows:
         raise RuntimeError(
             f"kvoffload.update: the native cache returned {keys.shape[2]} rows per batch row for "
