@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kvoffload/cache.hpp"
@@ -56,6 +57,9 @@ class HostAttention {
   // CacheConfig::split kAuto, for the decoder). About 3 passes over `bytes`.
   static double measure_rate(const ModelConfig& config, DType type, ThreadPool& pool,
                              std::uint64_t bytes = 64ull << 20);
+
+  // The kernel decode takes here, in words.
+  std::string decode_kernel() const { return decode_->kernel(); }
 
   // How decode splits `keys` keys (attend::DecodeAttention::split).
   using Split = attend::DecodeAttention::Split;

@@ -39,5 +39,10 @@ void attend_keys_avx512(const float* q, int kv_heads, int group, int head_dim, K
                         int keys, SoftmaxState* state, float* acc, float* kv, float* scores,
                         float softcap);
 bool have_avx512();
+// Whether attend_keys_avx512 reads rows of `type` as even and odd halves (bf16 rows of whole 64s,
+// a group of at most kKeyBlock rows: q's rows then fit the kv scratch).
+inline bool avx512_pairs(DType type, int head_dim, int group) {
+  return type == DType::kBF16 && head_dim % 64 == 0 && group <= kKeyBlock;
+}
 
 }  // namespace kvo::attend

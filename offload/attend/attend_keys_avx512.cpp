@@ -32,6 +32,36 @@ KVO_AVX512 inline __m512 load16(const void* p) {
   }
 }
 
+// 32 bf16 at p as f32: the even elements (lane i: element 2i) and the odd ones (2i + 1), one
+// load and one operation each, where converting in order takes a widening shuffle per 16.
+KVO_AVX512_INLINE void load_pairs(const void* p, __m512* even, __m512* odd) {
+  const __m512i x = _mm512_loadu_si512(p);
+  *even = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+  *odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// Rows [0, rows) of x [rows][d] to the even-odd layout of load_pairs, each 32 elements in turn
+// (to_pairs), or back (from_pairs).
+KVO_AVX512_INLINE void to_pairs(const float* x, int rows, int d, float* out) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(rows) * d; i += 32) {
+    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+    const __m512 e = _mm512_permutex2var_ps(a, even, b), o = _mm512_permutex2var_ps(a, odd, b);
+    _mm512_storeu_ps(out + i, e);
+    _mm512_storeu_ps(out + i + 16, o);
+  }
+}
+KVO_AVX512_INLINE void from_pairs(float* x, int rows, int d) {
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(rows) * d; i += 32) {
+    const __m512 e = _mm512_loadu_ps(x + i), o = _mm512_loadu_ps(x + i + 16);
+    _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(e, lo, o));
+    _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(e, hi, o));
+  }
+}
+
 // out lane j = the sum of the lanes of a[j], j < 16.
 KVO_AVX512 inline __m512 sum_each(const __m512 (&a)[kKeyBlock]) {
   __m512 b[8], c[4], e[2];
@@ -82,8 +112,12 @@ constexpr int kRows = 4;  // query rows of a group that share each K and V load
 // compute time instead of hiding behind it: 0.61-0.64 of the streaming read at 32K-128K keys (2
 // threads, Llama-3-8B layer), against 0.75-0.84 interleaved (medians of 5 alternating runs,
 // bench/results/host-path-b170e22.md).
-// One block ahead measured best against 2 and 4, and _MM_HINT_T0 on par with T1.
-constexpr int kPrefetchBlocks = 1;
+// Two blocks ahead, into L2 (_MM_HINT_T1): one block ahead into L1 (T0), as measured best on an
+// earlier machine, read at 0.43-0.44 of the streaming read on this one (2 cores of an AVX-512
+// EPYC), T1 at 1 block ahead 0.68-0.73, at 2 blocks about the same; one thread from memory
+// (bf16, 32K keys): T0 7.3 GB/s, T1 10.7-11.2, T2 10.4-11.1, NTA 6.8-7.3 (bench/results/
+// host-attention-*.json, the commit's).
+constexpr int kPrefetchBlocks = 2;
 
 // Prefetches elements [e0, e0 + n) of keys [j0, j0 + nb) of kv head g, all of their lines.
 template <DType T>
@@ -92,7 +126,7 @@ KVO_AVX512_INLINE void prefetch_rows(const KeyRows& from, int g, int e0, int n, 
   const char* base = static_cast<const char*>(from.base);
   for (int j = 0; j < nb; ++j) {
     const char* row = base + ((j0 + j) * from.token_stride + g * from.head_stride + e0) * elem;
-    for (std::int64_t b = 0; b < n * elem; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+    for (std::int64_t b = 0; b < n * elem; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
   }
 }
 
@@ -107,7 +141,7 @@ KVO_AVX512_INLINE const char* row_at(const KeyRows& from, int j, int g) {
 // (those past nb are not read; their scores are garbage the caller masks). They stay in registers:
 // a vector stored and read back in pieces would wait for the store to reach the cache. Prefetches
 // the key rows of the first `ahead` keys of the block kPrefetchBlocks ahead.
-template <DType T>
+template <DType T, bool Paired>
 KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int g, int d, int j0,
                                     int nb, int ahead, __m512 (&out)[kRows]) {
   static_assert(kRows == 4, "4 rows x 4 keys a vector");
@@ -121,16 +155,34 @@ KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int
     for (int jj = 0; jj < 4; ++jj) rows[jj] = row_at<T>(k, j0 + std::min(j4 + jj, nb - 1), g);
     prefetch_rows<T>(k, g, 0, d, j0 + kPrefetchBlocks * kKeyBlock + j4,
                      std::max(0, std::min(4, ahead - j4)));
-    for (int e = 0; e < d; e += 16) {
-      __m512 kj[4];
+    if constexpr (Paired) {  // 32 bf16 a load: even elements, then odd (q is laid out so)
+      for (int e = 0; e < d; e += 32) {
+        __m512 even[4], odd[4];
 #pragma GCC unroll 4
-      for (int jj = 0; jj < 4; ++jj) kj[jj] = load16<T>(rows[jj] + e * elem);
+        for (int jj = 0; jj < 4; ++jj) load_pairs(rows[jj] + e * elem, &even[jj], &odd[jj]);
 #pragma GCC unroll 4
-      for (int r = 0; r < kRows; ++r) {
-        const __m512 qr = _mm512_loadu_ps(q[r] + e);
+        for (int r = 0; r < kRows; ++r) {
+          const __m512 qe = _mm512_loadu_ps(q[r] + e);
+          const __m512 qo = _mm512_loadu_ps(q[r] + e + 16);
 #pragma GCC unroll 4
-        for (int jj = 0; jj < 4; ++jj)
-          acc[r * 4 + jj] = _mm512_fmadd_ps(qr, kj[jj], acc[r * 4 + jj]);
+          for (int jj = 0; jj < 4; ++jj) {
+            acc[r * 4 + jj] = _mm512_fmadd_ps(qe, even[jj], acc[r * 4 + jj]);
+            acc[r * 4 + jj] = _mm512_fmadd_ps(qo, odd[jj], acc[r * 4 + jj]);
+          }
+        }
+      }
+    } else {
+      for (int e = 0; e < d; e += 16) {
+        __m512 kj[4];
+#pragma GCC unroll 4
+        for (int jj = 0; jj < 4; ++jj) kj[jj] = load16<T>(rows[jj] + e * elem);
+#pragma GCC unroll 4
+        for (int r = 0; r < kRows; ++r) {
+          const __m512 qr = _mm512_loadu_ps(q[r] + e);
+#pragma GCC unroll 4
+          for (int jj = 0; jj < 4; ++jj)
+            acc[r * 4 + jj] = _mm512_fmadd_ps(qr, kj[jj], acc[r * 4 + jj]);
+        }
       }
     }
     t[j4 / 4] = sum_each(acc);
@@ -148,7 +200,7 @@ KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int
 
 // acc[r] [e0, e0 + 16 W) += sum over keys j < nb of p[r][j] * value j of kv head g, r < rows.
 // Prefetches the same columns of the value rows of the first `ahead` keys a block ahead.
-template <DType T, int W>
+template <DType T, int W, bool Paired>
 KVO_AVX512_INLINE void accumulate_values(const float* p, int rows, const KeyRows& v, int g, int j0,
                                          int nb, int ahead, int e0, float* const* acc) {
   constexpr auto elem = static_cast<std::int64_t>(element_bytes(T));
@@ -163,8 +215,14 @@ KVO_AVX512_INLINE void accumulate_values(const float* p, int rows, const KeyRows
     if (j < ahead) prefetch_rows<T>(v, g, e0, 16 * W, j0 + kPrefetchBlocks * kKeyBlock + j, 1);
     const char* row = row_at<T>(v, j0 + j, g) + e0 * elem;
     __m512 vj[W];
+    if constexpr (Paired) {  // acc laid out as q: each 32 elements, the even then the odd
+      static_assert(W % 2 == 0, "whole loads of 32");
+#pragma GCC unroll 2
+      for (int c = 0; c < W; c += 2) load_pairs(row + 16 * c * elem, &vj[c], &vj[c + 1]);
+    } else {
 #pragma GCC unroll 4
-    for (int c = 0; c < W; ++c) vj[c] = load16<T>(row + 16 * c * elem);
+      for (int c = 0; c < W; ++c) vj[c] = load16<T>(row + 16 * c * elem);
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) {
       const __m512 pr = _mm512_set1_ps(p[r * kKeyBlock + j]);
@@ -179,8 +237,10 @@ KVO_AVX512_INLINE void accumulate_values(const float* p, int rows, const KeyRows
 }
 
 // The query rows of each group are taken kRows at a time (a group of 3 pads with its last row);
-// K and V are read straight from the cache rows, each element converted once per pass.
-template <DType T>
+// K and V are read straight from the cache rows, each element converted once per pass. Paired:
+// bf16 rows read 32 elements at a time as their even and odd halves (load_pairs), with q and acc
+// in that layout.
+template <DType T, bool Paired>
 KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const KeyRows& k,
                        const KeyRows& v, int keys, SoftmaxState* state, float* acc, float softcap) {
   for (int j0 = 0; j0 < keys; j0 += kKeyBlock) {
@@ -201,7 +261,7 @@ KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const Key
           accs[r] = acc + static_cast<std::int64_t>(row) * d;
         }
         __m512 scores[kRows];
-        block_scores<T>(qs, k, g, d, j0, nb, fetch, scores);
+        block_scores<T, Paired>(qs, k, g, d, j0, nb, fetch, scores);
         if (softcap > 0) {  // scalar tanh, as attend_keys takes it
           alignas(64) float capped[kKeyBlock];
           for (int r = 0; r < rows; ++r) {
@@ -230,8 +290,11 @@ KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const Key
         }
         int e0 = 0;
         for (; e0 + 64 <= d; e0 += 64)
-          accumulate_values<T, 4>(s, rows, v, g, j0, nb, fetch, e0, accs);
-        for (; e0 < d; e0 += 16) accumulate_values<T, 1>(s, rows, v, g, j0, nb, fetch, e0, accs);
+          accumulate_values<T, 4, Paired>(s, rows, v, g, j0, nb, fetch, e0, accs);
+        if constexpr (!Paired) {
+          for (; e0 < d; e0 += 16)
+            accumulate_values<T, 1, false>(s, rows, v, g, j0, nb, fetch, e0, accs);
+        }
       }
     }
   }
@@ -240,17 +303,27 @@ KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const Key
 }  // namespace
 
 KVO_AVX512 void attend_keys_avx512(const float* q, int kv_heads, int group, int d, KeyRows k,
-                                   KeyRows v, int keys, SoftmaxState* state, float* acc, float*,
+                                   KeyRows v, int keys, SoftmaxState* state, float* acc, float* kv,
                                    float*, float softcap) {
+  const int rows = kv_heads * group;
+  // bf16 rows of whole 64s, with q's rows fitting kv's scratch: paired (q and acc laid out so
+  // for the call; acc back in order at its end).
+  if (avx512_pairs(k.type, d, group)) {
+    to_pairs(q, rows, d, kv);
+    to_pairs(acc, rows, d, acc);
+    attend<DType::kBF16, true>(kv, kv_heads, group, d, k, v, keys, state, acc, softcap);
+    from_pairs(acc, rows, d);
+    return;
+  }
   // f32, f16 and bf16 rows (the caller takes quantized rows elsewhere)
   visit(
       k.type,
       [&](auto t) {
         constexpr auto kType = static_cast<DType>(decltype(t)::value);
         if constexpr (kType == DType::kF32 || kType == DType::kF16) {
-          attend<kType>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
+          attend<kType, false>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
         } else {
-          attend<DType::kBF16>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
+          attend<DType::kBF16, false>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
         }
       },
       [] {});

@@ -13,6 +13,18 @@ DecodeAttention::DecodeAttention(const DecodeShape& shape, ThreadPool& pool, Dec
       avx512_(have_avx512() && shape.head_dim % 16 == 0),
       scratch_(std::move(scratch)) {}
 
+std::string DecodeAttention::kernel() const {
+  std::string name = avx512_ ? "avx512" : "portable (x86-64 level clones)";
+  if (avx512_ && avx512_pairs(shape_.type, shape_.head_dim, group_)) {
+    name += ", bf16 rows as even and odd halves";
+  }
+  if (is_quantized(shape_.type)) {
+    name += std::string(", over f32 blocks of ") + std::to_string(kDequantKeys) +
+            " keys dequantized from " + dtype_name(shape_.type);
+  }
+  return name;
+}
+
 void DecodeAttention::run(const float* q, int n, const std::int32_t* slots,
                           const std::int32_t* positions, int window, const LayerView& view,
                           float* out, const KeyRange& range) {

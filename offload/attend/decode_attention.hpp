@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kvoffload/cache.hpp"
@@ -93,6 +94,9 @@ class DecodeAttention {
   // shape says. REQUIRES: n <= max_rows; the view's V rows as wide as its K rows.
   void run(const float* q, int n, const std::int32_t* slots, const std::int32_t* positions,
            int window, const LayerView& view, float* out, const KeyRange& range);
+
+  // Which kernel run() takes for this shape on this CPU, in words (benchmarks say it).
+  std::string kernel() const;
 
  private:
   DecodeShape shape_;

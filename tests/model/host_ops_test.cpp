@@ -990,64 +990,66 @@ TEST(HostOps, QuantizedCacheRowsAreQuantizeRowsBytes) {
 }
 
 // The portable kernel and the AVX-512 one (where the CPU has it) on the same keys, continuing a
-// state across calls, with a group of 3 (the AVX-512 kernel pads it to 4) and a short last block.
+// state across calls, with a group of 3 (the AVX-512 kernel pads it to 4) and a short last block;
+// head_dim 64 takes bf16 rows as even and odd halves (the AVX-512 kernel's paired loads).
 TEST(HostAttention, DecodeKernelsAgree) {
   std::mt19937 rng(6);
-  const int kv_heads = 2, group = 3, d = 32, keys = 45;
-  for (const float cap : {0.0f, 2.0f})
-    for (DType type : kTypes) {
-      const Values k =
-          random_values(static_cast<std::size_t>(keys) * kv_heads * d, type, 1.5f, rng);
-      const Values v = random_values(k.exact.size(), type, 1.0f, rng);
-      const std::vector<float> q =
-          random_floats(static_cast<std::size_t>(kv_heads) * group * d, rng);
-      const kernels::KeyRows kr{k.bytes.data(), kv_heads * d, d, type};
-      const kernels::KeyRows vr{v.bytes.data(), kv_heads * d, d, type};
-      std::vector<float> kv(kernels::kKeyBlock * kv_heads * d), scores(kv_heads * group * 16);
-      auto run = [&](auto kernel) {
-        std::vector<SoftmaxState> state(kv_heads * group);
-        std::vector<float> acc(q.size(), 0.0f);
-        kernel(q.data(), kv_heads, group, d, kr, vr, 20, state.data(), acc.data(), kv.data(),
-               scores.data(), cap);
-        const std::size_t rest = static_cast<std::size_t>(20) * kv_heads * d;
-        const kernels::KeyRows k2{k.bytes.data() + rest * elem_size(type), kv_heads * d, d, type};
-        const kernels::KeyRows v2{v.bytes.data() + rest * elem_size(type), kv_heads * d, d, type};
-        kernel(q.data(), kv_heads, group, d, k2, v2, keys - 20, state.data(), acc.data(), kv.data(),
-               scores.data(), cap);
-        for (std::size_t row = 0; row < state.size(); ++row) {
-          for (int e = 0; e < d; ++e) acc[row * d + e] /= state[row].sum;
-        }
-        return acc;
-      };
-      // float64: softmax(q k^T) v per row, with its float32 bound (the keys' scale is 1 here).
-      Attended want;
-      for (int row = 0; row < kv_heads * group; ++row) {
-        const int g = row / group;
-        std::vector<double> dots(keys), errors(keys), value_errors(keys, 0);
-        std::vector<const float*> values(keys);
-        for (int j = 0; j < keys; ++j) {
-          double magnitude = 0;
-          for (int e = 0; e < d; ++e) {
-            const double term =
-                static_cast<double>(q[row * d + e]) * k.exact[(j * kv_heads + g) * d + e];
-            dots[j] += term;
-            magnitude += std::fabs(term);
+  const int kv_heads = 2, group = 3, keys = 45;
+  for (const int d : {32, 64})
+    for (const float cap : {0.0f, 2.0f})
+      for (DType type : kTypes) {
+        const Values k =
+            random_values(static_cast<std::size_t>(keys) * kv_heads * d, type, 1.5f, rng);
+        const Values v = random_values(k.exact.size(), type, 1.0f, rng);
+        const std::vector<float> q =
+            random_floats(static_cast<std::size_t>(kv_heads) * group * d, rng);
+        const kernels::KeyRows kr{k.bytes.data(), kv_heads * d, d, type};
+        const kernels::KeyRows vr{v.bytes.data(), kv_heads * d, d, type};
+        std::vector<float> kv(kernels::kKeyBlock * kv_heads * d), scores(kv_heads * group * 16);
+        auto run = [&](auto kernel) {
+          std::vector<SoftmaxState> state(kv_heads * group);
+          std::vector<float> acc(q.size(), 0.0f);
+          kernel(q.data(), kv_heads, group, d, kr, vr, 20, state.data(), acc.data(), kv.data(),
+                 scores.data(), cap);
+          const std::size_t rest = static_cast<std::size_t>(20) * kv_heads * d;
+          const kernels::KeyRows k2{k.bytes.data() + rest * elem_size(type), kv_heads * d, d, type};
+          const kernels::KeyRows v2{v.bytes.data() + rest * elem_size(type), kv_heads * d, d, type};
+          kernel(q.data(), kv_heads, group, d, k2, v2, keys - 20, state.data(), acc.data(),
+                 kv.data(), scores.data(), cap);
+          for (std::size_t row = 0; row < state.size(); ++row) {
+            for (int e = 0; e < d; ++e) acc[row * d + e] /= state[row].sum;
           }
-          errors[j] = gamma(d) * magnitude;
-          if (cap > 0) {  // tanh's slope is at most 1; its own rounding a few ulp of the cap
-            dots[j] = cap * std::tanh(dots[j] / cap);
-            errors[j] += 4 * kU * cap;
+          return acc;
+        };
+        // float64: softmax(q k^T) v per row, with its float32 bound (the keys' scale is 1 here).
+        Attended want;
+        for (int row = 0; row < kv_heads * group; ++row) {
+          const int g = row / group;
+          std::vector<double> dots(keys), errors(keys), value_errors(keys, 0);
+          std::vector<const float*> values(keys);
+          for (int j = 0; j < keys; ++j) {
+            double magnitude = 0;
+            for (int e = 0; e < d; ++e) {
+              const double term =
+                  static_cast<double>(q[row * d + e]) * k.exact[(j * kv_heads + g) * d + e];
+              dots[j] += term;
+              magnitude += std::fabs(term);
+            }
+            errors[j] = gamma(d) * magnitude;
+            if (cap > 0) {  // tanh's slope is at most 1; its own rounding a few ulp of the cap
+              dots[j] = cap * std::tanh(dots[j] / cap);
+              errors[j] += 4 * kU * cap;
+            }
+            values[j] = v.exact.data() + (j * kv_heads + g) * d;
           }
-          values[j] = v.exact.data() + (j * kv_heads + g) * d;
+          const Attended a = softmax_weighted(dots, errors, 1.0, values, value_errors, d);
+          want.value.insert(want.value.end(), a.value.begin(), a.value.end());
+          want.bound.insert(want.bound.end(), a.bound.begin(), a.bound.end());
         }
-        const Attended a = softmax_weighted(dots, errors, 1.0, values, value_errors, d);
-        want.value.insert(want.value.end(), a.value.begin(), a.value.end());
-        want.bound.insert(want.bound.end(), a.bound.begin(), a.bound.end());
+        expect_near(run(kernels::attend_keys).data(), want, "portable");
+        if (kernels::have_avx512())
+          expect_near(run(kernels::attend_keys_avx512).data(), want, "avx512");
       }
-      expect_near(run(kernels::attend_keys).data(), want, "portable");
-      if (kernels::have_avx512())
-        expect_near(run(kernels::attend_keys_avx512).data(), want, "avx512");
-    }
 }
 
 TEST(HostAttention, SplitsKeysByCountAlone) {
