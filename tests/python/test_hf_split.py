@@ -8,6 +8,7 @@ CPU (the host backend), every full-attention layer streamed through a ring of on
 - The bytes: a split run moves over the bus exactly what the same run unsplit moves, less
   ``split_bytes_saved``, which is the formula's: every streamed layer of every decode step keeps
   min(split, length) rows of K and V per batch row on the host.
+- Quantized K/V (int8, fp8): a split run gives the unsplit run's tokens.
 - The host part matters: with its output zeroed the tokens change.
 - It cannot be half on: a model whose attention was set back after the cache was built is refused
   at the next layer; bad ``split`` values are refused.
@@ -15,6 +16,7 @@ CPU (the host backend), every full-attention layer streamed through a ring of on
   kvoffload::attend, gives the same tokens.
 """
 
+import ctypes
 import unittest
 
 import torch
@@ -88,6 +90,23 @@ class SplitTokens(unittest.TestCase):
                              moved[None]["h2d_bytes_total"] - saved, split)
         self.assertNotIn("split_bytes_saved", moved[None])
 
+    def test_quantized_rows_split_as_they_decode_unsplit(self):
+        # int8 and fp8 K/V: the host part attends the quantized rows in place (dequantized by
+        # the library), the device part the dequantized tail: the tokens of the unsplit run.
+        model = model_of("llama3")
+        ids, mask = prompts(1, PROMPT, seed=9)
+        for kv_dtype in ("int8", "fp8"):
+            runs = {}
+            for split in (None, PROMPT // 2):
+                model.config._attn_implementation = "sdpa"
+                cache = OffloadedStaticCache(model.config, 1, MAX_CACHE_LEN, device="cpu",
+                                             dtype=torch.float32, resident_layers=0,
+                                             ring_depth=1, split=split, kv_dtype=kv_dtype)
+                runs[split] = greedy(model, cache, ids, mask).tolist()
+                if split:
+                    self.assertGreater(cache.stats()["split_bytes_saved"], 0, kv_dtype)
+            self.assertEqual(runs[PROMPT // 2], runs[None], kv_dtype)
+
     def test_the_host_part_is_attended(self):
         model = model_of("llama3")
         ids, mask = prompts(1, PROMPT, seed=6)
@@ -96,10 +115,8 @@ class SplitTokens(unittest.TestCase):
 
         def zeroed(handle, view, q, rows, slots, begin, end, out, lse):
             status = real(handle, view, q, rows, slots, begin, end, out, lse)
-            torch.utils.dlpack  # the output buffer is a torch tensor's: zero it in place
-            heads_dim = MODELS and model.config.num_attention_heads * model.config.head_dim
-            torch.frombuffer((torch.ctypes.c_float * (rows * heads_dim)).from_address(out),
-                             dtype=torch.float32).zero_()
+            floats = rows * model.config.num_attention_heads * model.config.head_dim
+            ctypes.memset(out, 0, floats * 4)  # the host part's outputs, zeroed
             return status
 
         _native.lib.kvo_host_attention_run = zeroed
