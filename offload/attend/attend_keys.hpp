@@ -11,12 +11,14 @@
 namespace kvo::attend {
 
 // Rows of K or V of one slot: token j, kv head g at `base` + j * token_stride + g * head_stride
-// elements of `type`.
+// elements of `type`. int8 rows (attend_keys_avx512 only): the elements are bytes, and row j's
+// kv_heads float scales start scale_offset bytes into it (kvoffload/quant.hpp's rows).
 struct KeyRows {
   const void* base = nullptr;
   std::int64_t token_stride = 0;
   std::int64_t head_stride = 0;
   DType type = DType::kF32;
+  std::int64_t scale_offset = 0;
 };
 
 constexpr int kKeyBlock = 16;  // keys per step of attend_keys
@@ -34,7 +36,8 @@ void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows 
                  float softcap);
 
 // attend_keys with AVX-512 intrinsics (attend_keys_avx512.cpp), the same results up
-// to rounding. REQUIRES: have_avx512(), head_dim a multiple of 16.
+// to rounding; it also reads int8 rows in place (each key's scale applied to its score, each
+// value's to its weight). REQUIRES: have_avx512(), head_dim a multiple of 16.
 void attend_keys_avx512(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
                         int keys, SoftmaxState* state, float* acc, float* kv, float* scores,
                         float softcap);

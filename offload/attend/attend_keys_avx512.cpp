@@ -25,6 +25,9 @@ template <DType T>
 KVO_AVX512 inline __m512 load16(const void* p) {
   if constexpr (T == DType::kF32) {
     return _mm512_loadu_ps(p);
+  } else if constexpr (T == DType::kInt8) {  // before the row's scale
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(static_cast<const __m128i*>(p))));
   } else {
     const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(p));
     if constexpr (T == DType::kF16) return _mm512_cvtph_ps(h);
@@ -137,6 +140,16 @@ KVO_AVX512_INLINE const char* row_at(const KeyRows& from, int j, int g) {
          (j * from.token_stride + g * from.head_stride) * elem;
 }
 
+// The scales of kv head g of keys [j0, j0 + 16) of int8 rows (keys past nb repeat the last).
+KVO_AVX512_INLINE __m512 row_scales(const KeyRows& from, int g, int j0, int nb) {
+  alignas(64) float scales[kKeyBlock];
+  const char* base = static_cast<const char*>(from.base) + from.scale_offset + 4 * g;
+  for (int j = 0; j < kKeyBlock; ++j) {
+    std::memcpy(&scales[j], base + (j0 + std::min(j, nb - 1)) * from.token_stride, 4);
+  }
+  return _mm512_load_ps(scales);
+}
+
 // rows[r] = the scores of query row r (q [kRows][d], kv head g) against keys [j0, j0 + 16)
 // (those past nb are not read; their scores are garbage the caller masks). They stay in registers:
 // a vector stored and read back in pieces would wait for the store to reach the cache. Prefetches
@@ -196,6 +209,11 @@ KVO_AVX512_INLINE void block_scores(const float* const* q, const KeyRows& k, int
   out[1] = _mm512_shuffle_f32x4(u0, u2, _MM_SHUFFLE(3, 1, 3, 1));
   out[2] = _mm512_shuffle_f32x4(u1, u3, _MM_SHUFFLE(2, 0, 2, 0));
   out[3] = _mm512_shuffle_f32x4(u1, u3, _MM_SHUFFLE(3, 1, 3, 1));
+  if constexpr (T == DType::kInt8) {  // each key's scale, once per score
+    const __m512 scales = row_scales(k, g, j0, nb);
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) out[r] = _mm512_mul_ps(out[r], scales);
+  }
 }
 
 // acc[r] [e0, e0 + 16 W) += sum over keys j < nb of p[r][j] * value j of kv head g, r < rows.
@@ -288,6 +306,13 @@ KVO_AVX512 void attend(const float* q, int kv_heads, int group, int d, const Key
         for (int r = rows; r < kRows; ++r) {  // padding rows: weight 0
           _mm512_store_ps(s + r * kKeyBlock, _mm512_setzero_ps());
         }
+        if constexpr (T == DType::kInt8) {  // each value's scale, once per weight
+          const __m512 scales = row_scales(v, g, j0, nb);
+          for (int r = 0; r < rows; ++r) {
+            _mm512_store_ps(s + r * kKeyBlock,
+                            _mm512_mul_ps(_mm512_load_ps(s + r * kKeyBlock), scales));
+          }
+        }
         int e0 = 0;
         for (; e0 + 64 <= d; e0 += 64)
           accumulate_values<T, 4, Paired>(s, rows, v, g, j0, nb, fetch, e0, accs);
@@ -315,12 +340,12 @@ KVO_AVX512 void attend_keys_avx512(const float* q, int kv_heads, int group, int 
     from_pairs(acc, rows, d);
     return;
   }
-  // f32, f16 and bf16 rows (the caller takes quantized rows elsewhere)
+  // f32, f16, bf16 and int8 rows (the caller dequantizes fp8 rows)
   visit(
       k.type,
       [&](auto t) {
         constexpr auto kType = static_cast<DType>(decltype(t)::value);
-        if constexpr (kType == DType::kF32 || kType == DType::kF16) {
+        if constexpr (kType == DType::kF32 || kType == DType::kF16 || kType == DType::kInt8) {
           attend<kType, false>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
         } else {
           attend<DType::kBF16, false>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);

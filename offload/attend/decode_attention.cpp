@@ -18,7 +18,9 @@ std::string DecodeAttention::kernel() const {
   if (avx512_ && avx512_pairs(shape_.type, shape_.head_dim, group_)) {
     name += ", bf16 rows as even and odd halves";
   }
-  if (is_quantized(shape_.type)) {
+  if (in_place_int8()) {
+    name += ", int8 rows in place (scales applied to scores and weights)";
+  } else if (is_quantized(shape_.type)) {
     name += std::string(", over f32 blocks of ") + std::to_string(kDequantKeys) +
             " keys dequantized from " + dtype_name(shape_.type);
   }
@@ -74,9 +76,11 @@ void DecodeAttention::run(const float* q, int n, const std::int32_t* slots,
                           (slots[i] * view.v_slot_stride + part0 * view.v_token_stride) * bytes;
     const int part_keys = std::min(sp.part_keys, keys - p * sp.part_keys);
     const auto attend = avx512_ ? attend_keys_avx512 : attend_keys;
-    if (!is_quantized(type)) {
-      const KeyRows k{k_first, view.token_stride, view.head_stride, type};
-      const KeyRows v{v_first, view.v_token_stride, view.v_head_stride, type};
+    if (!is_quantized(type) || in_place_int8()) {  // the rows where they are
+      const KeyRows k{k_first, view.token_stride, view.head_stride, type,
+                      static_cast<std::int64_t>(view.layout.k_scale_offset)};
+      const KeyRows v{v_first, view.v_token_stride, view.v_head_stride, type,
+                      static_cast<std::int64_t>(view.layout.v_scale_offset)};
       attend(s.q, kv_heads, group_, d, k, v, part_keys, state, values, s.kv, s.scores,
              shape_.softcap);
       return;

@@ -1,7 +1,8 @@
-// Decode attention on the host, reading a cache's K/V rows in place (f32, f16 or bf16 through the
-// view's strides; fp8 and int8 rows dequantized block by block into f32 scratch), all query heads
-// of a GQA group per K/V pass. The host path's decode (model/host/host_attention.hpp) and split
-// attention's host part through the C ABI (kvo_host_attention_run) are this one code.
+// Decode attention on the host, reading a cache's K/V rows in place (f32, f16, bf16, and int8
+// where the CPU has AVX-512, through the view's strides; fp8 rows, and int8 rows elsewhere,
+// dequantized block by block into f32 scratch), all query heads of a GQA group per K/V pass. The
+// host path's decode (model/host/host_attention.hpp) and split attention's host part through the C
+// ABI (kvo_host_attention_run) are this one code.
 //
 // Each row is split over parts of its keys, as a GPU split-K decode does: a task is (row, part),
 // which walks its keys front to back, every kv head of a block of keys at once (the rows are
@@ -99,6 +100,9 @@ class DecodeAttention {
   std::string kernel() const;
 
  private:
+  // int8 rows read in place (the AVX-512 kernel); fp8 rows, and int8 without it, dequantized.
+  bool in_place_int8() const { return avx512_ && shape_.type == DType::kInt8; }
+
   DecodeShape shape_;
   ThreadPool& pool_;
   int group_;

@@ -177,6 +177,8 @@ kvo_status kvo_host_attention_run(kvo_host_attention_t* attention, const kvo_lay
     rows_view.v_slot_stride = view->v_slot_stride;
     rows_view.v_token_stride = view->v_token_stride;
     rows_view.v_head_stride = view->v_head_stride;
+    rows_view.layout.k_scale_offset = static_cast<std::uint64_t>(view->k_scale_offset);
+    rows_view.layout.v_scale_offset = static_cast<std::uint64_t>(view->v_scale_offset);
     kvo::attend::KeyRange range;
     range.begin = a.begin.data();
     range.end = a.end.data();

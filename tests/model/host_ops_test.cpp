@@ -989,6 +989,61 @@ TEST(HostOps, QuantizedCacheRowsAreQuantizeRowsBytes) {
   }
 }
 
+// int8 rows read in place by the AVX-512 kernel (each key's scale on its score, each value's on
+// its weight) against the portable kernel over the same rows dequantized to f32, continuing a
+// state across calls, a group of 3 and a short last block, with and without a soft cap.
+TEST(HostAttention, DecodeKernelReadsInt8RowsInPlace) {
+  if (!kernels::have_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  const int kv_heads = 2, group = 3, keys = 45;
+  for (const int d : {32, 64})
+    for (const float cap : {0.0f, 2.0f}) {
+      const auto row_bytes = static_cast<std::int64_t>(quant_row_bytes(kv_heads, d));
+      const auto scale_offset = static_cast<std::int64_t>(quant_scale_offset(kv_heads, d));
+      std::vector<std::uint8_t> k(static_cast<std::size_t>(keys * row_bytes));
+      std::vector<std::uint8_t> v(k.size());
+      std::vector<float> k_exact(static_cast<std::size_t>(keys) * kv_heads * d),
+          v_exact(k_exact.size());
+      std::vector<float> row(static_cast<std::size_t>(kv_heads) * d);
+      for (int j = 0; j < keys; ++j) {
+        for (auto* pair : {&k, &v}) {
+          for (auto& x : row) x = dist(rng) * (j % 5 + 1);  // scales differ per row
+          quantize_row(row.data(), kv_heads, d, DType::kInt8, pair->data() + j * row_bytes);
+          dequantize_row(pair->data() + j * row_bytes, kv_heads, d, DType::kInt8,
+                         (pair == &k ? k_exact : v_exact).data() + j * row.size());
+        }
+      }
+      const std::vector<float> q =
+          random_floats(static_cast<std::size_t>(kv_heads) * group * d, rng);
+      std::vector<float> kv(kernels::kKeyBlock * kv_heads * d), scores(kv_heads * group * 16);
+      auto run = [&](auto kernel, const void* kb, const void* vb, std::int64_t stride, DType type,
+                     std::int64_t elem) {
+        std::vector<SoftmaxState> state(kv_heads * group);
+        std::vector<float> acc(q.size(), 0.0f);
+        for (const auto [first, count] : {std::pair{0, 20}, std::pair{20, keys - 20}}) {
+          const auto* kp = static_cast<const std::uint8_t*>(kb) + first * stride * elem;
+          const auto* vp = static_cast<const std::uint8_t*>(vb) + first * stride * elem;
+          const kernels::KeyRows kr{kp, stride, d, type, scale_offset};
+          const kernels::KeyRows vr{vp, stride, d, type, scale_offset};
+          kernel(q.data(), kv_heads, group, d, kr, vr, count, state.data(), acc.data(), kv.data(),
+                 scores.data(), cap);
+        }
+        for (std::size_t r = 0; r < state.size(); ++r) {
+          for (int e = 0; e < d; ++e) acc[r * d + e] /= state[r].sum;
+        }
+        return acc;
+      };
+      const std::vector<float> want =
+          run(kernels::attend_keys, k_exact.data(), v_exact.data(), kv_heads * d, DType::kF32, 4);
+      const std::vector<float> got =
+          run(kernels::attend_keys_avx512, k.data(), v.data(), row_bytes, DType::kInt8, 1);
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 2e-5f * (1.0f + std::fabs(want[i]))) << i << " d " << d;
+      }
+    }
+}
+
 // The portable kernel and the AVX-512 one (where the CPU has it) on the same keys, continuing a
 // state across calls, with a group of 3 (the AVX-512 kernel pads it to 4) and a short last block;
 // head_dim 64 takes bf16 rows as even and odd halves (the AVX-512 kernel's paired loads).
