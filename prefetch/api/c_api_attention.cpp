@@ -3,10 +3,12 @@
 // path decodes with.
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kvoffload/quant.hpp"
 #include "offload/attend/decode_attention.hpp"
 #include "offload/attend/thread_pool.hpp"
 #include "prefetch/api/c_api_support.hpp"
@@ -146,6 +148,16 @@ kvo_status kvo_host_attention_run(kvo_host_attention_t* attention, const kvo_lay
              ", K and V alike, of " + kvo::dtype_name(a.shape.type));
     }
     require(view->lengths, "view->lengths is NULL");
+    if (view->slots < 1) refuse("view->slots is " + std::to_string(view->slots));
+    if (kvo::is_quantized(type)) {  // the scales where the rows keep them
+      const auto at =
+          static_cast<std::int64_t>(kvo::quant_scale_offset(view->kv_heads, view->head_dim));
+      if (view->k_scale_offset != at || view->v_scale_offset != at) {
+        refuse("the view's scale offsets (" + std::to_string(view->k_scale_offset) + ", " +
+               std::to_string(view->v_scale_offset) +
+               ") are not where its rows keep their scales (" + std::to_string(at) + ")");
+      }
+    }
     const auto slot_count = static_cast<std::size_t>(view->slots);
     a.begin.assign(slot_count, -1);
     a.end.assign(slot_count, 0);

@@ -1,8 +1,8 @@
 """Split attention in the drop-in (kvoffload/hf_split.py): OffloadedStaticCache(split=...) on the
 CPU (the host backend), every full-attention layer streamed through a ring of one buffer.
 
-- Greedy tokens equal transformers' StaticCache's for a Llama, a Qwen2 of GQA group 7 and a
-  Gemma 2 (its sliding layers kept as windows, never split), at split points 0, 1, a middle row
+- Greedy tokens equal transformers' StaticCache's for a Llama, a Qwen2 of GQA group 7, a Gemma 2
+  (its sliding layers kept as windows, never split) and a GPT-OSS (attention sinks), at split points 0, 1, a middle row
   and past the whole prefix; one row (sdpa, Gemma 2 eager) and two left-padded rows (eager,
   additive masks; the padding inside the host rows).
 - The bytes: a split run moves over the bus exactly what the same run unsplit moves, less
@@ -33,6 +33,7 @@ MODELS = {
     "llama3": ("sdpa", {}),
     "qwen2": ("sdpa", dict(num_attention_heads=7, num_key_value_heads=1, hidden_size=112)),
     "gemma2": ("eager", {}),  # soft caps: eager only
+    "gpt_oss": ("eager", {}),  # attention sinks, windows on every other layer
 }
 PROMPT = 20
 SPLITS = (0, 1, PROMPT // 2, MAX_CACHE_LEN)  # the last: the whole committed prefix
@@ -163,6 +164,10 @@ class SplitCompiled(unittest.TestCase):
             self.assertGreater(cache.stats()["split_bytes_saved"], 0)
         # One decode graph, whose streamed layers (all 4) attend through the opaque op.
         self.assertEqual(recorder.op_counts("kvoffload.attend"), [4])
+        # The same compiled model with another cache (its keys are not a split cache's): the op
+        # attends them whole, and the tokens are still StaticCache's.
+        self.assertEqual(greedy(model, reference_cache(model), ids, mask,
+                                compile_config=compile_config(recorder)).tolist(), expected)
 
 
 if __name__ == "__main__":

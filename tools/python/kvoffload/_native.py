@@ -639,9 +639,21 @@ class Cache:
         return out
 
     def returned(self, layer: int, keys) -> bool:
-        """Whether `keys` are what update() of the held layer `layer` returned (attend() attends
-        them)."""
-        return self._in_step and layer == self._held_layer and keys is self._split_keys
+        """Whether `keys` are what update() of the held layer `layer` returned this step (the
+        same memory and shape: compiled code hands on new tensor objects), so that attend()
+        attends them."""
+        mine = self._split_keys
+        return (self._in_step and layer == self._held_layer and mine is not None
+                and keys.data_ptr() == mine.data_ptr() and keys.shape == mine.shape
+                and keys.stride() == mine.stride())
+
+    def attended(self) -> None:
+        """The held layer, which did not split, was attended by the model's own attention."""
+        self._split_keys = None
+
+    def splits_now(self) -> bool:
+        """Whether the held layer split its keys this step."""
+        return self._split_rows is not None
 
     def _host_attention_for(self, heads: int, scale: float, softcap: float) -> int:
         key = (heads, scale, softcap)
@@ -661,14 +673,14 @@ class Cache:
         if status != _capi.OK:
             _capi.raise_for(status)
 
-    def attend(self, query, keys, values, mask, layer: int, scaling, softcap):
+    def attend(self, query, keys, values, mask, layer: int, scaling, softcap, sinks=None):
         """Split attention of the held layer `layer` for a decode step: query [batch, heads, 1,
         head_dim] over keys [0, len + 1) of each batch row, the rows before the split in the host
         store (the library's host attention, in place) and the rest in keys and values (what
         update returned), merged by their log-sum-exps. mask: the model's mask (bool, True where
-        a key is seen, or additive floats; None: every valid key is seen). Returns the output
-        [batch, 1, heads, head_dim] in the query's dtype, as transformers' attention functions
-        do."""
+        a key is seen, or additive floats; None: every valid key is seen); sinks: per head, a
+        logit each row's softmax also counts (gpt-oss), or None. Returns the output [batch, 1,
+        heads, head_dim] in the query's dtype, as transformers' attention functions do."""
         if layer != self._held_layer:
             raise RuntimeError(f"attend of layer {layer}, but layer {self._held_layer} is held")
         self._split_pending = -1
@@ -681,24 +693,9 @@ class Cache:
             raise RuntimeError(f"layer {layer} split its batch rows at different rows {cuts}")
         scale = float(scaling) if scaling is not None else dim ** -0.5
         cap = float(softcap) if softcap else 0.0
-        group = heads // self._kv_heads
-        # The device part: rows [cut, valid), in f32.
-        k = keys[:batch, :, cut:valid].float().repeat_interleave(group, dim=1)
-        v = values[:batch, :, cut:valid].float().repeat_interleave(group, dim=1)
-        scores = torch.matmul(query.float(), k.transpose(-1, -2)) * scale
-        if cap:
-            scores = torch.tanh(scores / cap) * cap
-        seen_before = None  # [batch, cut]: which host rows the mask shows
-        if mask is not None:
-            columns = mask[:batch, :, :, :valid]
-            if columns.dtype == torch.bool:
-                scores = scores.masked_fill(~columns[..., cut:], float("-inf"))
-                seen_before = columns[:, 0, -1, :cut]
-            else:
-                scores = scores + columns[..., cut:].float()
-                seen_before = columns[:, 0, -1, :cut] == 0
-        lse = torch.logsumexp(scores, dim=-1, keepdim=True)  # [batch, heads, n, 1]
-        out = torch.matmul(torch.softmax(scores, dim=-1), v)
+        out, lse, seen_before = device_part(query, keys[:batch, :, cut:valid],
+                                            values[:batch, :, cut:valid], mask, cut, valid,
+                                            scale, cap)
         if cut > 0:
             begin = [0] * batch
             if seen_before is not None:
@@ -724,4 +721,53 @@ class Cache:
             host_out = host_out.to(query.device)[:, :, None, :]
             merged = torch.logaddexp(lse, host_lse)
             out = out * torch.exp(lse - merged) + host_out * torch.exp(host_lse - merged)
-        return out.to(query.dtype).transpose(1, 2).contiguous()
+            lse = merged
+        return finish(out, lse, sinks, query.dtype)
+
+
+def device_part(query, keys, values, mask, first: int, end: int, scale: float, cap: float):
+    """Attention of query [batch, heads, n, dim] over keys and values [batch, kv_heads, L, dim]
+    (the rows [first, end) of the mask's columns), in f32, each kv head's group of query heads
+    at once (no copy of the keys per head). Returns (out [batch, heads, n, dim], lse [batch, heads,
+    n, 1] in natural log, the mask's columns [0, first) of the last query, as bool, or None)."""
+    batch, heads, n, dim = query.shape
+    kv_heads = keys.shape[1]
+    group = heads // kv_heads
+    q = query.float().reshape(batch, kv_heads, group * n, dim)
+    k, v = keys.float(), values.float()
+    scores = torch.matmul(q, k.transpose(-1, -2)).view(batch, heads, n, -1) * scale
+    if cap:
+        scores = torch.tanh(scores / cap) * cap
+    seen_before = None
+    if mask is not None:
+        columns = mask[:, :, :, :end].expand(batch, -1, -1, -1)
+        if columns.dtype == torch.bool:
+            scores = scores.masked_fill(~columns[..., first:], float("-inf"))
+            seen_before = columns[:, 0, -1, :first]
+        else:
+            scores = scores + columns[..., first:].float()
+            seen_before = columns[:, 0, -1, :first] == 0
+    lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+    weights = torch.softmax(scores, dim=-1).view(batch, kv_heads, group * n, -1)
+    out = torch.matmul(weights, v).view(batch, heads, n, dim)
+    return out, lse, seen_before
+
+
+def finish(out, lse, sinks, dtype):
+    """out [batch, heads, n, dim] normalized over its keys, with their lse: with sinks (a logit
+    per head the softmax also counts) scaled down by their share; [batch, n, heads, dim] in
+    `dtype`."""
+    if sinks is not None:
+        sink = sinks.float().to(out.device).view(1, -1, 1, 1)
+        out = out * torch.exp(lse - torch.logaddexp(lse, sink))
+    return out.to(dtype).transpose(1, 2).contiguous()
+
+
+def plain_attention(query, keys, values, mask, scaling, softcap, sinks=None):
+    """Attention over every row of keys and values as a cache returned them (no split): what
+    kvoffload::attend runs for a layer whose keys are not a split cache's."""
+    end = keys.shape[2]
+    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+    out, lse, _ = device_part(query, keys[:query.shape[0]], values[:query.shape[0]], mask, 0, end,
+                              scale, float(softcap) if softcap else 0.0)
+    return finish(out, lse, sinks, query.dtype)

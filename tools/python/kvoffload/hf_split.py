@@ -22,7 +22,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from . import hf_ops
+from . import _native, hf_ops
 
 # One attention name per attention a model may have had, registered once with that attention's
 # masks: a new cache of the same shape then changes no name, and a compiled graph is reused.
@@ -45,17 +45,21 @@ def _attention_for(original: str):
             scaling = kwargs.get("scaling")
             scaling = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
             softcap = float(kwargs.get("softcap") or 0.0)
+            sinks = kwargs.get("s_aux")  # gpt-oss's per-head sink logits
             if torch.compiler.is_compiling():
-                out = torch.ops.kvoffload.attend(query, key, value, attention_mask, handle,
-                                                 slots[layer], scaling, softcap)
+                out = torch.ops.kvoffload.attend(query, key, value, attention_mask, sinks,
+                                                 handle, slots[layer], scaling, softcap)
                 return out, None
             cache = hf_ops.find(handle)
-            # Eagerly, a model whose cache is another (a StaticCache, a cache built later) is
-            # attended by its own attention.
+            # Eagerly: the layer that split is attended here; a step that did not split, or a
+            # model whose cache is another (a StaticCache, a cache built later), by the model's
+            # own attention.
             if cache is not None and cache._native.returned(slots[layer], key):
-                out = cache._native.attend(query, key, value, attention_mask, slots[layer],
-                                           scaling, softcap)
-                return out, None
+                if cache._native.splits_now():
+                    out = cache._native.attend(query, key, value, attention_mask, slots[layer],
+                                               scaling, softcap, sinks)
+                    return out, None
+                cache._native.attended()
         if original == "eager":  # each model's own eager attention (soft caps, sinks, ...)
             function = sys.modules[type(module).__module__].eager_attention_forward
         else:
@@ -87,13 +91,17 @@ def install(handle: torch.Tensor, slots: list, config, text_config) -> None:
 @torch.library.custom_op("kvoffload::attend", mutates_args=(),
                          tags=(torch.Tag.cudagraph_unsafe,))
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-           mask: torch.Tensor | None, cache: torch.Tensor, layer: int, scaling: float,
-           softcap: float) -> torch.Tensor:
-    owner = hf_ops.owner(cache)
-    return owner._native.attend(query, keys, values, mask, layer, scaling, softcap)
+           mask: torch.Tensor | None, sinks: torch.Tensor | None, cache: torch.Tensor,
+           layer: int, scaling: float, softcap: float) -> torch.Tensor:
+    owner = hf_ops.find(cache)
+    if owner is not None and owner._native.returned(layer, keys):
+        return owner._native.attend(query, keys, values, mask, layer, scaling, softcap, sinks)
+    # Keys another cache returned (a compiled model run with a StaticCache after a split cache
+    # set its attention): attention over all of them.
+    return _native.plain_attention(query, keys, values, mask, scaling, softcap, sinks)
 
 
 @attend.register_fake
-def _(query, keys, values, mask, cache, layer, scaling, softcap):
+def _(query, keys, values, mask, sinks, cache, layer, scaling, softcap):
     batch, heads, n, dim = query.shape
     return query.new_empty((batch, n, heads, dim))
