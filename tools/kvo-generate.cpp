@@ -267,6 +267,7 @@ int run(const kvo::cli::GenerateRun& o) {
     j["decode_s"] = decode_s;
     j["attention"] = decoder.attention_kernels();
     j["gemm"] = decoder.gemm_kernels();
+    j["activations"] = decoder.options().q8_activations ? "q8" : "f32";
     if (text.active()) {
       nlohmann::json texts = nlohmann::json::array();
       for (int s = 0; s < slots; ++s) texts.push_back(nlohmann::json::parse(text.json_text(s)));

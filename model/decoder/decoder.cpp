@@ -73,6 +73,11 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
     checkpoint = std::make_unique<Checkpoint>(source.checkpoint);
     check_checkpoint(layout_, *checkpoint);
   }
+  if (options_.auto_activations) {
+    options_.q8_activations = gguf != nullptr && backend == BackendKind::kHost &&
+                              layout_.has_blocks() && kernels::have_avx512_vnni();
+    options_.auto_activations = false;
+  }
   if (options_.q8_activations && (backend != BackendKind::kHost || !layout_.has_blocks())) {
     throw invalid(
         "q8 activations multiply weights kept in GGUF blocks on the host backend (a GGUF file, "

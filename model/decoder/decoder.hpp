@@ -93,6 +93,9 @@ struct DecoderOptions {
   // Q8_0, Q4_0, Q4_1, Q4_K and Q6_K; not the bits of the expanded weights. Off: f32 activations,
   // the bits of the weights expanded to f32.
   bool q8_activations = false;
+  // Decide q8_activations here: on for a GGUF file's blocks on the host backend where the CPU has
+  // AVX512-VNNI (llama.cpp multiplies such files so), off otherwise; options() then says which.
+  bool auto_activations = false;
 };
 
 // The rows of one decode step, one per slot that takes part: row i feeds token tokens()[i] to

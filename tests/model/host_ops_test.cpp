@@ -1008,7 +1008,7 @@ TEST(HostAttention, DecodeKernelReadsInt8RowsInPlace) {
       std::vector<float> row(static_cast<std::size_t>(kv_heads) * d);
       for (int j = 0; j < keys; ++j) {
         for (auto* pair : {&k, &v}) {
-          for (auto& x : row) x = dist(rng) * (j % 5 + 1);  // scales differ per row
+          for (auto& x : row) x = dist(rng) * static_cast<float>(j % 5 + 1);  // scales differ
           quantize_row(row.data(), kv_heads, d, DType::kInt8, pair->data() + j * row_bytes);
           dequantize_row(pair->data() + j * row_bytes, kv_heads, d, DType::kInt8,
                          (pair == &k ? k_exact : v_exact).data() + j * row.size());
@@ -1021,7 +1021,7 @@ TEST(HostAttention, DecodeKernelReadsInt8RowsInPlace) {
                      std::int64_t elem) {
         std::vector<SoftmaxState> state(kv_heads * group);
         std::vector<float> acc(q.size(), 0.0f);
-        for (const auto [first, count] : {std::pair{0, 20}, std::pair{20, keys - 20}}) {
+        for (const auto& [first, count] : {std::pair{0, 20}, std::pair{20, keys - 20}}) {
           const auto* kp = static_cast<const std::uint8_t*>(kb) + first * stride * elem;
           const auto* vp = static_cast<const std::uint8_t*>(vb) + first * stride * elem;
           const kernels::KeyRows kr{kp, stride, d, type, scale_offset};

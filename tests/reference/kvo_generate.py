@@ -6,9 +6,10 @@ import sys
 import tempfile
 
 
-def generate_tokens(kvo_generate, model, ids, max_new, *args):
+def generate_tokens(kvo_generate, model, ids, max_new, *args, with_json=False):
     """The new tokens of `kvo_generate --model model` after the prompt `ids` on the host backend,
-    in prefill chunks of 128, with `args` added; exits naming the arguments if it fails."""
+    in prefill chunks of 128, with `args` added (with_json: its whole --json line instead); exits
+    naming the arguments if it fails."""
     with tempfile.TemporaryDirectory() as tmp:
         prompt = os.path.join(tmp, "prompt.txt")
         with open(prompt, "w") as f:
@@ -19,4 +20,5 @@ def generate_tokens(kvo_generate, model, ids, max_new, *args):
         if run.returncode != 0:
             print(run.stdout, run.stderr, file=sys.stderr)
             sys.exit(f"kvo-generate {' '.join(args)} failed")
-        return json.loads(run.stdout.strip().splitlines()[-1])["tokens"][0]
+        result = json.loads(run.stdout.strip().splitlines()[-1])
+        return result if with_json else result["tokens"][0]

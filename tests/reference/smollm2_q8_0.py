@@ -63,7 +63,7 @@ def main():
             quantized = generate_tokens(args.kvo_generate, args.model, ids, args.max_new,
                                         "--weights", "q8_0", "--resident", resident)
             from_file = generate_tokens(args.kvo_generate, gguf_path, ids, args.max_new,
-                                        "--resident", resident)
+                                        "--resident", resident, "--activations", "f32")
             same = quantized == from_file
             agree = next((i for i, (a, b) in enumerate(zip(quantized, f32)) if a != b),
                          len(quantized))

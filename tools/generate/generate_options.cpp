@@ -97,11 +97,12 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
   add_flag(app, "--expand-weights", a.expand_weights,
            "a GGUF file: dequantize its quantized matrices into the model dtype at load instead "
            "of keeping them in their blocks");
-  add_choice(app, "--activations", a.activations, {"f32", "q8"},
-             "host backend, weights in GGUF blocks: what they multiply: f32 (default; the same "
-             "bits as the weights expanded to f32) or q8 (the activations quantized to 8 bits per "
-             "32, integer products as llama.cpp's, in decode rows and, with AVX512-VNNI, prefill "
-             "GEMMs; faster, not exact)");
+  add_choice(app, "--activations", a.activations, {"auto", "f32", "q8"},
+             "host backend, weights in GGUF blocks: what they multiply: f32 (the same bits as the "
+             "weights expanded to f32), q8 (the activations quantized to 8 bits per 32, integer "
+             "products as llama.cpp's, in decode rows and, with AVX512-VNNI, prefill GEMMs; "
+             "faster, not exact) or auto (default: q8 for a GGUF file on a CPU with AVX512-VNNI, "
+             "as llama.cpp runs it; f32 otherwise; --json's \"activations\" says which ran)");
   add_choice(app, "--gemm", a.gemm, {"auto", "f32"},
              "host backend, bf16 weights: auto (AVX512_BF16 GEMMs where the CPU has them, the "
              "activations rounded to bf16) or f32 (sgemm over f32 copies of the weights' tiles, "
@@ -269,6 +270,7 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
   }
   d.keep_blocks = !a.expand_weights;
   d.q8_activations = a.activations == "q8";
+  d.auto_activations = a.activations == "auto";
   d.weight_format = a.weights;
   if (a.max_delay_us > 0) {
     d.host.max_delay_us = static_cast<std::uint32_t>(a.max_delay_us);

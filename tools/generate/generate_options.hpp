@@ -50,7 +50,7 @@ struct GenerateArgs {
   std::string attention = "auto";
   std::string gemm = "auto";
   bool expand_weights = false;
-  std::string activations = "f32";
+  std::string activations = "auto";
   std::string weights;
   int max_delay_us = 0;
   // Text
