@@ -1,7 +1,7 @@
 // Plain arithmetic shared by the host path and the CUDA kernels: element conversions, rotary
 // angles (with Llama 3 frequency scaling), the seeded values of synthetic weights, and the online
-// softmax (offload/attend/softmax.hpp's, by the names the model uses). Everything here is __host__ __device__, so the CPU tests cover what the
-// kernels compute.
+// softmax (offload/attend/softmax.hpp's, by the names the model uses). Everything here is
+// __host__ __device__, so the CPU tests cover what the kernels compute.
 #pragma once
 
 #include <cmath>
