@@ -660,7 +660,7 @@ class Cache:
         handle = self._host_attention.get(key)
         if handle is None:
             out = C.c_void_p()
-            self._check_thread(lib.kvo_host_attention_create(
+            _capi.check(lib.kvo_host_attention_create(
                 heads, self._kv_heads, self._head_dim, _capi.DTYPES[self._stored], self._slots,
                 0, scale, softcap, C.byref(out)))
             handle = out.value
@@ -668,31 +668,26 @@ class Cache:
             self._host_attention[key] = handle
         return handle
 
-    @staticmethod
-    def _check_thread(status: int) -> None:
-        if status != _capi.OK:
-            _capi.raise_for(status)
-
-    def attend(self, query, keys, values, mask, layer: int, scaling, softcap, sinks=None):
+    def attend(self, query, keys, values, mask, layer: int, scale: float, cap: float,
+               sinks=None):
         """Split attention of the held layer `layer` for a decode step: query [batch, heads, 1,
         head_dim] over keys [0, len + 1) of each batch row, the rows before the split in the host
         store (the library's host attention, in place) and the rest in keys and values (what
-        update returned), merged by their log-sum-exps. mask: the model's mask (bool, True where
-        a key is seen, or additive floats; None: every valid key is seen); sinks: per head, a
+        update returned), merged by their log-sum-exps. scale: of the scores; cap: their soft cap
+        (0: none). mask: the model's mask (bool, True where a key is seen, or additive floats;
+        None: every valid key is seen); sinks: per head, a
         logit each row's softmax also counts (gpt-oss), or None. Returns the output [batch, 1,
         heads, head_dim] in the query's dtype, as transformers' attention functions do."""
         if layer != self._held_layer:
             raise RuntimeError(f"attend of layer {layer}, but layer {self._held_layer} is held")
         self._split_pending = -1
         self._split_keys = None
-        batch, heads, n, dim = query.shape
+        batch, heads, n, _ = query.shape
         valid = self._step_length + n
         cuts = self._split_rows if self._split_rows is not None else [0] * batch
         cut = cuts[0]
         if any(c != cut for c in cuts):
             raise RuntimeError(f"layer {layer} split its batch rows at different rows {cuts}")
-        scale = float(scaling) if scaling is not None else dim ** -0.5
-        cap = float(softcap) if softcap else 0.0
         out, lse, seen_before = device_part(query, keys[:batch, :, cut:valid],
                                             values[:batch, :, cut:valid], mask, cut, valid,
                                             scale, cap)
@@ -713,7 +708,7 @@ class Cache:
             host_out = torch.empty_like(q)
             host_lse = torch.empty((batch, heads), dtype=torch.float32)
             handle = self._host_attention_for(heads, scale, cap)
-            self._check_thread(lib.kvo_host_attention_run(
+            _capi.check(lib.kvo_host_attention_run(
                 handle, self._view_ref, q.data_ptr(), batch, _capi.int32_array(range(batch)),
                 _capi.int32_array(begin), _capi.int32_array(cuts), host_out.data_ptr(),
                 host_lse.data_ptr()))
@@ -763,11 +758,10 @@ def finish(out, lse, sinks, dtype):
     return out.to(dtype).transpose(1, 2).contiguous()
 
 
-def plain_attention(query, keys, values, mask, scaling, softcap, sinks=None):
+def plain_attention(query, keys, values, mask, scale: float, cap: float, sinks=None):
     """Attention over every row of keys and values as a cache returned them (no split): what
     kvoffload::attend runs for a layer whose keys are not a split cache's."""
-    end = keys.shape[2]
-    scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-    out, lse, _ = device_part(query, keys[:query.shape[0]], values[:query.shape[0]], mask, 0, end,
-                              scale, float(softcap) if softcap else 0.0)
+    batch = query.shape[0]
+    out, lse, _ = device_part(query, keys[:batch], values[:batch], mask, 0, keys.shape[2], scale,
+                              cap)
     return finish(out, lse, sinks, query.dtype)
