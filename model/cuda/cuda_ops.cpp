@@ -196,7 +196,7 @@ class CudaOps final : public Ops {
     call.soft_cap = static_cast<float>(shape_.config.attn_softcap);
     call.tmp = prefill_tmp_;
     call.tmp_bytes = layout_.prefill_tmp_bytes;
-    flashinfer_ops::prefill(kv_layer(view), call, stream_);
+    flashinfer_ops::prefill(view, call, stream_);
     cuda::widen(attn_out_, count, kv_elem_, out, stream_);
   }
   void attention_decode(const float* q, int n, const DecodeRows& rows, int window,
@@ -227,7 +227,8 @@ class CudaOps final : public Ops {
     call.window_left = window_left(window);
     call.sm_scale = sm_scale();
     call.soft_cap = static_cast<float>(shape_.config.attn_softcap);
-    flashinfer_ops::decode(kv_layer(view), call, decode_ws_, stream_);
+    call.page_size = layout_.kernels.page_size;
+    flashinfer_ops::decode(view, call, decode_ws_, stream_);
     cuda::widen(attn_out_, count, kv_elem_, out, stream_);
   }
   // Split attention: the queries go to the host (pinned) while the device attends each row's
@@ -361,25 +362,24 @@ class CudaOps final : public Ops {
     std::byte* v_tile = k_tile + static_cast<std::int64_t>(tile_keys) * c.kv_dim() * 2;
     auto* tile_lse = reinterpret_cast<float*>(base_ + layout_.tile_lse);
     auto* run_lse = reinterpret_cast<float*>(base_ + layout_.run_lse);
-    flashinfer_ops::KvLayer tile;  // [1][tile_keys][kv_heads][d] bf16
-    tile.k = k_tile;
-    tile.v = v_tile;
-    tile.type = DType::kBF16;
-    tile.token_stride = c.kv_dim();
-    tile.head_stride = d;
-    tile.slot_stride = static_cast<std::int64_t>(tile_keys) * tile.token_stride;
-    tile.kv_heads = c.kv_heads;
-    tile.head_dim = d;
-    tile.max_seq = tile_keys;
+    // The tile: one slot of tile_keys bf16 rows [kv_heads][d].
+    KvLayout tile_layout;
+    tile_layout.slots = 1;
+    tile_layout.max_seq = tile_keys;
+    tile_layout.kv_heads = c.kv_heads;
+    tile_layout.head_dim = d;
+    tile_layout.v_head_dim = d;
+    tile_layout.dtype = DType::kBF16;
+    tile_layout.element_size = 2;
+    tile_layout.k_row_bytes = static_cast<std::uint64_t>(c.kv_dim()) * 2;
+    tile_layout.v_row_bytes = tile_layout.k_row_bytes;
+    const LayerView tile = LayerView::of(tile_layout, k_tile, v_tile);
     const std::vector<KeyTile> tiles =
         key_tiles(first_key(window, first_position), first_position, n, tile_keys);
     for (std::size_t i = 0; i < tiles.size(); ++i) {
       const KeyTile& t = tiles[i];
       const int keys = t.end - t.begin;
-      const std::int64_t offset = slot * view.slot_stride + t.begin * view.token_stride;
-      cuda::gather_kv_block(view.k, view.v, view.layout.dtype, offset, view.token_stride,
-                            view.head_stride, view.layout.k_scale_offset, keys, c.kv_heads, d,
-                            k_tile, v_tile, DType::kBF16, stream_);
+      cuda::gather_kv_block(view, slot, t.begin, keys, k_tile, v_tile, DType::kBF16, stream_);
       flashinfer_ops::PrefillCall call;
       call.q = q_bf16;
       call.out = attn_out_;
@@ -434,45 +434,44 @@ class CudaOps final : public Ops {
     const int begin = first_key(window, first_position);
     for (int k0 = begin; k0 <= last; k0 += B) {
       const int keys = std::min(B, last + 1 - k0);
-      const std::int64_t offset = slot * view.slot_stride + k0 * view.token_stride;
-      // K/V block as f32 rows: token j of kv head g at base + j * ld + g * head_offset.
+      // K/V block as f32 rows: token j of kv head g at k_rows + j * k_ld + g * k_head (V: v_).
       const float* k_rows = nullptr;
       const float* v_rows = nullptr;
-      std::int64_t ld = 0;
-      std::int64_t head_offset = 0;
+      std::int64_t k_ld = c.kv_dim(), v_ld = c.kv_dim();
+      std::int64_t k_head = d, v_head = d;
       if (view.layout.dtype == DType::kF32) {
-        k_rows = static_cast<const float*>(view.k) + offset;
-        v_rows = static_cast<const float*>(view.v) + offset;
-        ld = view.token_stride;
-        head_offset = view.head_stride;
+        k_rows =
+            static_cast<const float*>(view.k) + slot * view.slot_stride + k0 * view.token_stride;
+        v_rows = static_cast<const float*>(view.v) + slot * view.v_slot_stride +
+                 k0 * view.v_token_stride;
+        k_ld = view.token_stride;
+        v_ld = view.v_token_stride;
+        k_head = view.head_stride;
+        v_head = view.v_head_stride;
       } else {
-        cuda::gather_kv_block(view.k, view.v, view.layout.dtype, offset, view.token_stride,
-                              view.head_stride, view.layout.k_scale_offset, keys, c.kv_heads, d,
-                              k_block, v_block, DType::kF32, stream_);
+        cuda::gather_kv_block(view, slot, k0, keys, k_block, v_block, DType::kF32, stream_);
         k_rows = k_block;
         v_rows = v_block;
-        ld = c.kv_dim();
-        head_offset = d;
       }
       // Row-major S_h [n][B] = Q_h [n][d] K^T is column-major S_h^T [keys][n] = K [keys][d]
-      // (stored d x keys, ld) transposed times Q_h^T (d x n, ld heads * d).
+      // (stored d x keys, k_ld) transposed times Q_h^T (d x n, ld heads * d).
       for (int g = 0; g < c.kv_heads; ++g) {
         KVO_MODEL_CUBLAS_CHECK(cublas::api().gemm_strided_batched_ex(
-            handle_, CUBLAS_OP_T, CUBLAS_OP_N, keys, n, d, &scale, k_rows + g * head_offset,
-            CUDA_R_32F, static_cast<int>(ld), 0, q + static_cast<std::int64_t>(g) * group * d,
-            CUDA_R_32F, c.heads * d, d, &zero, scores_ + g * group * score_stride, CUDA_R_32F, B,
-            score_stride, group, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+            handle_, CUBLAS_OP_T, CUBLAS_OP_N, keys, n, d, &scale, k_rows + g * k_head, CUDA_R_32F,
+            static_cast<int>(k_ld), 0, q + static_cast<std::int64_t>(g) * group * d, CUDA_R_32F,
+            c.heads * d, d, &zero, scores_ + g * group * score_stride, CUDA_R_32F, B, score_stride,
+            group, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       }
       block.key_begin = k0;
       block.keys = keys;
       block.first_block = k0 == begin;
       cuda::prefill_softmax_block(block, scores_, stats_, out, stream_);
       // Row-major O_h [n][d] += P_h [n][keys] V [keys][d] is column-major O_h^T (d x n, ld
-      // heads * d) += V^T (d x keys, ld) P_h^T (keys x n, ld B).
+      // heads * d) += V^T (d x keys, v_ld) P_h^T (keys x n, ld B).
       for (int g = 0; g < c.kv_heads; ++g) {
         KVO_MODEL_CUBLAS_CHECK(cublas::api().gemm_strided_batched_ex(
-            handle_, CUBLAS_OP_N, CUBLAS_OP_N, d, n, keys, &one, v_rows + g * head_offset,
-            CUDA_R_32F, static_cast<int>(ld), 0, scores_ + g * group * score_stride, CUDA_R_32F, B,
+            handle_, CUBLAS_OP_N, CUBLAS_OP_N, d, n, keys, &one, v_rows + g * v_head, CUDA_R_32F,
+            static_cast<int>(v_ld), 0, scores_ + g * group * score_stride, CUDA_R_32F, B,
             score_stride, &one, out + static_cast<std::int64_t>(g) * group * d, CUDA_R_32F,
             c.heads * d, d, group, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       }
@@ -574,20 +573,6 @@ class CudaOps final : public Ops {
     }
     decode_ws_ = flashinfer_ops::DecodeWorkspace{};
   }
-  flashinfer_ops::KvLayer kv_layer(const LayerView& view) const {
-    flashinfer_ops::KvLayer kv;
-    kv.k = view.k;
-    kv.v = view.v;
-    kv.type = view.layout.dtype;
-    kv.slot_stride = view.slot_stride;
-    kv.token_stride = view.token_stride;
-    kv.head_stride = view.head_stride;
-    kv.kv_heads = view.layout.kv_heads;
-    kv.head_dim = view.layout.head_dim;
-    kv.max_seq = view.layout.max_seq;
-    kv.page_size = layout_.kernels.page_size;
-    return kv;
-  }
   // FlashInfer counts the window's keys to the left of the query's own.
   static int window_left(int window) { return window > 0 ? window - 1 : -1; }
   float sm_scale() const { return static_cast<float>(shape_.config.attention_scale()); }
@@ -598,19 +583,10 @@ class CudaOps final : public Ops {
     a.out = out;
     a.n = n;
     a.heads = shape_.config.heads;
-    a.kv_heads = shape_.config.kv_heads;
-    a.head_dim = shape_.config.head_dim;
     a.sliding_window = window;
     a.scale = sm_scale();
     a.softcap = static_cast<float>(shape_.config.attn_softcap);
-    a.k = view.k;
-    a.v = view.v;
-    a.type = view.layout.dtype;
-    a.slot_stride = view.slot_stride;
-    a.token_stride = view.token_stride;
-    a.head_stride = view.head_stride;
-    a.k_scale_offset = view.layout.k_scale_offset;
-    a.v_scale_offset = view.layout.v_scale_offset;
+    a.kv = view;
     return a;
   }
 

@@ -74,7 +74,7 @@ struct Variant : ::flashinfer::AttentionVariantBase {
 };
 
 template <DType E, int kHeadDim>
-cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWorkspace& ws,
+cudaError_t plan_decode(const LayerView& kv, const DecodeCall& call, const DecodeWorkspace& ws,
                         DecodeSchedule& schedule, std::int32_t* host_indptr, cudaStream_t stream) {
   namespace fi = ::flashinfer;
   using T = typename ElementType<E>::type;
@@ -83,7 +83,7 @@ cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, const DecodeW
   const auto grid = static_cast<std::uint32_t>(ws.grid);
   try {
     fi::DecodePlanInfo plan;
-    DISPATCH_GQA_GROUP_SIZE(call.heads / kv.kv_heads, kGroup, {
+    DISPATCH_GQA_GROUP_SIZE(call.heads / kv.layout.kv_heads, kGroup, {
       // FlashInfer's own estimate of the split, held to the grid the workspace was planned for.
       auto estimate = [grid](bool& split_kv, std::uint32_t& max_grid, std::uint32_t& chunk_pages,
                              std::uint32_t& new_batch, std::uint32_t& gdy, std::uint32_t batch,
@@ -116,7 +116,7 @@ cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, const DecodeW
       const cudaError_t status = fi::DecodePlan<kHeadDim, kNoRope, Variant, Params>(
           ws.float_buffer, ws.float_bytes, schedule.int_buffer, schedule.int_host, ws.int_bytes,
           plan, host_indptr, static_cast<std::uint32_t>(call.n),
-          static_cast<std::uint32_t>(call.heads), static_cast<std::uint32_t>(kv.page_size),
+          static_cast<std::uint32_t>(call.heads), static_cast<std::uint32_t>(call.page_size),
           /*enable_cuda_graph=*/false, stream, estimate);
       if (status != cudaSuccess) return status;
     });
@@ -129,7 +129,7 @@ cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, const DecodeW
 }
 
 template <DType E, int kHeadDim>
-cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWorkspace& ws,
+cudaError_t run_decode(const LayerView& kv, const DecodeCall& call, const DecodeWorkspace& ws,
                        const DecodeSchedule& schedule, const std::int32_t* indptr,
                        const std::int32_t* last_page_len, const std::int32_t* indices,
                        cudaStream_t stream) {
@@ -141,11 +141,11 @@ cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWo
     fi::DecodePlanInfo plan;
     plan.FromVector(std::vector<std::int64_t>(schedule.plan.begin(), schedule.plan.end()));
     // Strides in elements: a page is page_size tokens of the slot's [token][kv_head][head_dim].
-    const std::int64_t strides[3] = {kv.page_size * kv.token_stride, kv.token_stride,
+    const std::int64_t strides[3] = {call.page_size * kv.token_stride, kv.token_stride,
                                      kv.head_stride};
     fi::paged_kv_t<T, std::int32_t> paged(
-        static_cast<std::uint32_t>(kv.kv_heads), static_cast<std::uint32_t>(kv.page_size), kHeadDim,
-        static_cast<std::uint32_t>(call.n), fi::QKVLayout::kNHD,
+        static_cast<std::uint32_t>(kv.layout.kv_heads), static_cast<std::uint32_t>(call.page_size),
+        kHeadDim, static_cast<std::uint32_t>(call.n), fi::QKVLayout::kNHD,
         static_cast<T*>(const_cast<void*>(kv.k)), static_cast<T*>(const_cast<void*>(kv.v)), strides,
         const_cast<std::int32_t*>(indices), const_cast<std::int32_t*>(indptr),
         const_cast<std::int32_t*>(last_page_len));
@@ -185,7 +185,7 @@ cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWo
 }
 
 template <DType E, int kHeadDim, bool kCausal>
-cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream) {
+cudaError_t run_prefill(const LayerView& kv, const PrefillCall& call, cudaStream_t stream) {
   namespace fi = ::flashinfer;
   using T = typename ElementType<E>::type;
   using Params = fi::SinglePrefillParams<T, T, T>;
@@ -207,8 +207,8 @@ cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t
                   static_cast<T*>(const_cast<void*>(kv.v)) + offset,
                   /*maybe_custom_mask=*/nullptr, static_cast<T*>(call.out), call.lse,
                   /*maybe_alibi_slopes=*/nullptr, static_cast<std::uint32_t>(call.heads),
-                  static_cast<std::uint32_t>(kv.kv_heads), static_cast<std::uint32_t>(call.n),
-                  static_cast<std::uint32_t>(kv_len),
+                  static_cast<std::uint32_t>(kv.layout.kv_heads),
+                  static_cast<std::uint32_t>(call.n), static_cast<std::uint32_t>(kv_len),
                   static_cast<std::uint32_t>(call.heads * kHeadDim), kHeadDim,
                   static_cast<std::uint32_t>(kv.token_stride),
                   static_cast<std::uint32_t>(kv.head_stride), kHeadDim, call.window_left,
@@ -225,22 +225,22 @@ cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t
 }  // namespace kvo::model::flashinfer_ops
 
 // Explicit instantiations for one element type, every head size served (inside the namespace).
-#define KVO_FLASHINFER_DECODE_FOR(E, D)                                                            \
-  template cudaError_t plan_decode<E, D>(const KvLayer&, const DecodeCall&,                        \
-                                         const DecodeWorkspace&, DecodeSchedule&, std::int32_t*,   \
-                                         cudaStream_t);                                            \
-  template cudaError_t run_decode<E, D>(const KvLayer&, const DecodeCall&, const DecodeWorkspace&, \
-                                        const DecodeSchedule&, const std::int32_t*,                \
-                                        const std::int32_t*, const std::int32_t*, cudaStream_t);
+#define KVO_FLASHINFER_DECODE_FOR(E, D)                                                          \
+  template cudaError_t plan_decode<E, D>(const LayerView&, const DecodeCall&,                    \
+                                         const DecodeWorkspace&, DecodeSchedule&, std::int32_t*, \
+                                         cudaStream_t);                                          \
+  template cudaError_t run_decode<E, D>(                                                         \
+      const LayerView&, const DecodeCall&, const DecodeWorkspace&, const DecodeSchedule&,        \
+      const std::int32_t*, const std::int32_t*, const std::int32_t*, cudaStream_t);
 #define KVO_FLASHINFER_DECODE(E)   \
   KVO_FLASHINFER_DECODE_FOR(E, 64) \
   KVO_FLASHINFER_DECODE_FOR(E, 128) KVO_FLASHINFER_DECODE_FOR(E, 256)
-#define KVO_FLASHINFER_PREFILL_FOR(E, CAUSAL)                                          \
-  template cudaError_t run_prefill<E, 64, CAUSAL>(const KvLayer&, const PrefillCall&,  \
-                                                  cudaStream_t);                       \
-  template cudaError_t run_prefill<E, 128, CAUSAL>(const KvLayer&, const PrefillCall&, \
-                                                   cudaStream_t);                      \
-  template cudaError_t run_prefill<E, 256, CAUSAL>(const KvLayer&, const PrefillCall&, \
+#define KVO_FLASHINFER_PREFILL_FOR(E, CAUSAL)                                            \
+  template cudaError_t run_prefill<E, 64, CAUSAL>(const LayerView&, const PrefillCall&,  \
+                                                  cudaStream_t);                         \
+  template cudaError_t run_prefill<E, 128, CAUSAL>(const LayerView&, const PrefillCall&, \
+                                                   cudaStream_t);                        \
+  template cudaError_t run_prefill<E, 256, CAUSAL>(const LayerView&, const PrefillCall&, \
                                                    cudaStream_t);
 #define KVO_FLASHINFER_PREFILL(E) KVO_FLASHINFER_PREFILL_FOR(E, true)
 #define KVO_FLASHINFER_PREFILL_UNMASKED(E) KVO_FLASHINFER_PREFILL_FOR(E, false)

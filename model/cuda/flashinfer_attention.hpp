@@ -16,24 +16,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "kvoffload/cache.hpp"
 #include "model/common/numerics.hpp"
 #include "model/cuda/decode_pages.hpp"
 
 namespace kvo::model::flashinfer_ops {
-
-// One layer's K and V on the device.
-struct KvLayer {
-  const void* k = nullptr;  // [slots][max_seq][kv_heads][head_dim]
-  const void* v = nullptr;
-  DType type = DType::kBF16;     // kBF16 or kF16
-  std::int64_t slot_stride = 0;  // elements
-  std::int64_t token_stride = 0;
-  std::int64_t head_stride = 0;
-  int kv_heads = 0;
-  int head_dim = 0;  // 64, 128 or 256
-  int max_seq = 0;
-  int page_size = 0;  // divides max_seq
-};
 
 // One decode schedule: FlashInfer's plan in int_buffer and the page table it reads in pages,
 // each written through a pinned mirror and copied on the stream.
@@ -73,6 +60,7 @@ struct DecodeCall {
   int window_left = -1;
   float sm_scale = 1;
   float soft_cap = 0;  // > 0: scores s = q.k * sm_scale become soft_cap * tanh(s / soft_cap)
+  int page_size = 0;   // tokens per page; divides the view's max_seq
 };
 
 // The query rows [first_position, first_position + n) of one slot over its keys
@@ -98,26 +86,27 @@ struct PrefillCall {
 // serve or a layout it cannot read (choose_attention_kernels rules those out first). Everything
 // is ordered on `stream`; a decode that plans anew first waits, on the host, for its schedule's
 // previous copies out of the pinned mirrors (a step's first layer of each kind).
-void decode(const KvLayer& kv, const DecodeCall& call, DecodeWorkspace& workspace,
+void decode(const LayerView& kv, const DecodeCall& call, DecodeWorkspace& workspace,
             cudaStream_t stream);
-void prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
+void prefill(const LayerView& kv, const PrefillCall& call, cudaStream_t stream);
 // Over keys [0, call.keys) of the slot with no mask (bf16 only: the tiles of a quantized cache
 // before the queries' own keys). REQUIRES: call.keys >= 1, call.window_left == -1.
-void prefill_unmasked(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
+void prefill_unmasked(const LayerView& kv, const PrefillCall& call, cudaStream_t stream);
 
 // The instantiations behind them, one translation unit per (kernel, dtype) for a parallel build.
 // plan_decode: FlashInfer's schedule for rows whose page ranges are `host_indptr` [n + 1], written
 // to the schedule's pinned mirror and copied on `stream`; its offsets go to schedule.plan.
 // run_decode: the kernel over the device page arrays, by schedule.plan.
 template <DType E, int kHeadDim>
-cudaError_t plan_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWorkspace& workspace,
-                        DecodeSchedule& schedule, std::int32_t* host_indptr, cudaStream_t stream);
+cudaError_t plan_decode(const LayerView& kv, const DecodeCall& call,
+                        const DecodeWorkspace& workspace, DecodeSchedule& schedule,
+                        std::int32_t* host_indptr, cudaStream_t stream);
 template <DType E, int kHeadDim>
-cudaError_t run_decode(const KvLayer& kv, const DecodeCall& call, const DecodeWorkspace& workspace,
-                       const DecodeSchedule& schedule, const std::int32_t* indptr,
-                       const std::int32_t* last_page_len, const std::int32_t* indices,
-                       cudaStream_t stream);
+cudaError_t run_decode(const LayerView& kv, const DecodeCall& call,
+                       const DecodeWorkspace& workspace, const DecodeSchedule& schedule,
+                       const std::int32_t* indptr, const std::int32_t* last_page_len,
+                       const std::int32_t* indices, cudaStream_t stream);
 template <DType E, int kHeadDim, bool kCausal>
-cudaError_t run_prefill(const KvLayer& kv, const PrefillCall& call, cudaStream_t stream);
+cudaError_t run_prefill(const LayerView& kv, const PrefillCall& call, cudaStream_t stream);
 
 }  // namespace kvo::model::flashinfer_ops

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kvoffload/cache.hpp"
 #include "model/common/numerics.hpp"
 
 namespace kvo::model::cuda {
@@ -69,21 +70,13 @@ struct AttentionArgs {
   float* out = nullptr;      // [n][heads][head_dim]
   int n = 0;
   int heads = 0;
-  int kv_heads = 0;
-  int head_dim = 0;
   int sliding_window = 0;  // 0: none
   float scale = 0;         // on q . k
   float softcap = 0;       // 0: none; else the scores become soft_cap_value(score, softcap)
-  // K and V of one layer: [slot][token][kv_head][head_dim] with these element strides.
-  const void* k = nullptr;
-  const void* v = nullptr;
-  DType type = DType::kBF16;
-  std::int64_t slot_stride = 0;
-  std::int64_t token_stride = 0;
-  std::int64_t head_stride = 0;
-  // Quantized types: where a K row's and a V row's scales start, in bytes (= elements) into it.
-  std::int64_t k_scale_offset = 0;
-  std::int64_t v_scale_offset = 0;
+  // The layer's K and V as the cache hands them (kv_heads, head_dim, dtype, scale offsets), each
+  // read through its own strides. Its host arrays are not read. REQUIRES: v_head_dim ==
+  // head_dim.
+  LayerView kv;
   // Row i: slot slots[i] at position positions[i].
   const std::int32_t* slots = nullptr;
   const std::int32_t* positions = nullptr;
@@ -116,13 +109,10 @@ struct PrefillBlock {
 };
 
 // k_out, v_out [keys][kv_heads][head_dim] (out_type: f32, or bf16 rounded to nearest even) =
-// keys [0, keys) of k and v (type), which start at element `offset` (a slot's first key of the
-// block) with the cache's token and head strides; quantized rows are scaled by their heads'
-// scales, `scale_offset` bytes into each row.
-void gather_kv_block(const void* k, const void* v, DType type, std::int64_t offset,
-                     std::int64_t token_stride, std::int64_t head_stride, std::int64_t scale_offset,
-                     int keys, int kv_heads, int head_dim, void* k_out, void* v_out, DType out_type,
-                     cudaStream_t stream);
+// keys [first_key, first_key + keys) of `slot` in `view` (K and V each through its own strides);
+// quantized rows are scaled by their heads' scales. REQUIRES: v_head_dim == head_dim.
+void gather_kv_block(const LayerView& view, int slot, int first_key, int keys, void* k_out,
+                     void* v_out, DType out_type, cudaStream_t stream);
 // out [n][heads][head_dim] f32 and lse [n][heads] (log2 domain) merged with one tile's output
 // tile_out [n][heads][head_dim] (tile_type) and tile_lse [n][heads] (lse_merge,
 // model/decoder/numerics.hpp); `first`: out and lse take the tile's.

@@ -7,6 +7,8 @@
 #include "model/cuda/cuda_check.hpp"
 #include "model/cuda/kernels.hpp"
 
+#include <string>
+
 namespace kvo::model::cuda {
 namespace {
 
@@ -30,8 +32,10 @@ __device__ float block_reduce(float value, float* shared, bool is_max) {
 // grid (n, heads, splits); dynamic shared memory: q [head_dim] + probabilities [kThreads].
 __global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
   extern __shared__ float shared[];
-  float* q = shared;               // [head_dim]
-  float* p = shared + a.head_dim;  // [kThreads]
+  const LayerView& kv = a.kv;
+  const int head_dim = kv.layout.head_dim;
+  float* q = shared;             // [head_dim]
+  float* p = shared + head_dim;  // [kThreads]
   __shared__ float reduce[kThreads / 32];
   const int row = blockIdx.x;
   const int head = blockIdx.y;
@@ -45,28 +49,35 @@ __global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
   const int per_split = (keys + splits - 1) / splits;
   const int begin = first + split * per_split;
   const int end = min(pos + 1, begin + per_split);  // exclusive
-  const int kv_head = head / (a.heads / a.kv_heads);
+  const int kv_head = head / (a.heads / kv.layout.kv_heads);
   const float scale = a.scale;
+  const DType type = kv.layout.dtype;
+  const auto k_scales = static_cast<std::int64_t>(kv.layout.k_scale_offset);
+  const auto v_scales = static_cast<std::int64_t>(kv.layout.v_scale_offset);
 
-  const float* q_row = a.q + (static_cast<std::int64_t>(row) * a.heads + head) * a.head_dim;
-  for (int e = threadIdx.x; e < a.head_dim; e += kThreads) q[e] = q_row[e];
+  const float* q_row = a.q + (static_cast<std::int64_t>(row) * a.heads + head) * head_dim;
+  for (int e = threadIdx.x; e < head_dim; e += kThreads) q[e] = q_row[e];
   __syncthreads();
 
-  const std::int64_t base = slot * a.slot_stride + kv_head * a.head_stride;
+  // Rows of this slot, and this kv head's elements in them, in K and in V.
+  const std::int64_t k_slot = slot * kv.slot_stride;
+  const std::int64_t v_slot = slot * kv.v_slot_stride;
+  const std::int64_t k_head = kv_head * kv.head_stride;
+  const std::int64_t v_head = kv_head * kv.v_head_stride;
   // Quantized rows: a key's score and a value's weight take the row's scale for this kv head.
-  const bool quantized = is_quantized(a.type);
+  const bool quantized = is_quantized(type);
   float acc[kMaxDimsPerThread];
   for (int i = 0; i < kMaxDimsPerThread; ++i) acc[i] = 0;
   SoftmaxState state;
   for (int tile = begin; tile < end; tile += kThreads) {
     const int j = tile + threadIdx.x;
-    const std::int64_t row = slot * a.slot_stride + static_cast<std::int64_t>(j) * a.token_stride;
+    const std::int64_t k_row = k_slot + static_cast<std::int64_t>(j) * kv.token_stride;
+    const std::int64_t v_row = v_slot + static_cast<std::int64_t>(j) * kv.v_token_stride;
     float score = -INFINITY;
     if (j < end) {
-      const std::int64_t at = base + static_cast<std::int64_t>(j) * a.token_stride;
       float dot = 0;
-      for (int e = 0; e < a.head_dim; ++e) dot += q[e] * load_elem(a.k, at + e, a.type);
-      if (quantized) dot *= kv_scale(a.k, row, a.k_scale_offset, kv_head);
+      for (int e = 0; e < head_dim; ++e) dot += q[e] * load_elem(kv.k, k_row + k_head + e, type);
+      if (quantized) dot *= kv_scale(kv.k, k_row, k_scales, kv_head);
       score = dot * scale;
       if (a.softcap > 0) score = soft_cap_value(score, a.softcap);
     }
@@ -74,18 +85,17 @@ __global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
     tile_state.max = block_reduce(score, reduce, true);
     const float prob = j < end ? expf(score - tile_state.max) : 0.0f;
     tile_state.sum = block_reduce(prob, reduce, false);
-    p[threadIdx.x] =
-        quantized && j < end ? prob * kv_scale(a.v, row, a.v_scale_offset, kv_head) : prob;
+    p[threadIdx.x] = quantized && j < end ? prob * kv_scale(kv.v, v_row, v_scales, kv_head) : prob;
     __syncthreads();
     const MergeScales k = softmax_merge(state, tile_state);
     const int count = min(kThreads, end - tile);
-    for (int i = 0; i * kThreads + static_cast<int>(threadIdx.x) < a.head_dim; ++i) {
+    for (int i = 0; i * kThreads + static_cast<int>(threadIdx.x) < head_dim; ++i) {
       const int e = i * kThreads + threadIdx.x;
       float sum = 0;
       for (int t = 0; t < count; ++t) {
-        sum +=
-            p[t] *
-            load_elem(a.v, base + static_cast<std::int64_t>(tile + t) * a.token_stride + e, a.type);
+        const std::int64_t at =
+            v_slot + static_cast<std::int64_t>(tile + t) * kv.v_token_stride + v_head + e;
+        sum += p[t] * load_elem(kv.v, at, type);
       }
       acc[i] = acc[i] * k.a + sum * k.b;
     }
@@ -93,9 +103,9 @@ __global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
   }
 
   if (splits == 1) {
-    float* out = a.out + (static_cast<std::int64_t>(row) * a.heads + head) * a.head_dim;
+    float* out = a.out + (static_cast<std::int64_t>(row) * a.heads + head) * head_dim;
     const float inv = state.sum > 0 ? 1.0f / state.sum : 0.0f;
-    for (int i = 0; i * kThreads + static_cast<int>(threadIdx.x) < a.head_dim; ++i) {
+    for (int i = 0; i * kThreads + static_cast<int>(threadIdx.x) < head_dim; ++i) {
       out[i * kThreads + threadIdx.x] = acc[i] * inv;
     }
     if (a.lse != nullptr && threadIdx.x == 0) {
@@ -105,13 +115,13 @@ __global__ void attention_kernel(AttentionArgs a, int splits, float* partials) {
   }
   // partials [row][head][split][head_dim + 2]: unnormalized values, then max and sum.
   float* part = partials + ((static_cast<std::int64_t>(row) * a.heads + head) * splits + split) *
-                               (a.head_dim + 2);
-  for (int i = 0; i * kThreads + static_cast<int>(threadIdx.x) < a.head_dim; ++i) {
+                               (head_dim + 2);
+  for (int i = 0; i * kThreads + static_cast<int>(threadIdx.x) < head_dim; ++i) {
     part[i * kThreads + threadIdx.x] = acc[i];
   }
   if (threadIdx.x == 0) {
-    part[a.head_dim] = state.max;
-    part[a.head_dim + 1] = state.sum;
+    part[head_dim] = state.max;
+    part[head_dim + 1] = state.sum;
   }
 }
 
@@ -137,24 +147,27 @@ __global__ void merge_kernel(const float* partials, int heads, int head_dim, int
 }
 
 // grid (keys, kv_heads); threads over head_dim.
-__global__ void gather_kv_kernel(const void* k, const void* v, DType type, std::int64_t offset,
-                                 std::int64_t token_stride, std::int64_t head_stride,
-                                 std::int64_t scale_offset, int head_dim, void* k_out, void* v_out,
+__global__ void gather_kv_kernel(LayerView kv, int slot, int first_key, void* k_out, void* v_out,
                                  DType out_type) {
   const int key = blockIdx.x;
   const int kv_head = blockIdx.y;
-  const std::int64_t row = offset + key * token_stride;
-  const std::int64_t from = row + kv_head * head_stride;
+  const int head_dim = kv.layout.head_dim;
+  const DType type = kv.layout.dtype;
+  const std::int64_t token = first_key + key;
+  const std::int64_t k_row = slot * kv.slot_stride + token * kv.token_stride;
+  const std::int64_t v_row = slot * kv.v_slot_stride + token * kv.v_token_stride;
+  const std::int64_t k_from = k_row + kv_head * kv.head_stride;
+  const std::int64_t v_from = v_row + kv_head * kv.v_head_stride;
   const std::int64_t to = (static_cast<std::int64_t>(key) * gridDim.y + kv_head) * head_dim;
   float k_scale = 1.0f;
   float v_scale = 1.0f;
   if (is_quantized(type)) {
-    k_scale = kv_scale(k, row, scale_offset, kv_head);
-    v_scale = kv_scale(v, row, scale_offset, kv_head);
+    k_scale = kv_scale(kv.k, k_row, static_cast<std::int64_t>(kv.layout.k_scale_offset), kv_head);
+    v_scale = kv_scale(kv.v, v_row, static_cast<std::int64_t>(kv.layout.v_scale_offset), kv_head);
   }
   for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
-    store_elem(k_out, to + e, out_type, load_elem(k, from + e, type) * k_scale);
-    store_elem(v_out, to + e, out_type, load_elem(v, from + e, type) * v_scale);
+    store_elem(k_out, to + e, out_type, load_elem(kv.k, k_from + e, type) * k_scale);
+    store_elem(v_out, to + e, out_type, load_elem(kv.v, v_from + e, type) * v_scale);
   }
 }
 
@@ -232,29 +245,35 @@ __global__ void prefill_normalize_kernel(int n, int heads, int head_dim, const f
 
 void attention(const AttentionArgs& args, int splits, float* partials, cudaStream_t stream) {
   if (args.n == 0) return;
-  if (args.head_dim > 1024) {
+  const KvLayout& layout = args.kv.layout;
+  if (layout.head_dim > 1024) {
     throw Error(ErrorCode::kInvalidArgument, "attention: head_dim above 1024 is not supported");
+  }
+  if (layout.v_head_dim != layout.head_dim) {
+    throw Error(ErrorCode::kInvalidArgument, "attention: V rows narrower or wider than K rows (" +
+                                                 std::to_string(layout.v_head_dim) + " vs " +
+                                                 std::to_string(layout.head_dim) + ")");
   }
   const dim3 grid(static_cast<unsigned>(args.n), static_cast<unsigned>(args.heads),
                   static_cast<unsigned>(splits));
-  const std::size_t shared = sizeof(float) * static_cast<std::size_t>(args.head_dim + kThreads);
+  const std::size_t shared = sizeof(float) * static_cast<std::size_t>(layout.head_dim + kThreads);
   attention_kernel<<<grid, kThreads, shared, stream>>>(args, splits, partials);
   KVO_MODEL_LAUNCH_CHECK();
   if (splits > 1) {
     merge_kernel<<<dim3(static_cast<unsigned>(args.n), static_cast<unsigned>(args.heads)), 128, 0,
-                   stream>>>(partials, args.heads, args.head_dim, splits, args.out, args.lse);
+                   stream>>>(partials, args.heads, layout.head_dim, splits, args.out, args.lse);
     KVO_MODEL_LAUNCH_CHECK();
   }
 }
 
-void gather_kv_block(const void* k, const void* v, DType type, std::int64_t offset,
-                     std::int64_t token_stride, std::int64_t head_stride, std::int64_t scale_offset,
-                     int keys, int kv_heads, int head_dim, void* k_out, void* v_out, DType out_type,
-                     cudaStream_t stream) {
+void gather_kv_block(const LayerView& view, int slot, int first_key, int keys, void* k_out,
+                     void* v_out, DType out_type, cudaStream_t stream) {
   if (keys == 0) return;
-  gather_kv_kernel<<<dim3(static_cast<unsigned>(keys), static_cast<unsigned>(kv_heads)), kThreads,
-                     0, stream>>>(k, v, type, offset, token_stride, head_stride, scale_offset,
-                                  head_dim, k_out, v_out, out_type);
+  if (view.layout.v_head_dim != view.layout.head_dim) {
+    throw Error(ErrorCode::kInvalidArgument, "gather_kv_block: V rows of another width than K's");
+  }
+  gather_kv_kernel<<<dim3(static_cast<unsigned>(keys), static_cast<unsigned>(view.layout.kv_heads)),
+                     kThreads, 0, stream>>>(view, slot, first_key, k_out, v_out, out_type);
   KVO_MODEL_LAUNCH_CHECK();
 }
 

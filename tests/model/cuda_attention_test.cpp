@@ -59,6 +59,10 @@ struct Shape {
   double score_std = 1;
   float softcap = 0;          // Gemma 2's attn_logit_softcapping; 0: none
   float pre_attn_scalar = 0;  // Gemma's query_pre_attn_scalar; 0: head_dim
+  // > 0: attention reads V from a copy whose rows carry this many more elements than K's, so the
+  // view's V strides differ from its K strides (the built-in kernels only: FlashInfer reads both
+  // through one set).
+  int v_pad = 0;
 };
 
 std::uint16_t to_bits(float x, DType t) {
@@ -105,6 +109,7 @@ class AttentionRig {
                   {"q", q_elems * sizeof(float)},
                   {"out", q_elems * sizeof(float)},
                   {"decode_rows", 2 * static_cast<std::uint64_t>(s.slots) * sizeof(std::int32_t)}};
+    if (s.v_pad > 0) c.reserved.push_back({"v_padded", padded_v_elements() * dtype_size(s.dtype)});
     cache_ = std::make_unique<OffloadedStaticCache>(c);
     stream_ = cache_->create_stream();
     OpsShape shape;
@@ -183,8 +188,9 @@ class AttentionRig {
     std::vector<std::uint16_t> k, v;
     draw_rows(slot, n, k, v);
     cache_->begin_step(counts);
-    const LayerView view = cache_->acquire(0, stream_);
+    LayerView view = cache_->acquire(0, stream_);
     append(slot, k, v, n);
+    view = with_padded_v(view);
     float* dq = static_cast<float*>(cache_->reserved("q"));
     float* dout = static_cast<float*>(cache_->reserved("out"));
     cache_->copy_to_device(dq, q.data(), q.size() * sizeof(float));
@@ -212,12 +218,13 @@ class AttentionRig {
     auto* rows = static_cast<std::int32_t*>(cache_->reserved("decode_rows"));
     cache_->copy_to_device(rows, host_rows.data(), host_rows.size() * sizeof(std::int32_t));
     cache_->begin_step(counts);
-    const LayerView view = cache_->acquire(0, stream_);
+    LayerView view = cache_->acquire(0, stream_);
     for (int slot : slots) {
       std::vector<std::uint16_t> k, v;
       draw_rows(slot, 1, k, v);
       append(slot, k, v, 1);
     }
+    view = with_padded_v(view);
     float* dq = static_cast<float*>(cache_->reserved("q"));
     float* dout = static_cast<float*>(cache_->reserved("out"));
     cache_->copy_to_device(dq, q.data(), q.size() * sizeof(float));
@@ -287,6 +294,34 @@ class AttentionRig {
   int length(int slot) const { return cache_->length(slot); }
 
  private:
+  std::uint64_t padded_v_elements() const {
+    return static_cast<std::uint64_t>(s_.slots) * s_.max_seq *
+           (static_cast<std::uint64_t>(s_.kv_heads) * s_.head_dim + s_.v_pad);
+  }
+  // With v_pad: `view` reading V from a copy of every row drawn so far, each followed by v_pad
+  // elements of 1000 (what attention would take in if it read V through K's strides).
+  LayerView with_padded_v(LayerView view) {
+    if (s_.v_pad == 0) return view;
+    const std::int64_t row = static_cast<std::int64_t>(s_.kv_heads) * s_.head_dim + s_.v_pad;
+    std::vector<std::uint16_t> padded(padded_v_elements(), to_bits(1000.0f, s_.dtype));
+    for (int slot = 0; slot < s_.slots; ++slot) {
+      const auto& hv = v_[static_cast<std::size_t>(slot)];
+      const std::size_t width = static_cast<std::size_t>(s_.kv_heads) * s_.head_dim;
+      for (std::size_t t = 0; t * width < hv.size(); ++t) {
+        std::copy_n(hv.begin() + static_cast<std::ptrdiff_t>(t * width), width,
+                    padded.begin() + (static_cast<std::ptrdiff_t>(slot) * s_.max_seq +
+                                      static_cast<std::ptrdiff_t>(t)) *
+                                         row);
+      }
+    }
+    void* device = cache_->reserved("v_padded");
+    cache_->copy_to_device(device, padded.data(), padded.size() * sizeof(std::uint16_t));
+    view.v = device;
+    view.v_token_stride = row;
+    view.v_slot_stride = row * s_.max_seq;
+    view.layout.v_row_bytes = static_cast<std::uint64_t>(row) * dtype_size(s_.dtype);
+    return view;
+  }
   void append(int slot, const std::vector<std::uint16_t>& k, const std::vector<std::uint16_t>& v,
               int n) {
     const std::size_t bytes = k.size() * sizeof(std::uint16_t);
@@ -532,6 +567,24 @@ TEST(CudaAttention, BuiltInKernelsServeWhatFlashInferDoesNot) {
   Shape odd = llama3();
   odd.head_dim = 96;
   odd.max_seq = 2048;
+  check_prefill(odd, 1100, 64, false);
+  check_decode(odd, {1500, 3}, false);
+}
+
+TEST(CudaAttention, BuiltInKernelsReadVThroughItsOwnStrides) {
+  KVO_SKIP_WITHOUT_CUDA();
+  // A view whose V rows are 40 elements wider apart than its K rows: built-in decode (GQA group 7)
+  // and built-in prefill (head_dim 96) read V where V's strides say.
+  Shape qwen;
+  qwen.heads = 28;
+  qwen.kv_heads = 4;
+  qwen.max_seq = 1536;
+  qwen.v_pad = 40;
+  check_decode(qwen, {1200, 30}, false);
+  Shape odd = llama3();
+  odd.head_dim = 96;
+  odd.max_seq = 2048;
+  odd.v_pad = 40;
   check_prefill(odd, 1100, 64, false);
   check_decode(odd, {1500, 3}, false);
 }
