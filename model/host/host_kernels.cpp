@@ -87,6 +87,10 @@ KVO_VECTOR_CLONES
 void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void* w, DType type,
                  const void* bias, int o0, int o1, float* y, std::int64_t ldy, bool accumulate,
                  float* row) {
+  if (KVO_DOT_FUSES_ON_AVX512 && type != DType::kF32 && have_avx512() &&
+      linear_rows_avx512(x, rows, ldx, in, w, type, bias, o0, o1, y, ldy, accumulate)) {
+    return;
+  }
   const std::size_t elem = element_bytes(type);
   for (int o = o0; o < o1; ++o) {
     const void* wo = static_cast<const char*>(w) + static_cast<std::size_t>(o) * in * elem;

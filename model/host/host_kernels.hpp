@@ -56,6 +56,15 @@ void linear_rows_blocks(const float* x, int rows, std::int64_t ldx, int in, cons
                         std::uint32_t blocks, DType bias_type, const void* bias, int o0, int o1,
                         float* y, std::int64_t ldy, bool accumulate, float* row);
 
+// linear_rows for f16 and bf16 w, with AVX-512 intrinsics (model/host/host_blocks_avx512.cpp):
+// the same bits where dot() is built in target clones (GCC; linear_rows uses it only there), each
+// 16 weights widened in a register and multiplied into up to 8 x rows at once, so w is read once
+// per 8 rows instead of being converted into `row` and read again. Returns false, doing nothing,
+// for another type or `in` not a multiple of 16. REQUIRES: have_avx512().
+bool linear_rows_avx512(const float* x, int rows, std::int64_t ldx, int in, const void* w,
+                        DType type, const void* bias, int o0, int o1, float* y, std::int64_t ldy,
+                        bool accumulate);
+
 // linear_rows_blocks for one x row, with AVX-512 intrinsics (model/host/host_blocks_avx512.cpp):
 // the same bits where dot() is built in target clones (GCC; linear_rows_blocks uses it only
 // there), each block dequantized in registers. Returns false, doing nothing, for a type it does

@@ -250,6 +250,55 @@ TEST(HostLinear, GgufBlocksDequantizeAndMultiplyAsTheirExpandedRows) {
   }
 }
 
+// f16 and bf16 weights (random bits: subnormals, signed zeros and wide exponents among them, NaN
+// and infinity left out) and a bias of their type: decode-sized products (the AVX-512 kernel on a
+// CPU with it, up to 8 x rows per pass, strided x and y) give, bit for bit, linear_rows over the
+// same weights and bias expanded to f32; `in` not a multiple of 16 takes the portable loops.
+TEST(HostLinear, HalfWeightRowsMultiplyAsTheirExpandedRows) {
+  std::mt19937 rng(5);
+  const int out = 37;
+  for (const DType type : {DType::kF16, DType::kBF16}) {
+    for (const int in : {512, 208, 200}) {
+      SCOPED_TRACE(std::string(dtype_name(type)) + ", in " + std::to_string(in));
+      std::uniform_int_distribution<int> bits(0, 0xFFFF);
+      std::vector<std::uint16_t> w(static_cast<std::size_t>(out) * in), bias(out);
+      std::vector<float> wide(w.size()), wide_bias(bias.size());
+      const auto draw = [&](std::uint16_t& h, float& f) {
+        do {
+          h = static_cast<std::uint16_t>(bits(rng));
+          f = type == DType::kF16 ? f16_to_float(h) : bf16_to_float(h);
+        } while (!std::isfinite(f) || std::fabs(f) > 1e4f);  // the sums stay finite
+      };
+      for (std::size_t i = 0; i < w.size(); ++i) draw(w[i], wide[i]);
+      for (std::size_t i = 0; i < bias.size(); ++i) draw(bias[i], wide_bias[i]);
+      for (const int rows : {1, 3, 8, 9, 15}) {
+        const std::int64_t ldx = in + 16, ldy = out + 3;
+        std::vector<float> x(static_cast<std::size_t>(rows * ldx));
+        std::normal_distribution<float> normal;
+        for (auto& v : x) v = normal(rng);
+        std::vector<float> got(static_cast<std::size_t>(rows * ldy), 0.5f), want(got);
+        std::vector<float> row(static_cast<std::size_t>(in));
+        kernels::linear_rows(x.data(), rows, ldx, in, w.data(), type, bias.data(), 0, out,
+                             got.data(), ldy, true, row.data());
+        kernels::linear_rows(x.data(), rows, ldx, in, wide.data(), DType::kF32, wide_bias.data(), 0,
+                             out, want.data(), ldy, true, row.data());
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+            << rows << " rows";
+        // Outputs [o0, o1) alone: the same bits, nothing else written.
+        std::vector<float> part(got.size(), 0.5f);
+        kernels::linear_rows(x.data(), rows, ldx, in, w.data(), type, bias.data(), 5, 21,
+                             part.data(), ldy, true, row.data());
+        for (int t = 0; t < rows; ++t) {
+          for (int o = 0; o < out; ++o) {
+            const std::size_t at = static_cast<std::size_t>(t * ldy + o);
+            ASSERT_EQ(part[at], o >= 5 && o < 21 ? want[at] : 0.5f) << t << ", " << o;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The magnitude of the offset part of each weight of a block (the term not multiplied by the
 // block's quantized value: Q4_1's m, Q4_K's dmin * m, Q6_K's 32 * d * scale), which the q8 kernels
 // sum apart from the scaled part; 0 where they sum the weight whole (Q8_0, Q4_0).
