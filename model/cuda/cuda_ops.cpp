@@ -431,6 +431,10 @@ class CudaOps final : public Ops {
     block.sliding_window = window;
     block.softcap = static_cast<float>(c.attn_softcap);
     block.key_stride = B;
+    if (view.layout.v_head_dim != d) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "attention_prefill: V rows of another width than K's");
+    }
     const int begin = first_key(window, first_position);
     for (int k0 = begin; k0 <= last; k0 += B) {
       const int keys = std::min(B, last + 1 - k0);
