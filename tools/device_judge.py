@@ -68,6 +68,14 @@ def benchmarks(doc):
     return doc.get("benchmarks", []) if isinstance(doc, dict) else []
 
 
+def medians(entries):
+    """Benchmarks run with --benchmark_repetitions: each one's median aggregate alone (its
+    counters are the medians of the repetitions'); otherwise every entry."""
+    if any(e.get("run_type") == "aggregate" for e in entries):
+        return [e for e in entries if e.get("aggregate_name") == "median"]
+    return entries
+
+
 def read_steps(work):
     steps = []
     try:
@@ -126,7 +134,7 @@ def figures(work):
         doc = load(os.path.join(work, f"{name}.json"))
         for bench, message in bench_errors(doc):
             problems.append((step, f"{name}: {bench} threw: {message}"))
-        for b in benchmarks(doc):
+        for b in medians(benchmarks(doc)):
             if b.get("error_occurred") or "step_s" not in b:
                 continue
             kind, k = b["name"].split("/")[1], k_of(b["context"])
