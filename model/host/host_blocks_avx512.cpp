@@ -219,39 +219,20 @@ KVO_AVX512 void half_rows(const float* x, std::int64_t ldx, int in, const std::u
   for (; o < o1; ++o) half_tile<kType, kRows, 1>(x, ldx, in, w, bias, o, y, ldy, accumulate);
 }
 
-template <DType kType>
+// Passes of kRows x rows over w (8 at most: 8 sums, a widened weight and an x load stay in
+// registers), then the rows left, fewer than kRows, with fewer rows a pass.
+template <DType kType, int kRows = 8>
 KVO_AVX512 void half_rows_any(const float* x, int rows, std::int64_t ldx, int in,
                               const std::uint16_t* w, const void* bias, int o0, int o1, float* y,
                               std::int64_t ldy, bool accumulate) {
-  // Up to 8 x rows per pass over w: 8 sums, a widened weight and an x load stay in registers.
-  for (int t = 0; t < rows; t += 8) {
-    const float* xt = x + t * ldx;
-    float* yt = y + t * ldy;
-    switch (rows - t < 8 ? rows - t : 8) {
-      case 1:
-        half_rows<kType, 1>(xt, ldx, in, w, bias, o0, o1, yt, ldy, accumulate);
-        break;
-      case 2:
-        half_rows<kType, 2>(xt, ldx, in, w, bias, o0, o1, yt, ldy, accumulate);
-        break;
-      case 3:
-        half_rows<kType, 3>(xt, ldx, in, w, bias, o0, o1, yt, ldy, accumulate);
-        break;
-      case 4:
-        half_rows<kType, 4>(xt, ldx, in, w, bias, o0, o1, yt, ldy, accumulate);
-        break;
-      case 5:
-        half_rows<kType, 5>(xt, ldx, in, w, bias, o0, o1, yt, ldy, accumulate);
-        break;
-      case 6:
-        half_rows<kType, 6>(xt, ldx, in, w, bias, o0, o1, yt, ldy, accumulate);
-        break;
-      case 7:
-        half_rows<kType, 7>(xt, ldx, in, w, bias, o0, o1, yt, ldy, accumulate);
-        break;
-      default:
-        half_rows<kType, 8>(xt, ldx, in, w, bias, o0, o1, yt, ldy, accumulate);
-        break;
+  int t = 0;
+  for (; t + kRows <= rows; t += kRows) {
+    half_rows<kType, kRows>(x + t * ldx, ldx, in, w, bias, o0, o1, y + t * ldy, ldy, accumulate);
+  }
+  if constexpr (kRows > 1) {
+    if (t < rows) {
+      half_rows_any<kType, kRows - 1>(x + t * ldx, rows - t, ldx, in, w, bias, o0, o1, y + t * ldy,
+                                      ldy, accumulate);
     }
   }
 }
