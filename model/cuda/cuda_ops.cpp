@@ -362,18 +362,13 @@ class CudaOps final : public Ops {
     std::byte* v_tile = k_tile + static_cast<std::int64_t>(tile_keys) * c.kv_dim() * 2;
     auto* tile_lse = reinterpret_cast<float*>(base_ + layout_.tile_lse);
     auto* run_lse = reinterpret_cast<float*>(base_ + layout_.run_lse);
-    // The tile: one slot of tile_keys bf16 rows [kv_heads][d].
-    KvLayout tile_layout;
-    tile_layout.slots = 1;
-    tile_layout.max_seq = tile_keys;
-    tile_layout.kv_heads = c.kv_heads;
-    tile_layout.head_dim = d;
-    tile_layout.v_head_dim = d;
-    tile_layout.dtype = DType::kBF16;
-    tile_layout.element_size = 2;
-    tile_layout.k_row_bytes = static_cast<std::uint64_t>(c.kv_dim()) * 2;
-    tile_layout.v_row_bytes = tile_layout.k_row_bytes;
-    const LayerView tile = LayerView::of(tile_layout, k_tile, v_tile);
+    CacheConfig tile_shape;  // the tile: one slot of tile_keys bf16 rows [kv_heads][d]
+    tile_shape.slots = 1;
+    tile_shape.max_seq = tile_keys;
+    tile_shape.kv_heads = c.kv_heads;
+    tile_shape.head_dim = d;
+    tile_shape.dtype = DType::kBF16;
+    const LayerView tile = LayerView::of(kv_layout(tile_shape), k_tile, v_tile);
     const std::vector<KeyTile> tiles =
         key_tiles(first_key(window, first_position), first_position, n, tile_keys);
     for (std::size_t i = 0; i < tiles.size(); ++i) {
