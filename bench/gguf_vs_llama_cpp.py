@@ -161,8 +161,8 @@ def cpu_name():
 
 
 def read_rate(args):
-    """The streaming read rate (bytes/s) on --threads: kvo_bench_host_attention's
-    read_bytes_per_second over 128K keys of bf16 K/V, and the CPU it names."""
+    """The streaming read rate (bytes/s) on --threads: the median of kvo_bench_host_attention's
+    read_bytes_per_second over --read-keys keys of bf16 K/V, 3 repetitions."""
     keys = args.read_keys
     cmd = [args.read_bench, f"--threads={args.threads}", f"--contexts={keys}",
            f"--benchmark_filter=BM_HostDecodeAttention/context:{keys}/int8:0",
@@ -175,18 +175,12 @@ def read_rate(args):
     return statistics.median(rates)
 
 
-def context_length(model):
-    import gguf
-
-    reader = gguf.GGUFReader(model)
-    arch = reader.fields["general.architecture"].contents()
-    return int(reader.fields[f"{arch}.context_length"].contents())
-
-
-def decode_bytes(model):
-    """(bytes of the weights a decode step multiplies by, K/V bytes per token of depth at 2 bytes
-    an element) of a GGUF file: every tensor but the embedding table, which counts only when
-    it is also the output head (no output.weight); one row of it is all a step reads."""
+def file_facts(model):
+    """What the run needs of a GGUF file, read once: its context length; "F16" or "BF16" when
+    every matrix is in that type, else None; the bytes of the weights a decode step multiplies by
+    (every tensor but the embedding table, which counts only when it is also the output head, no
+    output.weight: one row of it is all a step reads); and the K/V bytes per token of depth at 2
+    bytes an element."""
     import gguf
 
     reader = gguf.GGUFReader(model)
@@ -195,6 +189,7 @@ def decode_bytes(model):
     def field(key):
         return int(reader.fields[f"{arch}.{key}"].contents())
 
+    kinds = {t.tensor_type.name for t in reader.tensors if len(t.shape) == 2}
     names = {t.name for t in reader.tensors}
     weights = sum(int(t.n_bytes) for t in reader.tensors
                   if t.name != "token_embd.weight" or "output.weight" not in names)
@@ -202,8 +197,9 @@ def decode_bytes(model):
     head_dim = field("embedding_length") // heads
     if f"{arch}.attention.key_length" in reader.fields:
         head_dim = field("attention.key_length")
-    kv_per_token = field("block_count") * 2 * kv_heads * head_dim * 2
-    return weights, kv_per_token
+    return {"context": field("context_length"),
+            "half": kinds.pop() if len(kinds) == 1 and kinds <= {"F16", "BF16"} else None,
+            "weights": weights, "kv_per_token": field("block_count") * 2 * kv_heads * head_dim * 2}
 
 
 def llama_bench(args, model, prompt_lens, depths):
@@ -225,14 +221,6 @@ def llama_bench(args, model, prompt_lens, depths):
     info = {k: out[0].get(k) for k in ("build_commit", "build_number", "cpu_info", "backends",
                                         "model_type", "model_size", "n_threads")}
     return figures, info
-
-
-def half_type(model):
-    """"F16" or "BF16" when every matrix of a GGUF file is in that type, else None."""
-    import gguf
-
-    kinds = {t.tensor_type.name for t in gguf.GGUFReader(model).tensors if len(t.shape) == 2}
-    return kinds.pop() if len(kinds) == 1 and kinds <= {"F16", "BF16"} else None
 
 
 def kvo(args, model, prompt_len, max_new, key, mode="f32"):
@@ -273,11 +261,11 @@ def main(argv):
     for model in models:
         # A file of f16 or bf16 matrices has no blocks for 8-bit activations: its modes are the
         # default (weights expanded to f32) and its own type kept (--dtype).
-        half = half_type(model)
+        facts = file_facts(model)
+        half = facts["half"]
         activations = ["f32", half.lower()] if half else args.activations.split(",")
         # Depths the model's context holds (with the decoded tokens after them).
-        context = context_length(model)
-        depths = [d for d in all_depths if d + args.decode_tokens + 1 <= context]
+        depths = [d for d in all_depths if d + args.decode_tokens + 1 <= facts["context"]]
         ours, theirs = {}, {}
         llama_info, kvo_info = None, {}
         for _ in range(args.repeats):
@@ -306,22 +294,23 @@ def main(argv):
                          "ratio": round(mine / other, 3),
                          "kvoffload_runs": [round(v, 2) for v in ours[key]],
                          "llama_cpp_runs": [round(v, 2) for v in theirs[key[:2]]]})
-        report["models"].append({"model": os.path.basename(model), "context_length": context,
-                                 "llama_cpp": llama_info,
+        report["models"].append({"model": os.path.basename(model),
+                                 "context_length": facts["context"], "llama_cpp": llama_info,
                                  "kvoffload": kvo_info, "results": rows})
+        if rates:
+            report["models"][-1]["weight_bytes_read_per_token"] = facts["weights"]
+            report["models"][-1]["kv_bytes_per_token_of_depth"] = facts["kv_per_token"]
     if rates:
         rates.append(read_rate(args))
         rate = statistics.median(rates)
         report["read_bytes_per_second"] = [round(r) for r in rates]
-        for entry, model in zip(report["models"], models):
-            weights, kv_per_token = decode_bytes(model)
-            entry["weight_bytes_read_per_token"] = weights
-            entry["kv_bytes_per_token_of_depth"] = kv_per_token
+        for entry in report["models"]:
             for row in entry["results"]:
                 if row["test"] != "decode":
                     continue
                 depth = row["depth"] + args.decode_tokens / 2
-                floor = rate / (weights + kv_per_token * depth)
+                floor = rate / (entry["weight_bytes_read_per_token"] +
+                                entry["kv_bytes_per_token_of_depth"] * depth)
                 row["floor_tokens_per_s"] = round(floor, 2)
                 row["kvoffload_of_floor"] = round(row["kvoffload_tokens_per_s"] / floor, 3)
                 row["llama_cpp_of_floor"] = round(row["llama_cpp_tokens_per_s"] / floor, 3)
