@@ -2,9 +2,9 @@
 CPU (the host backend), every full-attention layer streamed through a ring of one buffer.
 
 - Greedy tokens equal transformers' StaticCache's for a Llama, a Qwen2 of GQA group 7, a Gemma 2
-  (its sliding layers kept as windows, never split) and a GPT-OSS (attention sinks), at split points 0, 1, a middle row
-  and past the whole prefix; one row (sdpa, Gemma 2 eager) and two left-padded rows (eager,
-  additive masks; the padding inside the host rows).
+  (its sliding layers kept as windows, never split) and a GPT-OSS (attention sinks), at split
+  points 0, 1, a middle row and past the whole prefix; one row (sdpa, Gemma 2 eager) and two
+  left-padded rows (eager, additive masks; the padding inside the host rows).
 - The bytes: a split run moves over the bus exactly what the same run unsplit moves, less
   ``split_bytes_saved``, which is the formula's: every streamed layer of every decode step keeps
   min(split, length) rows of K and V per batch row on the host.
