@@ -20,10 +20,7 @@ constexpr int kMaxTokens = 1 << 30;  // per slot: the prompt, --max-new, --max-s
 constexpr int kMaxSlots = 4096;
 }  // namespace
 
-void declare_options(CLI::App& app, GenerateArgs& a) {
-  describe(app,
-           "Generates tokens with a Llama-family model whose K/V cache lives in kvoffload's "
-           "offloaded static cache, and reports what moved and how fast.");
+void declare_model_options(CLI::App& app, GenerateArgs& a) {
   using model::ModelLimits;
 
   app.option_defaults()->group("Model (default: --preset tiny)");
@@ -43,32 +40,6 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
              "K/V storage (default: the weights'); fp8 (e4m3) and int8 keep one scale per token "
              "and kv head, about half the bytes of bf16");
   add_integer(app, "--weight-seed", a.weight_seed, 0, UINT64_MAX, "seed of a preset's weights");
-
-  app.option_defaults()->group("Prompt (default: --prompt-len 32)");
-  auto* file = add_text(app, "--prompt-tokens", a.prompt_tokens, "FILE",
-                        "token ids separated by spaces or commas; one line per slot, or one "
-                        "line for every slot (a regular file of at most " +
-                            std::to_string(kMaxTokenFileBytes >> 30) + " GiB)");
-  auto* len = add_tokens(app, "--prompt-len", a.prompt_len, 1, kMaxTokens,
-                         "a synthetic prompt of N ids drawn from --seed (different per slot)");
-  file->excludes(len);
-
-  app.option_defaults()->group("Generation");
-  add_tokens(app, "--max-new", a.max_new, 0, kMaxTokens, "tokens to generate per slot");
-  add_tokens(app, "--max-seq", a.max_seq, 1, kMaxTokens, "")
-      ->description("tokens per slot in the cache (default: the prompt + --max-new); 1 to " +
-                    std::to_string(kMaxTokens));
-  add_integer(app, "--slots", a.slots, 1, kMaxSlots, "sequences decoded together");
-  add_tokens(app, "--chunk", a.chunk, 1, kMaxTokens, "prefill tokens per attention/MLP chunk");
-  add_tokens(app, "--max-prompt", a.max_prompt, 1, kMaxTokens, "")
-      ->description(
-          "the longest piece of a prompt prefilled at once (default: the prompt, or with "
-          "--vram-budget the largest piece whose activations fit); 1 to " +
-          std::to_string(kMaxTokens));
-  add_real(app, "--temperature", a.temperature, 0, 1000, "0: greedy");
-  add_integer(app, "--top-k", a.top_k, 0, ModelLimits::kVocab, "0: off");
-  add_real(app, "--top-p", a.top_p, 0, 1, "1: off; above 0");
-  add_integer(app, "--seed", a.seed, 0, UINT64_MAX, "prompt and sampling seed");
 
   app.option_defaults()->group("Cache");
   add_size(app, "--vram-budget", a.vram_budget, 1,
@@ -113,6 +84,43 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
   add_integer(app, "--max-delay-us", a.max_delay_us, 0, 1000000,
               "host backend: random copy delays up to N microseconds, to test the schedule");
 
+  app.option_defaults()->group("Prefill");
+  add_tokens(app, "--chunk", a.chunk, 1, kMaxTokens, "prefill tokens per attention/MLP chunk");
+  add_tokens(app, "--max-prompt", a.max_prompt, 1, kMaxTokens, "")
+      ->description(
+          "the longest piece of a prompt prefilled at once (default: the prompt, or with "
+          "--vram-budget the largest piece whose activations fit); 1 to " +
+          std::to_string(kMaxTokens));
+}
+
+void declare_options(CLI::App& app, GenerateArgs& a) {
+  describe(app,
+           "Generates tokens with a Llama-family model whose K/V cache lives in kvoffload's "
+           "offloaded static cache, and reports what moved and how fast.");
+  using model::ModelLimits;
+
+  app.option_defaults()->group("Prompt (default: --prompt-len 32)");
+  auto* file = add_text(app, "--prompt-tokens", a.prompt_tokens, "FILE",
+                        "token ids separated by spaces or commas; one line per slot, or one "
+                        "line for every slot (a regular file of at most " +
+                            std::to_string(kMaxTokenFileBytes >> 30) + " GiB)");
+  auto* len = add_tokens(app, "--prompt-len", a.prompt_len, 1, kMaxTokens,
+                         "a synthetic prompt of N ids drawn from --seed (different per slot)");
+  file->excludes(len);
+
+  app.option_defaults()->group("Generation");
+  add_tokens(app, "--max-new", a.max_new, 0, kMaxTokens, "tokens to generate per slot");
+  add_tokens(app, "--max-seq", a.max_seq, 1, kMaxTokens, "")
+      ->description("tokens per slot in the cache (default: the prompt + --max-new); 1 to " +
+                    std::to_string(kMaxTokens));
+  add_integer(app, "--slots", a.slots, 1, kMaxSlots, "sequences decoded together");
+  add_real(app, "--temperature", a.temperature, 0, 1000, "0: greedy");
+  add_integer(app, "--top-k", a.top_k, 0, ModelLimits::kVocab, "0: off");
+  add_real(app, "--top-p", a.top_p, 0, 1, "1: off; above 0");
+  add_integer(app, "--seed", a.seed, 0, UINT64_MAX, "prompt and sampling seed");
+
+  declare_model_options(app, a);
+
   tools::declare_text_options(app, a.text);
 
   app.option_defaults()->group("Output");
@@ -141,8 +149,7 @@ std::int64_t GenerateRun::prompt_length(int slot) const {
       file_prompts[file_prompts.size() == 1 ? 0 : static_cast<std::size_t>(slot)].size());
 }
 
-GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
-  GenerateRun r;
+void resolve_model(const GenerateArgs& a, const CLI::App& app, GenerateRun& r) {
   if (app.count("--model") != 0) {
     struct stat st {};
     if (::stat(a.model.c_str(), &st) != 0 || !(S_ISDIR(st.st_mode) || S_ISREG(st.st_mode))) {
@@ -166,6 +173,59 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
     d.override_kv_dtype = true;
     d.kv_dtype = parse_dtype(a.kv_dtype);
   }
+  d.chunk = a.chunk;
+  d.ring_depth = a.ring;
+  d.window_layers = a.window_layers == "window";
+  if (a.split == "auto") {
+    d.split.mode = SplitMode::kAuto;
+  } else if (a.split != "off") {
+    std::int64_t rows = 0;
+    if (!read_integer(a.split, rows) || rows < 1 || rows > kMaxTokens) {
+      throw UsageError("--split needs auto, off or a row count from 1 to " +
+                       std::to_string(kMaxTokens) + ", got '" + kvo::printable(a.split) + "'");
+    }
+    d.split.mode = SplitMode::kRows;
+    d.split.rows = static_cast<int>(rows);
+  }
+  if (a.resident == "all") {
+    d.resident_layers = r.config.layers;
+  } else if (a.resident == "auto") {
+    d.resident_layers = kAutoResidentLayers;
+  } else {
+    std::int64_t n = 0;
+    if (!read_integer(a.resident, n) || n < 0 || n > r.config.layers) {
+      throw UsageError("--resident needs all, auto or a layer count from 0 to " +
+                       std::to_string(r.config.layers) + " (the model's layers), got '" +
+                       kvo::printable(a.resident) + "'");
+    }
+    d.resident_layers = static_cast<int>(n);
+  }
+  d.device_budget = a.vram_budget;
+  d.backend = parse_backend(a.backend);
+  d.builtin_attention = a.attention == "builtin";
+  d.threads = a.threads;
+  d.f32_gemm = a.gemm == "f32";
+  if (a.expand_weights && !model::is_gguf_model(r.source.checkpoint)) {
+    throw UsageError("--expand-weights dequantizes a GGUF file's blocks at load, and " +
+                     (r.source.checkpoint.empty()
+                          ? std::string("drawn weights have none")
+                          : r.source.checkpoint + ", a safetensors checkpoint, has none") +
+                     " (--weights quantizes them at load)");
+  }
+  d.keep_blocks = !a.expand_weights;
+  d.q8_activations = a.activations == "q8";
+  d.auto_activations = a.activations == "auto";
+  d.weight_format = a.weights;
+  if (a.max_delay_us > 0) {
+    d.host.max_delay_us = static_cast<std::uint32_t>(a.max_delay_us);
+    d.host.delay_seed = a.seed;
+  }
+}
+
+GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
+  GenerateRun r;
+  resolve_model(a, app, r);
+  model::DecoderOptions& d = r.decoder;
   r.seed = a.seed;
   d.slots = a.slots;
 
@@ -229,53 +289,6 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
   d.max_prompt =
       a.max_prompt > 0 ? a.max_prompt : static_cast<int>(std::max<std::int64_t>(prefilled, 1));
   d.fit_prompt = a.max_prompt == 0;
-  d.chunk = a.chunk;
-  d.ring_depth = a.ring;
-  d.window_layers = a.window_layers == "window";
-  if (a.split == "auto") {
-    d.split.mode = SplitMode::kAuto;
-  } else if (a.split != "off") {
-    std::int64_t rows = 0;
-    if (!read_integer(a.split, rows) || rows < 1 || rows > kMaxTokens) {
-      throw UsageError("--split needs auto, off or a row count from 1 to " +
-                       std::to_string(kMaxTokens) + ", got '" + kvo::printable(a.split) + "'");
-    }
-    d.split.mode = SplitMode::kRows;
-    d.split.rows = static_cast<int>(rows);
-  }
-  if (a.resident == "all") {
-    d.resident_layers = r.config.layers;
-  } else if (a.resident == "auto") {
-    d.resident_layers = kAutoResidentLayers;
-  } else {
-    std::int64_t n = 0;
-    if (!read_integer(a.resident, n) || n < 0 || n > r.config.layers) {
-      throw UsageError("--resident needs all, auto or a layer count from 0 to " +
-                       std::to_string(r.config.layers) + " (the model's layers), got '" +
-                       kvo::printable(a.resident) + "'");
-    }
-    d.resident_layers = static_cast<int>(n);
-  }
-  d.device_budget = a.vram_budget;
-  d.backend = parse_backend(a.backend);
-  d.builtin_attention = a.attention == "builtin";
-  d.threads = a.threads;
-  d.f32_gemm = a.gemm == "f32";
-  if (a.expand_weights && !model::is_gguf_model(r.source.checkpoint)) {
-    throw UsageError("--expand-weights dequantizes a GGUF file's blocks at load, and " +
-                     (r.source.checkpoint.empty()
-                          ? std::string("drawn weights have none")
-                          : r.source.checkpoint + ", a safetensors checkpoint, has none") +
-                     " (--weights quantizes them at load)");
-  }
-  d.keep_blocks = !a.expand_weights;
-  d.q8_activations = a.activations == "q8";
-  d.auto_activations = a.activations == "auto";
-  d.weight_format = a.weights;
-  if (a.max_delay_us > 0) {
-    d.host.max_delay_us = static_cast<std::uint32_t>(a.max_delay_us);
-    d.host.delay_seed = a.seed;
-  }
   if (!(a.top_p > 0)) throw UsageError("--top-p must be above 0 (1: off)");
   r.sampling.temperature = static_cast<float>(a.temperature);
   r.sampling.top_k = a.top_k;

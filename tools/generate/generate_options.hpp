@@ -85,9 +85,15 @@ struct GenerateRun {
 };
 
 void declare_options(CLI::App& app, GenerateArgs& args);
+// The options of the model and its cache alone (groups Model, Cache and Prefill), for a tool that
+// runs the same model as kvo-generate without its prompt and output options (kvo-serve).
+void declare_model_options(CLI::App& app, GenerateArgs& args);
 
 // Throws UsageError for options that do not fit together or do not fit the model, and
 // kvo::Error when the model's config cannot be read.
 GenerateRun resolve(const GenerateArgs& args, const CLI::App& app);
+// The part of resolve() that declare_model_options' options fill: the config, the weight source,
+// the model's name and the decoder options but its slots, max_seq and max_prompt.
+void resolve_model(const GenerateArgs& args, const CLI::App& app, GenerateRun& run);
 
 }  // namespace kvo::cli
