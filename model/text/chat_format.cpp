@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "kvoffload/error.hpp"
+#include "offload/util/printable.hpp"
 
 namespace kvo::model {
 
@@ -94,7 +95,7 @@ ChatFormat chat_format(const TokenizerSettings& settings,
                 "tokenizer_config.json's chat_template); give the prompt as it is, without --chat");
   }
   const std::string text = trim(*settings.chat_template);
-  ChatFormat chat{"ChatML", "", "<|im_end|>\n<|im_start|>assistant\n"};
+  ChatFormat chat{"ChatML", "", "<|im_end|>\n<|im_start|>assistant\n", std::nullopt};
   const std::string smol = kSmolChatML;
   const std::size_t slot = smol.find(kDefault);
   if (text.size() > smol.size() - 1 && text.compare(0, slot, smol, 0, slot) == 0 &&
@@ -104,6 +105,7 @@ ChatFormat chat_format(const TokenizerSettings& settings,
     const std::optional<std::string> default_system =
         jinja_literal(text.substr(slot, text.size() - (smol.size() - 1)));
     if (default_system) {
+      chat.default_system = default_system;
       chat.before = "<|im_start|>system\n" + system.value_or(*default_system) +
                     "<|im_end|>\n<|im_start|>user\n";
       return chat;
@@ -118,6 +120,23 @@ ChatFormat chat_format(const TokenizerSettings& settings,
               "--chat: this model's chat template is not one kvo-generate can build faithfully "
               "(it builds ChatML as SmolLM2 and plain ChatML templates write it); format the "
               "conversation yourself and give it without --chat");
+}
+
+std::string chat_text(const ChatFormat& format, const std::vector<ChatMessage>& messages) {
+  if (messages.empty()) throw Error(ErrorCode::kInvalidArgument, "a conversation needs a message");
+  std::string text;
+  if (messages.front().role != "system" && format.default_system) {
+    text = "<|im_start|>system\n" + *format.default_system + "<|im_end|>\n";
+  }
+  for (const ChatMessage& m : messages) {
+    if (m.role != "system" && m.role != "user" && m.role != "assistant") {
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          "a message's role must be system, user or assistant, not '" + printable(m.role) + "'");
+    }
+    text += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+  }
+  return text + "<|im_start|>assistant\n";
 }
 
 }  // namespace kvo::model

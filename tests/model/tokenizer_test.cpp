@@ -176,6 +176,41 @@ TEST(ChatFormat, TheDefaultSystemMessageIsRenderedAsJinjaRendersIt) {
   }
 }
 
+// A conversation (kvo-serve's messages) renders as the template does: one user message as before +
+// message + after; the default system message only where the conversation opens without one; a
+// plain ChatML template writes none. The expected texts are jinja2's renderings of the templates.
+TEST(ChatFormat, AConversationRendersAsTheTemplateDoes) {
+  TokenizerSettings s;
+  s.chat_template =
+      "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+      "'<|im_start|>system\nBe kind.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + "
+      "message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if "
+      "add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+  const ChatFormat smol = chat_format(s, std::nullopt);
+  EXPECT_EQ(chat_text(smol, {{"user", "hi"}}), smol.before + "hi" + smol.after);
+  EXPECT_EQ(chat_text(smol, {{"user", "hi"}, {"assistant", "hello"}, {"user", "bye"}}),
+            "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+            "<|im_start|>assistant\nhello<|im_end|>\n<|im_start|>user\nbye<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(chat_text(smol, {{"system", "Be brief."}, {"user", "hi"}}),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  s.chat_template =
+      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+      "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ "
+      "'<|im_start|>assistant\n' }}{% endif %}";
+  const ChatFormat plain = chat_format(s, std::nullopt);
+  EXPECT_FALSE(plain.default_system.has_value());
+  EXPECT_EQ(chat_text(plain, {{"user", "hi"}}),
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  expect_error([&] { chat_text(plain, {}); }, ErrorCode::kInvalidArgument, "needs a message");
+  expect_error(
+      [&] {
+        chat_text(plain, {{"user", "hi"}, {"tool", "x"}});
+      },
+      ErrorCode::kInvalidArgument, "not 'tool'");
+}
+
 TEST(Tokenizer, PostProcessorIdsMustBeTheTokenizersOwn) {
   for (const Json& id : {Json(-7), Json(99999999), Json(300), Json(2.5)}) {
     Json j = tokenizer_json();
