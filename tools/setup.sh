@@ -20,7 +20,7 @@ jobs=${KVO_JOBS:-$(nproc)}
 
 packages=(cmake g++ make pkg-config libboost-dev libgtest-dev libbenchmark-dev nlohmann-json3-dev
           libcli11-dev libxxhash-dev libpcre2-dev libutf8proc-dev libsentencepiece-dev libopenblas-dev
-          xz-utils)
+          libcpp-httplib-dev xz-utils)
 case "$mode" in
   --asan | --tsan) packages+=(clang-14 libclang-rt-14-dev) ;;
   "" | --python | --deps-only) ;;
