@@ -95,6 +95,9 @@ std::string metrics_text(const kvo::serve::EngineMetrics& m, std::uint64_t refus
        static_cast<double>(m.reused_tokens));
   line("kvo_prefix_cache_hits_total", "counter", "requests that reused a slot's rows",
        static_cast<double>(m.prefix_hits));
+  line("kvo_prefix_copies_total", "counter",
+       "requests whose prefix was copied from another slot's rows",
+       static_cast<double>(m.prefix_copies));
   line("kvo_completion_tokens_total", "counter", "tokens generated",
        static_cast<double>(m.completion_tokens));
   line("kvo_decode_steps_total", "counter", "decode steps", static_cast<double>(m.decode_steps));

@@ -190,6 +190,32 @@ def check_prefix_reuse(server, args):
     print(f"prefix reuse: {cached} of {r.usage.prompt_tokens} prompt tokens reused; "
           "kvo-generate's answer")
 
+    # The slot holding the document is busy with a long answer: the next question about it
+    # copies that slot's rows into a free one. Neither answer changes.
+    long_q = document + "\n\nSummarise the conditions of redistribution."
+    body = {"messages": [{"role": "user", "content": long_q}], "max_tokens": 160,
+            "ignore_eos": True, "temperature": 0}
+    held = []
+    t = threading.Thread(target=lambda: held.append(server.post("/v1/chat/completions", body)))
+    t.start()
+    wait_for(lambda: server.metrics()["kvo_decode_steps_total"] > after["kvo_decode_steps_total"]
+             and server.health()["slots_in_use"] == 1)
+    copies = server.metrics()["kvo_prefix_copies_total"]
+    other_q = document + "\n\nMay I charge a fee for support?"
+    r = chat(server, other_q, max_tokens=16)
+    assert r.usage.prompt_tokens_details.cached_tokens > 1000, r.usage
+    assert server.metrics()["kvo_prefix_copies_total"] == copies + 1
+    assert server.health()["slots_in_use"] == 1, "the long answer still runs"
+    want = kvo_generate(args.kvo_generate, args.model, ["--chat", "--prompt", other_q], 16)
+    assert r.choices[0].message.content == want, (r.choices[0].message.content, want)
+    t.join()
+    status, text = held[0]
+    assert status == 200, text
+    want = kvo_generate(args.kvo_generate, args.model,
+                        ["--chat", "--ignore-eos", "--prompt", long_q], 160)
+    assert json.loads(text)["choices"][0]["message"]["content"] == want
+    print("a prefix held by a running request: copied into a free slot; both answers unchanged")
+
 
 def check_busy(server):
     body = {"messages": [{"role": "user", "content": "Count to one hundred."}],

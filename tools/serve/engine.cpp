@@ -12,6 +12,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Tokens another slot must hold beyond the best free one for its rows to be copied.
+constexpr std::size_t kMinCopyGain = 16;
+
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -133,7 +136,7 @@ EngineMetrics Engine::metrics() const {
 
 void Engine::run() {
   for (;;) {
-    std::vector<std::pair<int, std::shared_ptr<Job>>> starts;
+    std::vector<Start> starts;
     bool any_running = false;
     {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -156,48 +159,57 @@ void Engine::run() {
       starts = admit();
       any_running = running() || !starts.empty();
     }
-    for (auto& [slot, job] : starts) start(slot, std::move(job));
+    for (const Start& s : starts) start(s);
     if (any_running) step();
   }
 }
 
-std::vector<std::pair<int, std::shared_ptr<Job>>> Engine::admit() {
-  std::vector<std::pair<int, std::shared_ptr<Job>>> starts;
+std::vector<Engine::Start> Engine::admit() {
+  std::vector<Start> starts;
+  auto common = [](const std::vector<std::int32_t>& held, const std::vector<std::int32_t>& p) {
+    const std::size_t n = std::min(held.size(), p.size());
+    return static_cast<std::size_t>(
+        std::mismatch(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(n), p.begin())
+            .first -
+        held.begin());
+  };
   while (!queue_.empty()) {
     std::shared_ptr<Job> job = queue_.front();
-    // The free slot whose rows begin with the longest part of this prompt (the first free one
-    // when none does).
-    int best = -1;
-    std::size_t best_common = 0;
     const std::vector<std::int32_t>& prompt = job->request().prompt;
+    auto taken = [&](std::size_t s) {
+      return std::any_of(starts.begin(), starts.end(),
+                         [&](const Start& t) { return t.slot == static_cast<int>(s); });
+    };
+    // The free slot whose rows begin with the longest part of this prompt (the first free one
+    // when none does), and any slot not about to change whose rows begin with a longer part.
+    int best = -1, source = -1;
+    std::size_t best_common = 0, source_common = 0;
     for (std::size_t s = 0; s < slots_.size(); ++s) {
-      if (slots_[s].job) continue;
-      const bool taken = std::any_of(starts.begin(), starts.end(),
-                                     [&](const auto& p) { return p.first == static_cast<int>(s); });
-      if (taken) continue;
-      const std::vector<std::int32_t>& held = slots_[s].held;
-      const std::size_t common = static_cast<std::size_t>(
-          std::mismatch(
-              held.begin(),
-              held.begin() + static_cast<std::ptrdiff_t>(std::min(held.size(), prompt.size())),
-              prompt.begin())
-              .first -
-          held.begin());
-      if (best < 0 || common > best_common) {
+      if (taken(s)) continue;
+      const std::size_t c = common(slots_[s].held, prompt);
+      if (!slots_[s].job && (best < 0 || c > best_common)) {
         best = static_cast<int>(s);
-        best_common = common;
+        best_common = c;
+      }
+      if (c > source_common) {
+        source = static_cast<int>(s);
+        source_common = c;
       }
     }
     if (best < 0) break;
     queue_.pop_front();
-    starts.emplace_back(best, std::move(job));
+    // A copy for a handful of tokens is not worth the rows it moves.
+    const bool copy = source_common >= best_common + kMinCopyGain;
+    starts.push_back({best, copy ? source : -1, std::move(job)});
     ++metrics_.slots_in_use;
   }
   metrics_.queued = static_cast<int>(queue_.size());
   return starts;
 }
 
-void Engine::start(int s, std::shared_ptr<Job> job) {
+void Engine::start(const Start& st) {
+  const int s = st.slot;
+  const std::shared_ptr<Job>& job = st.job;
   Slot& slot = slots_[static_cast<std::size_t>(s)];
   const Completion& r = job->request();
   slot.job = job;
@@ -212,7 +224,16 @@ void Engine::start(int s, std::shared_ptr<Job> job) {
     return;
   }
   const auto t0 = Clock::now();
+  bool copied = false;
   try {
+    if (st.source >= 0) {  // another slot holds more of the prompt: its rows first
+      std::vector<int> from(slots_.size());
+      for (std::size_t i = 0; i < from.size(); ++i) from[i] = static_cast<int>(i);
+      from[static_cast<std::size_t>(s)] = st.source;
+      decoder_.cache().reorder_slots(from);
+      slot.held = slots_[static_cast<std::size_t>(st.source)].held;
+      copied = true;
+    }
     // Rows already held for the prompt's first tokens are kept; at least its last token is
     // prefilled, for the logits that draw the first new one.
     std::size_t reuse = 0;
@@ -244,6 +265,7 @@ void Engine::start(int s, std::shared_ptr<Job> job) {
       metrics_.prompt_tokens += rest.size();
       metrics_.reused_tokens += reuse;
       if (reuse > 0) ++metrics_.prefix_hits;
+      if (copied) ++metrics_.prefix_copies;
       metrics_.prefill_s += seconds_since(t0);
     }
     take_token(s, slot.sampler->sample(logits_.data(), vocab_));

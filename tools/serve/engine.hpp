@@ -6,7 +6,9 @@
 // A prompt whose first tokens a free slot already holds (the rows of an earlier request: a long
 // document asked another question) prefills only the rest: the slot is truncated to the common
 // prefix and the remainder prefilled after it. The free slot holding the longest such prefix is
-// taken.
+// taken; where another slot (one still running, say) holds a longer one, its rows are first
+// copied into the free slot (OffloadedStaticCache::reorder_slots: within the host store for the
+// streamed layers, on the device for the resident ones).
 #pragma once
 
 #include <atomic>
@@ -88,6 +90,7 @@ struct EngineMetrics {
   std::uint64_t prompt_tokens = 0;  // prefilled
   std::uint64_t reused_tokens = 0;  // found in a slot instead
   std::uint64_t prefix_hits = 0;    // requests that reused at least one token
+  std::uint64_t prefix_copies = 0;  // requests whose prefix was copied from another slot
   std::uint64_t completion_tokens = 0;
   std::uint64_t decode_steps = 0;
   double prefill_s = 0;
@@ -132,9 +135,14 @@ class Engine {
   };
 
   void run();
-  // Takes queued requests into free slots; returns the (slot, job) pairs to start.
-  std::vector<std::pair<int, std::shared_ptr<Job>>> admit();
-  void start(int slot, std::shared_ptr<Job> job);
+  struct Start {
+    int slot;    // a free slot
+    int source;  // a slot whose rows to copy into it first, or -1
+    std::shared_ptr<Job> job;
+  };
+  // Takes queued requests into free slots.
+  std::vector<Start> admit();
+  void start(const Start& start);
   void step();
   // A token drawn for slot s: ends the request or keeps it for the next step.
   void take_token(int s, std::int32_t token);
