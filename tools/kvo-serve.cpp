@@ -12,6 +12,7 @@
 // and exits 0.
 #include <httplib.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <chrono>
@@ -35,6 +36,7 @@
 #include "model/text/tokenizer_settings.hpp"
 #include "tools/cli/cli.hpp"
 #include "tools/generate/generate_options.hpp"
+#include "tools/generate/generate_text.hpp"
 #include "tools/serve/api.hpp"
 #include "tools/serve/engine.hpp"
 
@@ -60,7 +62,13 @@ struct ServeArgs {
   int max_tokens = 1024;
   double shutdown_deadline_s = 10;
   int http_threads = 0;  // 0: slots + queue + 4
+  std::string contexts;  // a directory: the slots' rows restored at start, saved at a clean stop
 };
+
+// The file in --contexts DIR.
+std::string contexts_file(const std::string& dir) {
+  return dir + "/contexts.kvo";
+}
 
 std::string base_name(const std::string& path) {
   std::string p = path;
@@ -189,16 +197,61 @@ int run(const kvo::cli::GenerateArgs& model_args, const CLI::App& app, const Ser
               "); use /v1/completions with the prompt formatted";
   }
 
+  // --contexts: checked before the weights load, so that nothing fails after the work.
+  if (!a.contexts.empty()) {
+    struct stat st {};
+    if (::stat(a.contexts.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      throw kvo::cli::UsageError("--contexts: " + a.contexts + " is not a directory");
+    }
+    try {
+      kvo::check_save_path(contexts_file(a.contexts));
+    } catch (const kvo::Error& e) {
+      throw kvo::cli::UsageError(std::string("--contexts: ") + e.what());
+    }
+  }
+
   std::fprintf(stderr, "kvo-serve: loading %s\n", dir.c_str());
   kvo::model::Decoder decoder(r.config, r.source, r.decoder);
   const kvo::CachePlan plan = decoder.cache().stats().plan;
+  std::vector<int> all_slots;
+  for (int s = 0; s < a.slots; ++s) all_slots.push_back(s);
+  std::string fingerprint;
+  std::vector<std::vector<std::int32_t>> restored;
+  if (!a.contexts.empty()) {
+    if (plan.window_layers > 0) {
+      throw kvo::cli::UsageError(
+          "--contexts: this model's " + std::to_string(plan.window_layers) +
+          " window layers keep their last rows alone, which saved contexts do not hold yet; "
+          "give --window-layers full to keep every row");
+    }
+    fingerprint = kvo::tools::TextSession::fingerprint(decoder, r.source);
+    const std::string path = contexts_file(a.contexts);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) {
+      // Another model's, shape's or slot count's contexts are refused, never overwritten.
+      std::vector<kvo::SlotContext> loaded;
+      try {
+        loaded = decoder.cache().load_slots(all_slots, path, fingerprint);
+      } catch (const kvo::Error& e) {
+        throw kvo::cli::UsageError("--contexts: " + path + " cannot be restored here: " + e.what() +
+                                   " (give another directory, or remove the file)");
+      }
+      std::int64_t tokens = 0;
+      for (kvo::SlotContext& c : loaded) {
+        tokens += static_cast<std::int64_t>(c.tokens.size());
+        restored.push_back(std::move(c.tokens));
+      }
+      std::fprintf(stderr, "kvo-serve: restored %d slots (%lld tokens) from %s\n", a.slots,
+                   static_cast<long long>(tokens), path.c_str());
+    }
+  }
   const std::string model_name = a.name.empty() ? base_name(dir) : a.name;
   kvo::serve::ApiLimits limits;
   limits.max_seq = a.max_seq;
   limits.max_prompt_tokens = a.max_prompt_tokens > 0 ? a.max_prompt_tokens : a.max_seq - 1;
   limits.max_tokens = a.max_tokens;
   limits.vocab = r.config.vocab_size;
-  kvo::serve::Engine engine(decoder, *tokenizer, stop_ids, a.queue);
+  kvo::serve::Engine engine(decoder, *tokenizer, stop_ids, a.queue, std::move(restored));
 
   std::atomic<std::uint64_t> refused{0}, rejected{0}, ids{0};
   std::atomic<int> open_responses{0};
@@ -433,6 +486,20 @@ int run(const kvo::cli::GenerateArgs& model_args, const CLI::App& app, const Ser
   const bool ok = server.listen_after_bind();
   if (!ok && !stopping) throw kvo::Error(kvo::ErrorCode::kInternal, "the listener stopped");
   watcher.join();  // the engine has stopped
+  if (!a.contexts.empty()) {
+    std::vector<kvo::SlotContext> contexts;
+    std::int64_t tokens = 0;
+    for (int s : all_slots) {
+      std::vector<std::int32_t> held = engine.held(s);
+      if (static_cast<int>(held.size()) != decoder.length(s)) held.clear();  // not matched again
+      tokens += static_cast<std::int64_t>(held.size());
+      contexts.push_back({std::move(held), fingerprint});
+    }
+    const std::string path = contexts_file(a.contexts);
+    decoder.cache().save_slots(all_slots, path, contexts);
+    std::fprintf(stderr, "kvo-serve: saved %d slots (%lld tokens) to %s\n", a.slots,
+                 static_cast<long long>(tokens), path.c_str());
+  }
   std::fprintf(stderr, "kvo-serve: stopped\n");
   return 0;
 }
@@ -472,6 +539,10 @@ int main(int argc, char** argv) {
   kvo::cli::add_real(app, "--shutdown-deadline", a.shutdown_deadline_s, 0, 3600,
                      "seconds running requests get to end after SIGTERM before they are "
                      "cancelled");
+  kvo::cli::add_text(app, "--contexts", a.contexts, "DIR",
+                     "keep the slots' rows across restarts: restored from DIR/contexts.kvo at "
+                     "start (refused when saved from another model, shape or slot count), saved "
+                     "there when the server stops on SIGTERM or SIGINT");
   kvo::cli::add_integer(app, "--http-threads", a.http_threads, 0, 4096,
                         "connections served at once (0: slots + queue + 4)");
   kvo::cli::declare_model_options(app, model_args);

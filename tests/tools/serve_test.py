@@ -12,7 +12,9 @@ Python client and through raw sockets:
   and huge max_tokens, an unknown role, unknown fields, the wrong API key, a client that goes
   away mid-stream, a client that sends half a request and nothing more): the right status, and
   the next request is served; no slot is left in use;
-- SIGTERM while a request runs: that request still completes, and the server exits 0.
+- SIGTERM while a request runs: that request still completes, and the server exits 0;
+- --contexts DIR: the slots' rows survive a restart (the document's prefix reused at once), and
+  contexts saved with another slot count are refused without being overwritten.
 
     python serve_test.py --kvo-serve PATH --kvo-generate PATH --model FILE.gguf
 """
@@ -24,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -336,6 +339,33 @@ def check_sigterm(server):
     print("SIGTERM: the running request completed, exit status 0")
 
 
+def check_contexts(args):
+    with tempfile.TemporaryDirectory() as contexts:
+        with open(DOCUMENT, encoding="utf-8") as f:
+            document = f.read()[:6000]
+        server = Server(args.kvo_serve, args.model, "--contexts", contexts)
+        chat(server, document + "\n\nWhat is this document?", max_tokens=8)
+        assert server.stop() == 0, server.log
+        assert os.path.getsize(os.path.join(contexts, "contexts.kvo")) > 0
+        assert any("saved 2 slots" in line for line in server.log), server.log
+        server = Server(args.kvo_serve, args.model, "--contexts", contexts)
+        question = document + "\n\nWhat does the license say about trademarks?"
+        r = chat(server, question, max_tokens=16)
+        assert r.usage.prompt_tokens_details.cached_tokens > 1000, r.usage
+        want = kvo_generate(args.kvo_generate, args.model, ["--chat", "--prompt", question], 16)
+        assert r.choices[0].message.content == want, (r.choices[0].message.content, want)
+        assert server.stop() == 0, server.log
+        # Another slot count (or model, or max_seq) is refused, and the file kept as it was.
+        before = open(os.path.join(contexts, "contexts.kvo"), "rb").read()
+        run = subprocess.run([args.kvo_serve, "--model", args.model, *MODEL_ARGS, "--slots", "3",
+                              "--max-seq", "4096", "--port", str(free_port()), "--contexts",
+                              contexts], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 2 and "cannot be restored here" in run.stderr, run.stderr
+        assert open(os.path.join(contexts, "contexts.kvo"), "rb").read() == before
+    print("--contexts: the slots' rows survive a restart (prefix reused, kvo-generate's answer); "
+          "another slot count is refused, the file kept")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--kvo-serve", required=True)
@@ -354,6 +384,7 @@ def main():
     finally:
         if server.process.poll() is None:
             server.process.kill()
+    check_contexts(args)
     return 0
 
 

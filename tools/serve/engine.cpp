@@ -79,7 +79,8 @@ void Job::fail(const std::string& message) {
 }
 
 Engine::Engine(model::Decoder& decoder, const model::Tokenizer& tokenizer,
-               std::vector<std::int32_t> stop_ids, int queue_limit)
+               std::vector<std::int32_t> stop_ids, int queue_limit,
+               std::vector<std::vector<std::int32_t>> held)
     : decoder_(decoder),
       tokenizer_(tokenizer),
       stop_ids_(std::move(stop_ids)),
@@ -88,6 +89,14 @@ Engine::Engine(model::Decoder& decoder, const model::Tokenizer& tokenizer,
       max_seq_(decoder.options().max_seq),
       slots_(static_cast<std::size_t>(decoder.options().slots)) {
   logits_.resize(slots_.size() * static_cast<std::size_t>(vocab_));
+  for (std::size_t s = 0; s < held.size() && s < slots_.size(); ++s) {
+    // Rows without their tokens (or not all of them) cannot be matched: the slot starts over.
+    if (static_cast<int>(held[s].size()) == decoder_.length(static_cast<int>(s))) {
+      slots_[s].held = std::move(held[s]);
+    } else {
+      decoder_.reset(static_cast<int>(s));
+    }
+  }
   metrics_.slots = static_cast<int>(slots_.size());
   thread_ = std::thread([this] { run(); });
 }

@@ -104,9 +104,11 @@ struct EngineMetrics {
 class Engine {
  public:
   // `stop_ids`: tokens that end a generation (the model's end of sequence). `queue_limit`:
-  // requests that may wait for a slot. Starts the engine's thread.
+  // requests that may wait for a slot. `held`: the tokens whose rows each slot already holds (a
+  // restored context), or empty. Starts the engine's thread.
   Engine(model::Decoder& decoder, const model::Tokenizer& tokenizer,
-         std::vector<std::int32_t> stop_ids, int queue_limit);
+         std::vector<std::int32_t> stop_ids, int queue_limit,
+         std::vector<std::vector<std::int32_t>> held = {});
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -120,6 +122,10 @@ class Engine {
   void shutdown(std::chrono::milliseconds deadline);
 
   EngineMetrics metrics() const;
+  // The tokens whose rows slot s holds. REQUIRES: shutdown() has returned.
+  const std::vector<std::int32_t>& held(int slot) const {
+    return slots_[static_cast<std::size_t>(slot)].held;
+  }
   int max_seq() const { return max_seq_; }
 
  private:
