@@ -285,11 +285,13 @@ void Engine::start(const Start& st) {
     } catch (const std::exception&) {
     }
     slot.held.clear();
-    job->fail(e.what());
     slot.job.reset();
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++metrics_.requests_failed;
-    --metrics_.slots_in_use;
+    {  // the slot is free before the client hears: its next request finds it so
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++metrics_.requests_failed;
+      --metrics_.slots_in_use;
+    }
+    job->fail(e.what());
   }
 }
 
@@ -318,11 +320,13 @@ void Engine::step() {
       } catch (const std::exception&) {
       }
       slots_[s].held.clear();
-      slots_[s].job->fail(e.what());
-      slots_[s].job.reset();
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++metrics_.requests_failed;
-      --metrics_.slots_in_use;
+      const std::shared_ptr<Job> job = std::move(slots_[s].job);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++metrics_.requests_failed;
+        --metrics_.slots_in_use;
+      }
+      job->fail(e.what());
     }
     return;
   }
@@ -382,13 +386,15 @@ void Engine::end(int s, const std::string& reason) {
     slot.job->append(slot.text.substr(slot.sent), slot.generated);
     slot.sent = slot.text.size();
   }
-  slot.job->finish(reason, slot.generated);
-  slot.job.reset();
+  const std::shared_ptr<Job> job = std::move(slot.job);
   slot.next = -1;
-  std::lock_guard<std::mutex> lock(mutex_);
-  --metrics_.slots_in_use;
-  ++(reason == "cancelled" ? metrics_.requests_cancelled : metrics_.requests_finished);
-  metrics_.completion_tokens += static_cast<std::uint64_t>(slot.generated);
+  {  // the slot is free before the client hears: its next request finds it so
+    std::lock_guard<std::mutex> lock(mutex_);
+    --metrics_.slots_in_use;
+    ++(reason == "cancelled" ? metrics_.requests_cancelled : metrics_.requests_finished);
+    metrics_.completion_tokens += static_cast<std::uint64_t>(slot.generated);
+  }
+  job->finish(reason, slot.generated);
 }
 
 }  // namespace kvo::serve
