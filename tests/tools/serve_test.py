@@ -269,6 +269,7 @@ def check_hostile(server):
     cases = [
         ("malformed JSON", b'{"messages": [', 400, "not JSON"),
         ("not an object", b"[1, 2]", 400, "JSON object"),
+        ("not UTF-8", b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, None),
         ("truncated", json.dumps(ok).encode()[:-5], 400, "not JSON"),
         ("wrong type", {**ok, "max_tokens": "ten"}, 400, "max_tokens"),
         ("negative max_tokens", {**ok, "max_tokens": -1}, 400, "max_tokens"),

@@ -83,13 +83,23 @@ std::string content_text(const json& message, std::size_t index) {
   return text;
 }
 
+// The ids of `text`; text the tokenizer refuses (not UTF-8) is a 400, not a server error.
+std::vector<std::int32_t> encode(const model::Tokenizer& tokenizer, const std::string& text,
+                                 bool add_special, const char* what) {
+  try {
+    return tokenizer.encode(text, add_special);
+  } catch (const Error& e) {
+    bad(std::string(what) + ": " + e.what());
+  }
+}
+
 std::vector<std::int32_t> prompt_ids(const json& body, const model::Tokenizer& tokenizer,
                                      int vocab) {
   const json* p = field(body, "prompt");
   if (p == nullptr) bad("'prompt' is required");
-  if (p->is_string()) return tokenizer.encode(p->get<std::string>(), true);
+  if (p->is_string()) return encode(tokenizer, p->get<std::string>(), true, "'prompt'");
   if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
-    return tokenizer.encode((*p)[0].get<std::string>(), true);
+    return encode(tokenizer, (*p)[0].get<std::string>(), true, "'prompt'");
   }
   if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
     std::vector<std::int32_t> ids;
@@ -178,7 +188,7 @@ ApiRequest parse_request(Endpoint endpoint, const std::string& body,
       }
       turns.push_back({name, content_text(m, i)});
     }
-    c.prompt = tokenizer.encode(model::chat_text(*chat, turns), false);
+    c.prompt = encode(tokenizer, model::chat_text(*chat, turns), false, "'messages'");
   } else {
     c.prompt = prompt_ids(j, tokenizer, limits.vocab);
   }
