@@ -312,7 +312,8 @@ int run(const kvo::cli::GenerateArgs& model_args, const CLI::App& app, const Ser
             };
             if (!u.error.empty()) {
               const std::string event =
-                  "data: " + dump(json::parse(kvo::serve::error_body(500, u.error))) + "\n\n";
+                  "data: " + dump(json::parse(kvo::serve::error_body(u.error_status, u.error))) +
+                  "\n\n";
               sink.write(event.data(), event.size());
               sink.done();
               return true;
@@ -360,7 +361,7 @@ int run(const kvo::cli::GenerateArgs& model_args, const CLI::App& app, const Ser
     }
     if (all.done) {
       if (!all.error.empty()) {
-        send_error(res, 500, all.error);
+        send_error(res, all.error_status, all.error);
         return;
       }
       res.set_content(dump(kvo::serve::response_body(endpoint, id, created, model_name, all)),
@@ -384,7 +385,7 @@ int run(const kvo::cli::GenerateArgs& model_args, const CLI::App& app, const Ser
           const std::string body =
               sofar->error.empty()
                   ? dump(kvo::serve::response_body(endpoint, id, created, model_name, *sofar))
-                  : kvo::serve::error_body(500, sofar->error);
+                  : kvo::serve::error_body(sofar->error_status, sofar->error);
           sink.write(body.data(), body.size());
           sink.done();
           return true;

@@ -12,7 +12,8 @@ Python client and through raw sockets:
   and huge max_tokens, an unknown role, unknown fields, the wrong API key, a client that goes
   away mid-stream, a client that sends half a request and nothing more): the right status, and
   the next request is served; no slot is left in use;
-- SIGTERM while a request runs: that request still completes, and the server exits 0;
+- SIGTERM while two requests run and one waits: the two complete, the waiting one gets 503, and
+  the server exits 0;
 - --contexts DIR: the slots' rows survive a restart (the document's prefix reused at once), and
   contexts saved with another slot count are refused without being overwritten.
 
@@ -327,17 +328,28 @@ def check_hostile(server):
 
 
 def check_sigterm(server):
-    result = []
+    results = []
     body = {"messages": [{"role": "user", "content": "Count to ten."}], "max_tokens": 64,
             "ignore_eos": True, "temperature": 0}
-    t = threading.Thread(target=lambda: result.append(server.post("/v1/chat/completions", body)))
-    t.start()
-    wait_for(lambda: server.health()["slots_in_use"] == 1)
+    threads = [threading.Thread(
+        target=lambda: results.append(server.post("/v1/chat/completions", body)))
+        for _ in range(3)]
+    for t in threads[:2]:
+        t.start()
+    wait_for(lambda: server.health()["slots_in_use"] == 2)
+    threads[2].start()
+    wait_for(lambda: server.health()["queued"] == 1)
     assert server.stop() == 0, server.log
-    t.join()
-    assert result and result[0][0] == 200, result
-    assert json.loads(result[0][1])["usage"]["completion_tokens"] == 64
-    print("SIGTERM: the running request completed, exit status 0")
+    for t in threads:
+        t.join()
+    statuses = sorted(status for status, _ in results)
+    assert statuses == [200, 200, 503], results
+    for status, text in results:
+        if status == 200:
+            assert json.loads(text)["usage"]["completion_tokens"] == 64
+        else:
+            assert "shutting down" in json.loads(text)["error"]["message"], text
+    print("SIGTERM: the running requests completed, the waiting one got 503, exit status 0")
 
 
 def check_contexts(args):

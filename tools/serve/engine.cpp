@@ -69,10 +69,11 @@ void Job::finish(const std::string& reason, int completion_tokens) {
   changed_.notify_all();
 }
 
-void Job::fail(const std::string& message) {
+void Job::fail(const std::string& message, int status) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     pending_.done = true;
+    pending_.error_status = status;
     pending_.error = message.empty() ? "the request failed" : message;
   }
   changed_.notify_all();
@@ -155,7 +156,7 @@ void Engine::run() {
       wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || running(); });
       if (stopping_) {
         // Waiting requests are refused; running ones end by themselves or at the deadline.
-        for (auto& job : queue_) job->fail("the server is shutting down");
+        for (auto& job : queue_) job->fail("the server is shutting down", 503);
         queue_.clear();
         metrics_.queued = 0;
         if (Clock::now() >= deadline_) {

@@ -50,6 +50,7 @@ struct Update {
   bool done = false;
   std::string finish_reason;  // "stop" (end of sequence or a stop text), "length", "cancelled"
   std::string error;          // non-empty: the request failed (done is then true)
+  int error_status = 500;     // its HTTP status: 503 for a request refused at shutdown
   int prompt_tokens = 0;
   int reused_tokens = 0;  // prompt tokens found in the slot, not prefilled again
   int completion_tokens = 0;
@@ -71,7 +72,7 @@ class Job {
   void started(int prompt_tokens, int reused_tokens);
   void append(const std::string& text, int completion_tokens);
   void finish(const std::string& reason, int completion_tokens);
-  void fail(const std::string& message);
+  void fail(const std::string& message, int status = 500);
 
  private:
   const Completion request_;
