@@ -39,6 +39,7 @@
 #include "tools/generate/generate_text.hpp"
 #include "tools/serve/api.hpp"
 #include "tools/serve/engine.hpp"
+#include "tools/serve/serial_tokenizer.hpp"
 
 namespace {
 
@@ -251,7 +252,9 @@ int run(const kvo::cli::GenerateArgs& model_args, const CLI::App& app, const Ser
   limits.max_prompt_tokens = a.max_prompt_tokens > 0 ? a.max_prompt_tokens : a.max_seq - 1;
   limits.max_tokens = a.max_tokens;
   limits.vocab = r.config.vocab_size;
-  kvo::serve::Engine engine(decoder, *tokenizer, stop_ids, a.queue, std::move(restored));
+  // Handlers tokenize on their threads while the engine detokenizes on its own.
+  const kvo::serve::SerialTokenizer shared_tokenizer(*tokenizer);
+  kvo::serve::Engine engine(decoder, shared_tokenizer, stop_ids, a.queue, std::move(restored));
 
   std::atomic<std::uint64_t> refused{0}, rejected{0}, ids{0};
   std::atomic<int> open_responses{0};
@@ -273,7 +276,8 @@ int run(const kvo::cli::GenerateArgs& model_args, const CLI::App& app, const Ser
     if (!authorized(req, res)) return;
     kvo::serve::ApiRequest request;
     try {
-      request = kvo::serve::parse_request(endpoint, req.body, *tokenizer, chat, no_chat, limits);
+      request =
+          kvo::serve::parse_request(endpoint, req.body, shared_tokenizer, chat, no_chat, limits);
     } catch (const ApiError& e) {
       send_error(res, e.status, e.what());
       return;
@@ -299,13 +303,34 @@ int run(const kvo::cli::GenerateArgs& model_args, const CLI::App& app, const Ser
       --open_responses;
     };
 
+    // While the request waits for a slot nothing is sent: a refusal then (at shutdown) gets its
+    // own status.
+    auto gather = [](kvo::serve::Update& into, const kvo::serve::Update& u) {
+      const std::string text = into.text + u.text;
+      into = u;
+      into.text = text;
+    };
+    kvo::serve::Update early;
+    while (!early.done && !early.started) gather(early, job->take(std::chrono::milliseconds(200)));
+    if (early.done && !early.error.empty()) {
+      send_error(res, early.error_status, early.error);
+      return;
+    }
+
     if (request.stream) {
       ++open_responses;
       auto first = std::make_shared<bool>(true);
+      auto carried = std::make_shared<std::optional<kvo::serve::Update>>(early);
       res.set_chunked_content_provider(
           "text/event-stream",
           [=](std::size_t, httplib::DataSink& sink) {
-            const kvo::serve::Update u = job->take(std::chrono::milliseconds(500));
+            kvo::serve::Update u;
+            if (carried->has_value()) {  // what came while the request waited, first
+              u = std::move(**carried);
+              carried->reset();
+            } else {
+              u = job->take(std::chrono::milliseconds(500));
+            }
             auto send = [&](const json& j) {
               const std::string event = "data: " + dump(j) + "\n\n";
               return sink.write(event.data(), event.size());
@@ -345,15 +370,10 @@ int run(const kvo::cli::GenerateArgs& model_args, const CLI::App& app, const Ser
           on_done);
       return;
     }
-    // Not streamed: the answer whole. A request still running after a second keeps its
-    // connection tested by a space now and then (JSON allows it before the value), so that a
-    // client that went away cancels it.
-    auto gather = [](kvo::serve::Update& into, const kvo::serve::Update& u) {
-      const std::string text = into.text + u.text;
-      into = u;
-      into.text = text;
-    };
-    kvo::serve::Update all;
+    // Not streamed: the answer whole, and for a second its status still open. A request still
+    // running then keeps its connection tested by a space now and then (JSON allows it before
+    // the value), so that a client that went away cancels it.
+    kvo::serve::Update all = early;
     const auto patience = Clock::now() + std::chrono::seconds(1);
     while (!all.done && Clock::now() < patience) {
       gather(all, job->take(std::chrono::duration_cast<std::chrono::milliseconds>(patience -

@@ -19,6 +19,9 @@
 
 namespace kvo::model {
 
+// Not safe to call from several threads at once, even through const: encode() keeps scratch
+// state (a cache of pieces, the regular expressions' match data). kvo-serve shares one through a
+// lock (tools/serve/serial_tokenizer.hpp).
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;

@@ -57,7 +57,7 @@ class Server:
         self.process = subprocess.Popen(
             [tool, "--model", model, *MODEL_ARGS, "--port", str(self.port),
              "--api-key", KEY, "--slots", "2", "--queue", "2", "--max-seq", "4096",
-             "--max-tokens", "256", "--max-body", "1MiB", *extra],
+             "--max-tokens", "256", "--max-body", "1MiB", "--shutdown-deadline", "300", *extra],
             stderr=subprocess.PIPE, text=True)
         self.log = []
         threading.Thread(target=lambda: self.log.extend(self.process.stderr), daemon=True).start()

@@ -46,6 +46,7 @@ Update Job::take(std::chrono::milliseconds wait) {
 
 void Job::started(int prompt_tokens, int reused_tokens) {
   std::lock_guard<std::mutex> lock(mutex_);
+  pending_.started = true;
   pending_.prompt_tokens = prompt_tokens;
   pending_.reused_tokens = reused_tokens;
 }

@@ -48,6 +48,7 @@ struct Completion {
 struct Update {
   std::string text;
   bool done = false;
+  bool started = false;       // the request has a slot (it waited in the queue before)
   std::string finish_reason;  // "stop" (end of sequence or a stop text), "length", "cancelled"
   std::string error;          // non-empty: the request failed (done is then true)
   int error_status = 500;     // its HTTP status: 503 for a request refused at shutdown
