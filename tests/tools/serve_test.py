@@ -10,8 +10,8 @@ Python client and through raw sockets:
 - every slot busy and the queue full: 503 with a reason; the server then serves again;
 - hostile requests (malformed, truncated and non-object JSON, a huge body, wrong types, negative
   and huge max_tokens, an unknown role, unknown fields, the wrong API key, a client that goes
-  away mid-stream, a client that sends half a request and nothing more): the right status, and
-  the next request is served; no slot is left in use;
+  away mid-stream, a client that reads none of a long stream, a client that sends half a request
+  and nothing more): the right status, and the next request is served; no slot is left in use;
 - SIGTERM while two requests run and one waits: the two complete, the waiting one gets 503, and
   the server exits 0;
 - --contexts DIR: the slots' rows survive a restart (the document's prefix reused at once), and
@@ -57,7 +57,8 @@ class Server:
         self.process = subprocess.Popen(
             [tool, "--model", model, *MODEL_ARGS, "--port", str(self.port),
              "--api-key", KEY, "--slots", "2", "--queue", "2", "--max-seq", "4096",
-             "--max-tokens", "256", "--max-body", "1MiB", "--shutdown-deadline", "300", *extra],
+             "--max-tokens", "256", "--max-body", "1MiB", "--shutdown-deadline", "300",
+             *extra],
             stderr=subprocess.PIPE, text=True)
         self.log = []
         threading.Thread(target=lambda: self.log.extend(self.process.stderr), daemon=True).start()
@@ -305,13 +306,23 @@ def check_hostile(server):
     got, _ = server.post("/v1/chat/completions", ok)
     assert got == 200
     slow.close()
-    # A client that goes away mid-stream: its request is cancelled and its slot freed.
-    before = server.metrics()["kvo_requests_cancelled_total"]
+    # A client that asks for a long stream and reads none of it does not hold up the others, and
+    # its slot is freed once the answer is written (or the writes time out).
     body = json.dumps({"messages": [{"role": "user", "content": "Tell me a long story."}],
                        "max_tokens": 256, "ignore_eos": True, "stream": True}).encode()
     request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
                KEY.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: " +
                str(len(body)).encode() + b"\r\n\r\n" + body)
+    deaf = socket.create_connection(("127.0.0.1", server.port))
+    deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    deaf.sendall(request)
+    wait_for(lambda: server.health()["slots_in_use"] == 1)
+    got, _ = server.post("/v1/chat/completions", ok)
+    assert got == 200
+    wait_for(lambda: server.health()["slots_in_use"] == 0)
+    deaf.close()
+    # A client that goes away mid-stream: its request is cancelled and its slot freed.
+    before = server.metrics()["kvo_requests_cancelled_total"]
     s = socket.create_connection(("127.0.0.1", server.port))
     s.sendall(request)
     seen = b""
@@ -324,7 +335,7 @@ def check_hostile(server):
     wait_for(lambda: server.health()["slots_in_use"] == 0)
     got, text = server.post("/v1/chat/completions", ok)
     assert got == 200, text
-    print(f"hostile requests: {len(cases) + 5} kinds, each its status; the server serves on")
+    print(f"hostile requests: {len(cases) + 6} kinds, each its status; the server serves on")
 
 
 def check_sigterm(server):
