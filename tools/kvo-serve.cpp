@@ -62,7 +62,8 @@ struct ServeArgs {
   int max_prompt_tokens = 0;  // 0: max_seq - 1
   int max_tokens = 1024;
   double shutdown_deadline_s = 10;
-  int http_threads = 0;  // 0: slots + queue + 4
+  int http_threads = 0;      // 0: slots + queue + 4
+  int prefill_piece = 4096;  // prompt tokens prefilled between two decode steps
   std::string contexts;  // a directory: the slots' rows restored at start, saved at a clean stop
 };
 
@@ -110,6 +111,8 @@ std::string metrics_text(const kvo::serve::EngineMetrics& m, std::uint64_t refus
   line("kvo_completion_tokens_total", "counter", "tokens generated",
        static_cast<double>(m.completion_tokens));
   line("kvo_decode_steps_total", "counter", "decode steps", static_cast<double>(m.decode_steps));
+  line("kvo_prefill_pieces_total", "counter", "prompt pieces prefilled between decode steps",
+       static_cast<double>(m.prefill_pieces));
   line("kvo_prefill_seconds_total", "counter", "time spent prefilling", m.prefill_s);
   line("kvo_decode_seconds_total", "counter", "time spent in decode steps", m.decode_s);
   line("kvo_prefill_tokens_per_second", "gauge", "prompt tokens prefilled per prefill second",
@@ -171,7 +174,10 @@ int run(const kvo::cli::GenerateArgs& model_args, const CLI::App& app, const Ser
   }
   r.decoder.slots = a.slots;
   r.decoder.max_seq = a.max_seq;
-  r.decoder.max_prompt = model_args.max_prompt > 0 ? model_args.max_prompt : a.max_seq;
+  // The decoder's activations hold one piece of a prompt (the engine's, unless --max-prompt).
+  r.decoder.max_prompt = model_args.max_prompt > 0 ? model_args.max_prompt
+                         : a.prefill_piece > 0     ? std::min(a.prefill_piece, a.max_seq)
+                                                   : a.max_seq;
   r.decoder.fit_prompt = model_args.max_prompt == 0;
 
   // Refused before the weights load: a port taken, a host that does not resolve.
@@ -254,7 +260,8 @@ int run(const kvo::cli::GenerateArgs& model_args, const CLI::App& app, const Ser
   limits.vocab = r.config.vocab_size;
   // Handlers tokenize on their threads while the engine detokenizes on its own.
   const kvo::serve::SerialTokenizer shared_tokenizer(*tokenizer);
-  kvo::serve::Engine engine(decoder, shared_tokenizer, stop_ids, a.queue, std::move(restored));
+  kvo::serve::Engine engine(decoder, shared_tokenizer, stop_ids, a.queue, a.prefill_piece,
+                            std::move(restored));
 
   std::atomic<std::uint64_t> refused{0}, rejected{0}, ids{0};
   std::atomic<int> open_responses{0};
@@ -560,6 +567,10 @@ int main(int argc, char** argv) {
   kvo::cli::add_real(app, "--shutdown-deadline", a.shutdown_deadline_s, 0, 3600,
                      "seconds running requests get to end after SIGTERM before they are "
                      "cancelled");
+  kvo::cli::add_tokens(app, "--prefill-piece", a.prefill_piece, 0, kMaxTokens,
+                       "prompt tokens prefilled between two decode steps, so that a long prompt "
+                       "delays the running requests a piece at a time (0: a whole prompt at "
+                       "once; streamed layers' rows are read again for each piece)");
   kvo::cli::add_text(app, "--contexts", a.contexts, "DIR",
                      "keep the slots' rows across restarts: restored from DIR/contexts.kvo at "
                      "start (refused when saved from another model, shape or slot count), saved "

@@ -4,6 +4,8 @@ Python client and through raw sockets:
 - the client's chat and completions, streamed and not, greedy: the text kvo-generate gives for
   the same prompt;
 - two clients at once each get the answer they get alone;
+- a long prompt is prefilled a piece at a time between the steps of a running request, and
+  neither answer changes;
 - a second question after a long shared document (the Apache License 2.0) prefills only what
   differs: usage's cached_tokens and /metrics count the reused tokens, and the answer is
   kvo-generate's for the whole prompt;
@@ -58,7 +60,7 @@ class Server:
             [tool, "--model", model, *MODEL_ARGS, "--port", str(self.port),
              "--api-key", KEY, "--slots", "2", "--queue", "2", "--max-seq", "4096",
              "--max-tokens", "256", "--max-body", "1MiB", "--shutdown-deadline", "300",
-             *extra],
+             "--prefill-piece", "256", *extra],
             stderr=subprocess.PIPE, text=True)
         self.log = []
         threading.Thread(target=lambda: self.log.extend(self.process.stderr), daemon=True).start()
@@ -220,6 +222,37 @@ def check_prefix_reuse(server, args):
                         ["--chat", "--ignore-eos", "--prompt", long_q], 160)
     assert json.loads(text)["choices"][0]["message"]["content"] == want
     print("a prefix held by a running request: copied into a free slot; both answers unchanged")
+
+
+def check_interleaved(server, args):
+    """A long prompt is prefilled 256 tokens at a time between the steps of a running request;
+    both answers are kvo-generate's."""
+    running_q = "Count from one to one hundred."
+    body = {"messages": [{"role": "user", "content": running_q}], "max_tokens": 96,
+            "ignore_eos": True, "temperature": 0}
+    held = []
+    t = threading.Thread(target=lambda: held.append(server.post("/v1/chat/completions", body)))
+    before = server.metrics()
+    t.start()
+    wait_for(lambda: server.metrics()["kvo_decode_steps_total"] > before["kvo_decode_steps_total"])
+    with open("/usr/share/common-licenses/GPL-3", encoding="utf-8") as f:
+        long_q = f.read()[:6000] + "\n\nWhat is this license for?"
+    r = chat(server, long_q, max_tokens=16)
+    steps_during = server.metrics()["kvo_decode_steps_total"]
+    t.join()
+    after = server.metrics()
+    prefilled = r.usage.prompt_tokens - r.usage.prompt_tokens_details.cached_tokens
+    assert prefilled > 1000, r.usage
+    pieces = after["kvo_prefill_pieces_total"] - before["kvo_prefill_pieces_total"]
+    assert pieces >= 1 + (prefilled + 255) // 256, pieces  # the running one's, and the long one's
+    assert steps_during < after["kvo_decode_steps_total"], "the running request went on after"
+    want = kvo_generate(args.kvo_generate, args.model, ["--chat", "--prompt", long_q], 16)
+    assert r.choices[0].message.content == want, (r.choices[0].message.content, want)
+    want = kvo_generate(args.kvo_generate, args.model,
+                        ["--chat", "--ignore-eos", "--prompt", running_q], 96)
+    assert json.loads(held[0][1])["choices"][0]["message"]["content"] == want, held
+    print(f"a long prompt prefilled in {int(pieces) - 1} pieces between a running request's steps; "
+          "both answers kvo-generate's")
 
 
 def check_busy(server):
@@ -401,6 +434,7 @@ def main():
         check_equals_kvo_generate(server, args)
         check_two_at_once(server)
         check_prefix_reuse(server, args)
+        check_interleaved(server, args)
         check_busy(server)
         check_hostile(server)
         assert server.health()["slots_in_use"] == 0

@@ -81,12 +81,13 @@ void Job::fail(const std::string& message, int status) {
 }
 
 Engine::Engine(model::Decoder& decoder, const model::Tokenizer& tokenizer,
-               std::vector<std::int32_t> stop_ids, int queue_limit,
+               std::vector<std::int32_t> stop_ids, int queue_limit, int prefill_piece,
                std::vector<std::vector<std::int32_t>> held)
     : decoder_(decoder),
       tokenizer_(tokenizer),
       stop_ids_(std::move(stop_ids)),
       queue_limit_(queue_limit),
+      prefill_piece_(static_cast<std::size_t>(std::max(prefill_piece, 0))),
       vocab_(decoder.config().vocab_size),
       max_seq_(decoder.options().max_seq),
       slots_(static_cast<std::size_t>(decoder.options().slots)) {
@@ -171,6 +172,11 @@ void Engine::run() {
       any_running = running() || !starts.empty();
     }
     for (const Start& s : starts) start(s);
+    // A piece of each prompt still being prefilled, then a step of those that decode: a long
+    // prompt delays the others by a piece at a time, not by its whole prefill.
+    for (std::size_t s = 0; s < slots_.size(); ++s) {
+      if (slots_[s].job && slots_[s].prefilling()) prefill_piece(static_cast<int>(s));
+    }
     if (any_running) step();
   }
 }
@@ -228,13 +234,14 @@ void Engine::start(const Start& st) {
   slot.text.clear();
   slot.sent = 0;
   slot.generated = 0;
+  slot.rest.clear();
+  slot.rest_at = 0;
   slot.sampler = std::make_unique<model::Sampler>(r.sampling, r.seed, 0);
   slot.stream = std::make_unique<model::TextStream>(tokenizer_, true);
   if (job->cancelled()) {
     end(s, "cancelled");
     return;
   }
-  const auto t0 = Clock::now();
   bool copied = false;
   try {
     if (st.source >= 0) {  // another slot holds more of the prompt: its rows first
@@ -265,36 +272,67 @@ void Engine::start(const Start& st) {
       }
       slot.held.resize(reuse);
     }
-    const std::vector<std::int32_t> rest(r.prompt.begin() + static_cast<std::ptrdiff_t>(reuse),
-                                         r.prompt.end());
+    slot.rest.assign(r.prompt.begin() + static_cast<std::ptrdiff_t>(reuse), r.prompt.end());
     job->started(static_cast<int>(r.prompt.size()), static_cast<int>(reuse));
-    decoder_.prefill(s, rest, logits_.data());
-    slot.held = r.prompt;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++metrics_.requests_started;
-      metrics_.prompt_tokens += rest.size();
-      metrics_.reused_tokens += reuse;
-      if (reuse > 0) ++metrics_.prefix_hits;
-      if (copied) ++metrics_.prefix_copies;
-      metrics_.prefill_s += seconds_since(t0);
-    }
-    take_token(s, slot.sampler->sample(logits_.data(), vocab_));
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++metrics_.requests_started;
+    metrics_.reused_tokens += reuse;
+    if (reuse > 0) ++metrics_.prefix_hits;
+    if (copied) ++metrics_.prefix_copies;
   } catch (const std::exception& e) {
-    // The slot's rows are in doubt: it starts over at its next request.
-    try {
-      decoder_.reset(s);
-    } catch (const std::exception&) {
-    }
-    slot.held.clear();
-    slot.job.reset();
-    {  // the slot is free before the client hears: its next request finds it so
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++metrics_.requests_failed;
-      --metrics_.slots_in_use;
-    }
-    job->fail(e.what());
+    fail(s, e.what());
   }
+}
+
+void Engine::prefill_piece(int s) {
+  Slot& slot = slots_[static_cast<std::size_t>(s)];
+  if (slot.job->cancelled()) {
+    end(s, "cancelled");
+    return;
+  }
+  const std::size_t left = slot.rest.size() - slot.rest_at;
+  const std::size_t n = prefill_piece_ > 0 ? std::min(left, prefill_piece_) : left;
+  const auto first = slot.rest.begin() + static_cast<std::ptrdiff_t>(slot.rest_at);
+  const std::vector<std::int32_t> piece(first, first + static_cast<std::ptrdiff_t>(n));
+  const auto t0 = Clock::now();
+  try {
+    decoder_.prefill(s, piece, logits_.data());
+  } catch (const std::exception& e) {
+    fail(s, e.what());
+    return;
+  }
+  slot.held.insert(slot.held.end(), piece.begin(), piece.end());
+  slot.rest_at += n;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    metrics_.prompt_tokens += n;
+    ++metrics_.prefill_pieces;
+    metrics_.prefill_s += seconds_since(t0);
+  }
+  if (slot.rest_at == slot.rest.size()) {
+    slot.rest.clear();
+    slot.rest_at = 0;
+    take_token(s, slot.sampler->sample(logits_.data(), vocab_));
+  }
+}
+
+void Engine::fail(int s, const std::string& what) {
+  Slot& slot = slots_[static_cast<std::size_t>(s)];
+  // The slot's rows are in doubt: it starts over at its next request.
+  try {
+    decoder_.reset(s);
+  } catch (const std::exception&) {
+  }
+  slot.held.clear();
+  slot.rest.clear();
+  slot.rest_at = 0;
+  const std::shared_ptr<Job> job = std::move(slot.job);
+  {  // the slot is free before the client hears: its next request finds it so
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++metrics_.requests_failed;
+    --metrics_.slots_in_use;
+  }
+  job->fail(what);
 }
 
 void Engine::step() {
@@ -302,7 +340,7 @@ void Engine::step() {
   bool any = false;
   for (std::size_t s = 0; s < slots_.size(); ++s) {
     Slot& slot = slots_[s];
-    if (!slot.job) continue;
+    if (!slot.job || slot.prefilling()) continue;
     if (slot.job->cancelled()) {
       end(static_cast<int>(s), "cancelled");
       continue;
@@ -316,19 +354,7 @@ void Engine::step() {
     decoder_.decode(tokens, logits_.data());
   } catch (const std::exception& e) {
     for (std::size_t s = 0; s < slots_.size(); ++s) {
-      if (tokens[s] < 0) continue;
-      try {
-        decoder_.reset(static_cast<int>(s));
-      } catch (const std::exception&) {
-      }
-      slots_[s].held.clear();
-      const std::shared_ptr<Job> job = std::move(slots_[s].job);
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        ++metrics_.requests_failed;
-        --metrics_.slots_in_use;
-      }
-      job->fail(e.what());
+      if (tokens[s] >= 0) fail(static_cast<int>(s), e.what());
     }
     return;
   }

@@ -95,6 +95,7 @@ struct EngineMetrics {
   std::uint64_t prefix_copies = 0;  // requests whose prefix was copied from another slot
   std::uint64_t completion_tokens = 0;
   std::uint64_t decode_steps = 0;
+  std::uint64_t prefill_pieces = 0;
   double prefill_s = 0;
   double decode_s = 0;
   std::uint64_t h2d_bytes = 0;
@@ -106,10 +107,11 @@ struct EngineMetrics {
 class Engine {
  public:
   // `stop_ids`: tokens that end a generation (the model's end of sequence). `queue_limit`:
-  // requests that may wait for a slot. `held`: the tokens whose rows each slot already holds (a
-  // restored context), or empty. Starts the engine's thread.
+  // requests that may wait for a slot. `prefill_piece`: prompt tokens prefilled between two
+  // decode steps (0: a whole prompt at once). `held`: the tokens whose rows each slot already
+  // holds (a restored context), or empty. Starts the engine's thread.
   Engine(model::Decoder& decoder, const model::Tokenizer& tokenizer,
-         std::vector<std::int32_t> stop_ids, int queue_limit,
+         std::vector<std::int32_t> stop_ids, int queue_limit, int prefill_piece,
          std::vector<std::vector<std::int32_t>> held = {});
   ~Engine();
   Engine(const Engine&) = delete;
@@ -135,6 +137,9 @@ class Engine {
     std::shared_ptr<Job> job;        // null: free
     std::vector<std::int32_t> held;  // the tokens whose rows the cache holds
     std::int32_t next = -1;          // drawn, fed at the next step
+    std::vector<std::int32_t> rest;  // prompt tokens still to prefill, from rest_at
+    std::size_t rest_at = 0;
+    bool prefilling() const { return rest_at < rest.size(); }
     std::unique_ptr<model::Sampler> sampler;
     std::unique_ptr<model::TextStream> stream;
     std::string text;      // generated so far
@@ -150,7 +155,13 @@ class Engine {
   };
   // Takes queued requests into free slots.
   std::vector<Start> admit();
+  // Takes the slot for the request: its rows copied or truncated to the prompt's held prefix,
+  // the rest of the prompt left for prefill_piece().
   void start(const Start& start);
+  // Prefills the next piece of slot s's prompt; after the last, draws its first token.
+  void prefill_piece(int s);
+  // Slot s's request failed: the slot starts over, the client hears why.
+  void fail(int s, const std::string& what);
   void step();
   // A token drawn for slot s: ends the request or keeps it for the next step.
   void take_token(int s, std::int32_t token);
@@ -160,6 +171,7 @@ class Engine {
   const model::Tokenizer& tokenizer_;
   const std::vector<std::int32_t> stop_ids_;
   const int queue_limit_;
+  const std::size_t prefill_piece_;
   const int vocab_;
   const int max_seq_;
   std::vector<Slot> slots_;
