@@ -268,13 +268,21 @@ int run(const kvo::cli::GenerateArgs& model_args, const CLI::App& app, const Ser
   const std::int64_t started_at = static_cast<std::int64_t>(std::time(nullptr));
 
   auto send_error = [&](httplib::Response& res, int status, const std::string& message) {
-    (status == 503 ? refused : rejected).fetch_add(1);
+    if (status == 503) refused.fetch_add(1);
+    if (status >= 400 && status < 500) rejected.fetch_add(1);
     res.status = status;
     res.set_content(kvo::serve::error_body(status, message), "application/json");
   };
   auto authorized = [&](const httplib::Request& req, httplib::Response& res) {
     if (a.api_key.empty()) return true;
-    if (req.get_header_value("Authorization") == "Bearer " + a.api_key) return true;
+    // Compared in time that does not depend on where the texts differ.
+    const std::string given = req.get_header_value("Authorization");
+    const std::string want = "Bearer " + a.api_key;
+    unsigned char differ = given.size() == want.size() ? 0 : 1;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      differ |= static_cast<unsigned char>(want[i] ^ (i < given.size() ? given[i] : '\0'));
+    }
+    if (differ == 0) return true;
     send_error(res, 401, "a valid API key is needed: Authorization: Bearer KEY");
     return false;
   };
