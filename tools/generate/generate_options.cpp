@@ -98,6 +98,7 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
            "Generates tokens with a Llama-family model whose K/V cache lives in kvoffload's "
            "offloaded static cache, and reports what moved and how fast.");
   using model::ModelLimits;
+  declare_model_options(app, a);
 
   app.option_defaults()->group("Prompt (default: --prompt-len 32)");
   auto* file = add_text(app, "--prompt-tokens", a.prompt_tokens, "FILE",
@@ -118,8 +119,6 @@ void declare_options(CLI::App& app, GenerateArgs& a) {
   add_integer(app, "--top-k", a.top_k, 0, ModelLimits::kVocab, "0: off");
   add_real(app, "--top-p", a.top_p, 0, 1, "1: off; above 0");
   add_integer(app, "--seed", a.seed, 0, UINT64_MAX, "prompt and sampling seed");
-
-  declare_model_options(app, a);
 
   tools::declare_text_options(app, a.text);
 
