@@ -23,7 +23,7 @@ import re
 import subprocess
 import sys
 
-SOURCES = (".c", ".h", ".cpp", ".hpp", ".cu", ".cuh")
+SOURCES = (".c", ".h", ".cpp", ".hpp", ".inc", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 STRONG = set("TDBR")  # nm's kinds of a definition that only one object may make
 

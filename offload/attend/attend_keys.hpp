@@ -37,11 +37,29 @@ void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows 
 
 // attend_keys with AVX-512 intrinsics (attend_keys_avx512.cpp), the same results up
 // to rounding; it also reads int8 rows in place (each key's scale applied to its score, each
-// value's to its weight). REQUIRES: have_avx512(), head_dim a multiple of 16.
+// value's to its weight; with VNNI, attend_keys_int8_vnni). REQUIRES: have_avx512(), head_dim a
+// multiple of 16.
 void attend_keys_avx512(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
                         int keys, SoftmaxState* state, float* acc, float* kv, float* scores,
                         float softcap);
 bool have_avx512();
+bool have_avx512_vnni();
+
+// attend_keys_avx512 for int8 rows with AVX-512 VNNI (attend_keys_vnni.cpp), which
+// attend_keys_avx512 hands them to where avx512_vnni_rows holds and the CPU has it: the products
+// in 16-bit integers, summed exactly in int32 lanes. The query is rounded to 16 bits per row (steps
+// of its largest element / 32767) and the weights to 16 bits per row and block of kKeyBlock keys
+// (steps of the block's largest / 32767): each error at most half a step, 2^-16 of the largest
+// where the rows' own rounding to int8 is 2^-8 of theirs. The query's 16-bit copy is kept in the kv
+// scratch, the scales in `scores`. REQUIRES: have_avx512_vnni(), avx512_vnni_rows(k.type, ...).
+void attend_keys_int8_vnni(const float* q, int kv_heads, int group, int head_dim, KeyRows k,
+                           KeyRows v, int keys, SoftmaxState* state, float* acc, float* kv,
+                           float* scores, float softcap);
+// int8 rows whose head_dim is a multiple of 32 and at most 256 (the int32 sums of 16-bit products
+// stay below 2^31), q's 16-bit rows fitting the kv scratch.
+inline bool avx512_vnni_rows(DType type, int head_dim, int group) {
+  return type == DType::kInt8 && head_dim % 32 == 0 && head_dim <= 256 && group <= 2 * kKeyBlock;
+}
 // Whether attend_keys_avx512 reads rows of `type` as even and odd halves (bf16 rows of whole 64s,
 // a group of at most kKeyBlock rows: q's rows then fit the kv scratch).
 inline bool avx512_pairs(DType type, int head_dim, int group) {

@@ -18,7 +18,10 @@ std::string DecodeAttention::kernel() const {
   if (avx512_ && avx512_pairs(shape_.type, shape_.head_dim, group_)) {
     name += ", bf16 rows as even and odd halves";
   }
-  if (in_place_int8()) {
+  if (in_place_int8() && avx512_vnni_rows(shape_.type, shape_.head_dim, group_) &&
+      have_avx512_vnni()) {
+    name += ", int8 rows in place with VNNI (16-bit query and weights, exact integer sums)";
+  } else if (in_place_int8()) {
     name += ", int8 rows in place (scales applied to scores and weights)";
   } else if (is_quantized(shape_.type)) {
     name += std::string(", over f32 blocks of ") + std::to_string(kDequantKeys) +

@@ -704,13 +704,19 @@ Layer random_layer(const ModelConfig& c, DType type, int slots, int max_seq, std
 //             relative (expf to 2 ulp, its argument, one rescale per key block or decode part);
 //   out = sum pi_j v_j: gamma_n for the weighted sum and gamma_n for the normalising sum, each of
 //             |pi| |v|; the value's own dequantization, pi_j e_v_j; the last divide, u |out|.
+// int8 rows through the VNNI kernel (attend_keys_int8_vnni) add, for the query rounded to 16 bits
+// (a step of max|q| / 32767), sum |k| max|q| / 65534 to each dot's error; and for weights rounded
+// to 16 bits per block of 16 keys (a step of the block's largest pi_l s_l / 32767, s_l the value
+// row's scale, max|v_l| / 127), half a step times |v_j| / s_j for each key j, the block's largest
+// taken over the 31 keys around j (any block that holds j lies there).
 struct Attended {
   std::vector<double> value, bound;
 };
 
 Attended softmax_weighted(const std::vector<double>& dots, const std::vector<double>& dot_errors,
                           double scale, const std::vector<const float*>& values,
-                          const std::vector<double>& value_errors_scale, int d) {
+                          const std::vector<double>& value_errors_scale, int d,
+                          const std::vector<double>* value_scales = nullptr) {
   const int n = static_cast<int>(dots.size());
   const int blocks = n / 64 + 3;
   std::vector<double> s(dots.size()), es(dots.size()), p(dots.size());
@@ -727,6 +733,18 @@ Attended softmax_weighted(const std::vector<double>& dots, const std::vector<dou
     p[j] /= sum;
     score_error += p[j] * es[j];
   }
+  // The weights' 16-bit step around key j, over |v_j| / s_j (VNNI int8 rows).
+  std::vector<double> weight_step(dots.size(), 0);
+  if (value_scales != nullptr) {
+    for (int j = 0; j < n; ++j) {
+      double largest = 0;
+      for (int l = std::max(0, j - 15); l <= std::min(n - 1, j + 15); ++l) {
+        largest = std::max(largest, p[l] * (*value_scales)[l]);
+      }
+      const double s_j = (*value_scales)[j];
+      weight_step[j] = s_j > 0 ? 1.01 * 0.5 * largest / 32767 / s_j : 0;
+    }
+  }
   Attended a;
   a.value.assign(static_cast<std::size_t>(d), 0);
   a.bound.assign(static_cast<std::size_t>(d), 0);
@@ -738,7 +756,7 @@ Attended softmax_weighted(const std::vector<double>& dots, const std::vector<dou
       weighted += p[j] * std::fabs(v);
       const double rounding = kU * (10 + 2 * blocks + 2 * std::fabs(s[j] - m));
       a.bound[e] += p[j] * std::fabs(v) * (es[j] + score_error + rounding) +
-                    p[j] * value_errors_scale[j] * std::fabs(v);
+                    p[j] * value_errors_scale[j] * std::fabs(v) + weight_step[j] * std::fabs(v);
     }
     a.bound[e] += 2 * gamma(n) * weighted + 2 * kU * std::fabs(a.value[e]);
   }
@@ -747,17 +765,19 @@ Attended softmax_weighted(const std::vector<double>& dots, const std::vector<dou
 
 // out [heads][head_dim] of one query row at `pos` of `slot`, in double, with its float32 bound.
 // `dequantized`: K and V are quantized rows, whose values the kernels compute as code * scale (u
-// relative each).
+// relative each). `vnni`: int8 rows decoded by attend_keys_int8_vnni (vnni_decode).
 Attended reference_attention(const ModelConfig& c, const Layer& l, const float* q, int slot,
-                             int pos, bool dequantized = false) {
+                             int pos, bool dequantized = false, bool vnni = false) {
   const int d = c.head_dim, group = c.heads / c.kv_heads;
   Attended out;
   const int first = first_key(c.sliding_window, pos);
   const double scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   for (int h = 0; h < c.heads; ++h) {
     const int g = h / group;
-    std::vector<double> dots, errors, value_errors;
+    std::vector<double> dots, errors, value_errors, value_scales;
     std::vector<const float*> values;
+    double q_largest = 0;
+    for (int e = 0; e < d; ++e) q_largest = std::max(q_largest, std::fabs(double{q[h * d + e]}));
     for (int j = first; j <= pos; ++j) {
       const std::int64_t at =
           slot * l.view.slot_stride + j * l.view.token_stride + g * l.view.head_stride;
@@ -768,12 +788,20 @@ Attended reference_attention(const ModelConfig& c, const Layer& l, const float* 
         magnitude += std::fabs(term);
         if (dequantized) dequantization += kU * std::fabs(term);
       }
+      double k_sum = 0, v_largest = 0;
+      for (int e = 0; e < d; ++e) {
+        k_sum += std::fabs(double{l.k.exact[at + e]});
+        v_largest = std::max(v_largest, std::fabs(double{l.v.exact[at + e]}));
+      }
       dots.push_back(dot);
-      errors.push_back(gamma(d + 1) * magnitude + dequantization);
+      errors.push_back(gamma(d + 1) * magnitude + dequantization +
+                       (vnni ? 1.01 * k_sum * q_largest / 65534 : 0));
       values.push_back(l.v.exact.data() + at);
       value_errors.push_back(dequantized ? kU : 0);
+      value_scales.push_back(v_largest / 127);
     }
-    const Attended a = softmax_weighted(dots, errors, scale, values, value_errors, d);
+    const Attended a = softmax_weighted(dots, errors, scale, values, value_errors, d,
+                                        vnni ? &value_scales : nullptr);
     out.value.insert(out.value.end(), a.value.begin(), a.value.end());
     out.bound.insert(out.bound.end(), a.bound.begin(), a.bound.end());
   }
@@ -784,6 +812,12 @@ void expect_near(const float* got, const Attended& want, const std::string& what
   for (std::size_t i = 0; i < want.value.size(); ++i) {
     ASSERT_NEAR(got[i], want.value[i], want.bound[i]) << what << " element " << i;
   }
+}
+
+// Whether decode attends rows of `type` with attend_keys_int8_vnni on this CPU.
+bool vnni_decode(const ModelConfig& c, DType type) {
+  return kvo::attend::have_avx512_vnni() &&
+         kvo::attend::avx512_vnni_rows(type, c.head_dim, c.heads / c.kv_heads);
 }
 
 // Several query and key blocks, a chunk that starts after rows already held, GQA groups of 3,
@@ -908,10 +942,10 @@ TEST(HostAttention, QuantizedRowsAttendAsTheirValues) {
       std::vector<float> dout(3 * static_cast<std::size_t>(c.q_dim()));
       ops.attention_decode(q.data(), 3, rows, c.sliding_window, l.view, dout.data());
       for (int i = 0; i < 3; ++i) {
-        expect_near(
-            dout.data() + i * c.q_dim(),
-            reference_attention(c, l, q.data() + i * c.q_dim(), row_slots[i], positions[i], true),
-            what + " decode row " + std::to_string(i));
+        expect_near(dout.data() + i * c.q_dim(),
+                    reference_attention(c, l, q.data() + i * c.q_dim(), row_slots[i], positions[i],
+                                        true, vnni_decode(c, dtype)),
+                    what + " decode row " + std::to_string(i));
       }
     }
   }
@@ -976,7 +1010,8 @@ TEST(HostAttention, SplitDecodeMatchesFloat64) {
         ops.attention_decode_split(q.data(), 3, rows, 0, view, out.data());
         for (int i = 0; i < 3; ++i) {
           const float* qi = q.data() + i * c.q_dim();
-          Attended want = reference_attention(c, l, qi, row_slots[i], positions[i], quantized);
+          Attended want = reference_attention(c, l, qi, row_slots[i], positions[i], quantized,
+                                              vnni_decode(c, type));
           // L and max|v| of the row, in double.
           const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
           double largest = 0, vmax = 0;
@@ -1040,14 +1075,21 @@ TEST(HostOps, QuantizedCacheRowsAreQuantizeRowsBytes) {
 
 // int8 rows read in place by the AVX-512 kernel (each key's scale on its score, each value's on
 // its weight) against the portable kernel over the same rows dequantized to f32, continuing a
-// state across calls, a group of 3 and a short last block, with and without a soft cap.
+// state across calls, a group of 3 and a short last block, with and without a soft cap. Where the
+// CPU has VNNI the kernel multiplies in 16-bit integers (attend_keys_int8_vnni): the portable
+// kernel then takes the query as rounded to 16 bits (each row's largest to 32767, to nearest
+// even), and the weights rounded to 16 bits per block move the output by at most 8 / 32767 of the
+// largest |v| (16 keys a block, half a step each). A query row holding a NaN gives NaN, as the f32
+// path does, and leaves the other rows as they were.
 TEST(HostAttention, DecodeKernelReadsInt8RowsInPlace) {
   if (!kernels::have_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
   std::mt19937 rng(8);
   std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
   const int kv_heads = 2, group = 3, keys = 45;
-  for (const int d : {32, 64})
+  for (const int d : {32, 64, 128})
     for (const float cap : {0.0f, 2.0f}) {
+      const bool vnni =
+          kvo::attend::have_avx512_vnni() && kvo::attend::avx512_vnni_rows(DType::kInt8, d, group);
       const auto row_bytes = static_cast<std::int64_t>(quant_row_bytes(kv_heads, d));
       const auto scale_offset = static_cast<std::int64_t>(quant_scale_offset(kv_heads, d));
       std::vector<std::uint8_t> k(static_cast<std::size_t>(keys * row_bytes));
@@ -1063,32 +1105,57 @@ TEST(HostAttention, DecodeKernelReadsInt8RowsInPlace) {
                          (pair == &k ? k_exact : v_exact).data() + j * row.size());
         }
       }
-      const std::vector<float> q =
-          random_floats(static_cast<std::size_t>(kv_heads) * group * d, rng);
+      std::vector<float> q = random_floats(static_cast<std::size_t>(kv_heads) * group * d, rng);
       std::vector<float> kv(kernels::kKeyBlock * kv_heads * d), scores(kv_heads * group * 16);
-      auto run = [&](auto kernel, const void* kb, const void* vb, std::int64_t stride, DType type,
-                     std::int64_t elem) {
+      auto run = [&](auto kernel, const std::vector<float>& query, const void* kb, const void* vb,
+                     std::int64_t stride, DType type, std::int64_t elem) {
         std::vector<SoftmaxState> state(kv_heads * group);
-        std::vector<float> acc(q.size(), 0.0f);
+        std::vector<float> acc(query.size(), 0.0f);
         for (const auto& [first, count] : {std::pair{0, 20}, std::pair{20, keys - 20}}) {
           const auto* kp = static_cast<const std::uint8_t*>(kb) + first * stride * elem;
           const auto* vp = static_cast<const std::uint8_t*>(vb) + first * stride * elem;
           const kernels::KeyRows kr{kp, stride, d, type, scale_offset};
           const kernels::KeyRows vr{vp, stride, d, type, scale_offset};
-          kernel(q.data(), kv_heads, group, d, kr, vr, count, state.data(), acc.data(), kv.data(),
-                 scores.data(), cap);
+          kernel(query.data(), kv_heads, group, d, kr, vr, count, state.data(), acc.data(),
+                 kv.data(), scores.data(), cap);
         }
         for (std::size_t r = 0; r < state.size(); ++r) {
           for (int e = 0; e < d; ++e) acc[r * d + e] /= state[r].sum;
         }
         return acc;
       };
-      const std::vector<float> want =
-          run(kernels::attend_keys, k_exact.data(), v_exact.data(), kv_heads * d, DType::kF32, 4);
+      std::vector<float> q_taken = q;  // the query as the kernel multiplies it
+      if (vnni) {
+        for (std::size_t r = 0; r < q.size() / static_cast<std::size_t>(d); ++r) {
+          float largest = 0;
+          for (int e = 0; e < d; ++e) largest = std::max(largest, std::fabs(q[r * d + e]));
+          for (int e = 0; e < d; ++e) {
+            const float steps = std::nearbyint(q[r * d + e] * (32767.0f / largest));
+            q_taken[r * d + e] = steps * (largest / 32767.0f);
+          }
+        }
+      }
+      const std::vector<float> want = run(kernels::attend_keys, q_taken, k_exact.data(),
+                                          v_exact.data(), kv_heads * d, DType::kF32, 4);
       const std::vector<float> got =
-          run(kernels::attend_keys_avx512, k.data(), v.data(), row_bytes, DType::kInt8, 1);
+          run(kernels::attend_keys_avx512, q, k.data(), v.data(), row_bytes, DType::kInt8, 1);
+      double v_largest = 0;
+      for (const float x : v_exact) v_largest = std::max(v_largest, std::fabs(double{x}));
+      const double slack = vnni ? 1.01 * 8 / 32767 * v_largest : 0;
       for (std::size_t i = 0; i < want.size(); ++i) {
-        ASSERT_NEAR(got[i], want[i], 2e-5f * (1.0f + std::fabs(want[i]))) << i << " d " << d;
+        ASSERT_NEAR(got[i], want[i], 2e-5 * (1 + std::fabs(want[i])) + slack)
+            << i << " d " << d << " cap " << cap << (vnni ? " (VNNI)" : "");
+      }
+      // A NaN in query row 1: that row NaN, the others unchanged.
+      q[static_cast<std::size_t>(d) + 3] = NAN;
+      const std::vector<float> with_nan =
+          run(kernels::attend_keys_avx512, q, k.data(), v.data(), row_bytes, DType::kInt8, 1);
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        if (i / static_cast<std::size_t>(d) == 1) {
+          ASSERT_TRUE(std::isnan(with_nan[i])) << i << " d " << d;
+        } else {
+          ASSERT_EQ(with_nan[i], got[i]) << i << " d " << d;
+        }
       }
     }
 }
