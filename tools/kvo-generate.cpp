@@ -70,12 +70,8 @@ int run(const kvo::cli::GenerateRun& o) {
       o.model_name.c_str(), c.architecture.c_str(), c.layers, c.hidden_size, c.heads, c.kv_heads,
       c.vocab_size, decoder.weights_text().c_str(), kvo::dtype_name(decoder.cache().config().dtype),
       kvo::backend_name(decoder.backend()));
-  if (plan.window_layers > 0 && (text.saves() || text.loads())) {
-    throw kvo::cli::UsageError(
-        std::string(text.saves() ? "--save-context" : "--load-context") + ": this model's " +
-        std::to_string(plan.window_layers) +
-        " window layers keep their last rows alone, which saved contexts do not hold yet; "
-        "give --window-layers full to keep every row");
+  if (text.saves() || text.loads()) {
+    kvo::cli::check_contexts_hold(plan, text.saves() ? "--save-context" : "--load-context");
   }
   const std::string windows =
       plan.window_layers > 0 ? " + " + std::to_string(plan.window_layers) + " window layers (" +

@@ -190,11 +190,7 @@ int run(const kvo::cli::GenerateArgs& model_args, const CLI::App& app, const Ser
   const std::string& dir = r.source.checkpoint;
   std::unique_ptr<kvo::model::Tokenizer> tokenizer = kvo::model::load_tokenizer(dir);
   kvo::model::check_tokenizer_fits(*tokenizer, r.config.vocab_size, dir);
-  std::vector<std::int32_t> stop_ids;
-  if (!kvo::model::is_gguf_model(dir)) stop_ids = kvo::model::read_generation_eos(dir);
-  if (stop_ids.empty()) {
-    if (const auto eos = tokenizer->eos_id()) stop_ids.push_back(*eos);
-  }
+  const std::vector<std::int32_t> stop_ids = kvo::model::stop_ids(dir, *tokenizer);
   std::optional<kvo::model::ChatFormat> chat;
   std::string no_chat;
   try {
@@ -225,12 +221,7 @@ int run(const kvo::cli::GenerateArgs& model_args, const CLI::App& app, const Ser
   std::string fingerprint;
   std::vector<std::vector<std::int32_t>> restored;
   if (!a.contexts.empty()) {
-    if (plan.window_layers > 0) {
-      throw kvo::cli::UsageError(
-          "--contexts: this model's " + std::to_string(plan.window_layers) +
-          " window layers keep their last rows alone, which saved contexts do not hold yet; "
-          "give --window-layers full to keep every row");
-    }
+    kvo::cli::check_contexts_hold(plan, "--contexts");
     fingerprint = kvo::tools::TextSession::fingerprint(decoder, r.source);
     const std::string path = contexts_file(a.contexts);
     struct stat st {};

@@ -116,6 +116,15 @@ std::string TextStream::finish() {
   return out;
 }
 
+std::vector<std::int32_t> stop_ids(const std::string& model_dir, const Tokenizer& tokenizer) {
+  std::vector<std::int32_t> ids;
+  if (!is_gguf_model(model_dir)) ids = read_generation_eos(model_dir);
+  if (ids.empty()) {
+    if (const auto eos = tokenizer.eos_id()) ids.push_back(*eos);
+  }
+  return ids;
+}
+
 void check_tokenizer_fits(const Tokenizer& tokenizer, int model_vocab,
                           const std::string& model_dir) {
   if (tokenizer.vocab_size() > model_vocab) {

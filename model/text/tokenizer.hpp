@@ -64,6 +64,11 @@ TokenizerSettings load_tokenizer_settings(const std::string& model);
 void check_tokenizer_fits(const Tokenizer& tokenizer, int model_vocab,
                           const std::string& model_dir);
 
+// The ids that end generation for the model at `model_dir`: generation_config.json's eos_token_id
+// (a directory's), else the tokenizer's end-of-sequence token (a GGUF file has no such JSON);
+// empty when there is neither.
+std::vector<std::int32_t> stop_ids(const std::string& model_dir, const Tokenizer& tokenizer);
+
 // Text of generated ids as they come: push() returns the text that is complete so far (a
 // character split across tokens waits for its last byte); finish() returns what is left, any
 // incomplete character as U+FFFD.

@@ -297,4 +297,12 @@ GenerateRun resolve(const GenerateArgs& a, const CLI::App& app) {
   return r;
 }
 
+void check_contexts_hold(const CachePlan& plan, const std::string& option) {
+  if (plan.window_layers > 0) {
+    throw UsageError(option + ": this model's " + std::to_string(plan.window_layers) +
+                     " window layers keep their last rows alone, which saved contexts do not "
+                     "hold yet; give --window-layers full to keep every row");
+  }
+}
+
 }  // namespace kvo::cli

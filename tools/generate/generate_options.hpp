@@ -96,4 +96,8 @@ GenerateRun resolve(const GenerateArgs& args, const CLI::App& app);
 // the model's name and the decoder options but its slots, max_seq and max_prompt.
 void resolve_model(const GenerateArgs& args, const CLI::App& app, GenerateRun& run);
 
+// Refuses (UsageError, naming `option`) saving or loading contexts for a cache planned with window
+// layers: those keep their last rows alone, which a saved context does not hold yet.
+void check_contexts_hold(const CachePlan& plan, const std::string& option);
+
 }  // namespace kvo::cli

@@ -159,13 +159,7 @@ TextSession::TextSession(const TextOptions& options, const std::string& model_di
   }
   if (prompt_.empty() && !loads()) throw cli::UsageError("the prompt has no tokens");
 
-  if (!options.ignore_eos) {
-    // A GGUF file has no generation_config.json: its tokenizer's eos stops.
-    if (!model::is_gguf_model(model_dir)) stop_ids_ = model::read_generation_eos(model_dir);
-    if (stop_ids_.empty()) {
-      if (const auto eos = tokenizer_->eos_id()) stop_ids_.push_back(*eos);
-    }
-  }
+  if (!options.ignore_eos) stop_ids_ = model::stop_ids(model_dir, *tokenizer_);
   streams_.assign(static_cast<std::size_t>(slots), model::TextStream(*tokenizer_, true));
   texts_.assign(static_cast<std::size_t>(slots), std::string());
   slot_tokens_.assign(static_cast<std::size_t>(slots), std::vector<std::int32_t>());

@@ -130,7 +130,6 @@ class Engine {
   const std::vector<std::int32_t>& held(int slot) const {
     return slots_[static_cast<std::size_t>(slot)].held;
   }
-  int max_seq() const { return max_seq_; }
 
  private:
   struct Slot {
