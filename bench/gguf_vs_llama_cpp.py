@@ -165,7 +165,7 @@ def read_rate(args):
     read_bytes_per_second over --read-keys keys of bf16 K/V, 3 repetitions."""
     keys = args.read_keys
     cmd = [args.read_bench, f"--threads={args.threads}", f"--contexts={keys}",
-           f"--benchmark_filter=BM_HostDecodeAttention/context:{keys}/int8:0",
+           f"--benchmark_filter=BM_HostDecodeAttention/context:{keys}/rows:0",
            "--benchmark_format=json", "--benchmark_repetitions=3"]
     out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     rates = [b["read_bytes_per_second"] for b in out["benchmarks"]

@@ -1,14 +1,16 @@
 // Host decode attention alone, against this machine's memory read bandwidth measured in the same
-// run: one query row of a Llama-3-8B-shaped layer (8 KV heads, head_dim 128, GQA 4, bf16 K/V)
-// over 4K, 32K and 128K keys, on the host path's thread pool; bf16 rows and int8 rows (each
-// benchmark's label names the rows and the kernel that ran). Each iteration times one attention
+// run: one query row of a Llama-3-8B-shaped layer (8 KV heads, head_dim 128, GQA 4) over 4K, 32K
+// and 128K keys, on the host path's thread pool; K/V rows of each of --types (each benchmark's
+// label names the rows and the kernel that ran; its `rows` argument is the type's index in
+// kRowTypes: 0 bf16, 1 int8, 2 f16, 3 f32, 4 fp8). Each iteration times one attention
 // (the iteration time) and, just after, a plain streaming read of the same K and V bytes by the
 // same pool (64-bit adds, no compute): both see the same machine load. Before each of the two, an
 // untimed read of a buffer of 4x the last-level cache evicts what the other left there, so
 // both start from memory: otherwise the read finds in the cache the tail the attention just
 // touched (a quarter of the bytes at 32K), and the comparison favours whichever runs second.
 //
-//   kvo_bench_host_attention [--threads=N] [--contexts=4096,32768,131072] [Google Benchmark flags]
+//   kvo_bench_host_attention [--threads=N] [--contexts=4096,32768,131072]
+//                            [--types=bf16,int8,f16,f32,fp8] [Google Benchmark flags]
 //
 // Split attention's host side too: BM_SplitHostPart (the rows before a split of 32K and 128K
 // rows, on 1 thread and on --threads, 0: every core) and BM_SplitFixedCost (what splitting a
@@ -20,6 +22,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -38,6 +41,10 @@ namespace kvo::bench {
 namespace {
 
 int g_threads = 0;
+// The row types, in the order of the `rows` argument (bf16 and int8 first, as earlier runs named
+// them 0 and 1).
+constexpr DType kRowTypes[] = {DType::kBF16, DType::kInt8, DType::kF16, DType::kF32,
+                               DType::kFP8E4M3};
 
 // Bytes of the largest data cache this process sees (sysconf), 32 MiB when it does not say.
 std::size_t last_level_cache_bytes() {
@@ -86,8 +93,8 @@ std::uint64_t streaming_read(model::ThreadPool& pool, const std::vector<const vo
   return total;
 }
 
-// K and V of one slot, [context][kv_heads][head_dim] rows of `type` (bf16, or int8 and fp8 rows
-// quantized from the same random values), random; their view.
+// K and V of one slot, [context][kv_heads][head_dim] rows of `type` (f32, f16 and bf16 rows
+// rounded from, int8 and fp8 rows quantized from, the same random values); their view.
 struct TypedLayer {
   std::vector<std::byte> k, v;
   LayerView view;
@@ -112,10 +119,15 @@ struct TypedLayer {
         if (is_quantized(type)) {
           quantize_row(values.data(), c.kv_heads, c.head_dim, type, at);
         } else {
-          for (std::size_t e = 0; e < row; ++e) {
-            const std::uint16_t h = model::float_to_bf16(values[e]);
-            std::memcpy(at + 2 * e, &h, 2);
-          }
+          visit(
+              type,
+              [&](auto tag) {
+                constexpr auto kType = decltype(tag)::value;
+                for (std::size_t e = 0; e < row; ++e) {
+                  model::store_as<kType>(at, static_cast<std::int64_t>(e), values[e]);
+                }
+              },
+              [] {});
         }
       }
     }
@@ -124,10 +136,11 @@ struct TypedLayer {
   std::size_t bytes() const { return k.size() + v.size(); }
 };
 
-// Range(1): 0 bf16 rows, 1 int8 rows (their scales included in the bytes).
+// Range(1): the rows' type, an index into kRowTypes (quantized rows' scales included in the
+// bytes).
 void BM_HostDecodeAttention(benchmark::State& state) {
   const int context = static_cast<int>(state.range(0));
-  const DType type = state.range(1) == 0 ? DType::kBF16 : DType::kInt8;
+  const DType type = kRowTypes[state.range(1)];
   const model::ModelConfig c = model::preset("llama3-8b");  // 32/8 heads, head_dim 128
   model::ThreadPool pool(g_threads > 0 ? g_threads : model::available_cores());
   model::HostAttention attention(c, type, 1, pool);
@@ -280,22 +293,25 @@ void BM_SplitFixedCost(benchmark::State& state) {
 
 int main(int argc, char** argv) {
   using namespace kvo::bench;
-  std::vector<std::int64_t> contexts;
+  std::vector<std::int64_t> contexts, types;
   try {
     g_threads = std::stoi(take_flag(&argc, argv, "threads", "0"));
     std::stringstream list(take_flag(&argc, argv, "contexts", "4096,32768,131072"));
     for (std::string item; std::getline(list, item, ',');) contexts.push_back(std::stoll(item));
+    std::stringstream names(take_flag(&argc, argv, "types", "bf16,int8,f16,f32,fp8"));
+    for (std::string item; std::getline(names, item, ',');) {
+      const kvo::DType type = kvo::parse_dtype(item);
+      const auto* at = std::find(std::begin(kRowTypes), std::end(kRowTypes), type);
+      types.push_back(at - std::begin(kRowTypes));
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvo_bench_host_attention: %s\n", e.what());
     return 2;
   }
   for (std::int64_t context : contexts) {
-    benchmark::RegisterBenchmark("BM_HostDecodeAttention", BM_HostDecodeAttention)
-        ->Args({context, 0})
-        ->Args({context, 1})
-        ->ArgNames({"context", "int8"})
-        ->UseManualTime()
-        ->Unit(benchmark::kMillisecond);
+    auto* bench = benchmark::RegisterBenchmark("BM_HostDecodeAttention", BM_HostDecodeAttention);
+    for (std::int64_t type : types) bench->Args({context, type});
+    bench->ArgNames({"context", "rows"})->UseManualTime()->Unit(benchmark::kMillisecond);
   }
   for (std::int64_t rows : {32768, 131072}) {
     for (std::int64_t threads : {std::int64_t{1}, std::int64_t{g_threads}}) {

@@ -11,8 +11,8 @@
 namespace kvo::attend {
 
 // Rows of K or V of one slot: token j, kv head g at `base` + j * token_stride + g * head_stride
-// elements of `type`. int8 rows (attend_keys_avx512 only): the elements are bytes, and row j's
-// kv_heads float scales start scale_offset bytes into it (kvoffload/quant.hpp's rows).
+// elements of `type`. int8 and fp8 rows (attend_keys_avx512 only): the elements are bytes, and row
+// j's kv_heads float scales start scale_offset bytes into it (kvoffload/quant.hpp's rows).
 struct KeyRows {
   const void* base = nullptr;
   std::int64_t token_stride = 0;
@@ -36,9 +36,9 @@ void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows 
                  float softcap);
 
 // attend_keys with AVX-512 intrinsics (attend_keys_avx512.cpp), the same results up
-// to rounding; it also reads int8 rows in place (each key's scale applied to its score, each
-// value's to its weight; with VNNI, attend_keys_int8_vnni). REQUIRES: have_avx512(), head_dim a
-// multiple of 16.
+// to rounding; it also reads int8 and fp8 rows in place (each key's scale applied to its score,
+// each value's to its weight; fp8 through f16, exactly; int8 with VNNI: attend_keys_int8_vnni).
+// REQUIRES: have_avx512(), head_dim a multiple of 16.
 void attend_keys_avx512(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
                         int keys, SoftmaxState* state, float* acc, float* kv, float* scores,
                         float softcap);

@@ -27,12 +27,13 @@ KVO_KERNEL void attend_keys_avx512(const float* q, int kv_heads, int group, int 
     from_pairs(acc, rows, d);
     return;
   }
-  // f32, f16, bf16 and int8 rows (the caller dequantizes fp8 rows)
+  // f32, f16, bf16, int8 and fp8 rows
   visit(
       k.type,
       [&](auto t) {
         constexpr auto kType = static_cast<DType>(decltype(t)::value);
-        if constexpr (kType == DType::kF32 || kType == DType::kF16 || kType == DType::kInt8) {
+        if constexpr (kType == DType::kF32 || kType == DType::kF16 || kType == DType::kInt8 ||
+                      kType == DType::kFP8E4M3) {
           attend<kType, false>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
         } else {
           attend<DType::kBF16, false>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);

@@ -18,11 +18,12 @@ std::string DecodeAttention::kernel() const {
   if (avx512_ && avx512_pairs(shape_.type, shape_.head_dim, group_)) {
     name += ", bf16 rows as even and odd halves";
   }
-  if (in_place_int8() && avx512_vnni_rows(shape_.type, shape_.head_dim, group_) &&
+  if (in_place_quantized() && avx512_vnni_rows(shape_.type, shape_.head_dim, group_) &&
       have_avx512_vnni()) {
     name += ", int8 rows in place with VNNI (16-bit query and weights, exact integer sums)";
-  } else if (in_place_int8()) {
-    name += ", int8 rows in place (scales applied to scores and weights)";
+  } else if (in_place_quantized()) {
+    name += std::string(", ") + dtype_name(shape_.type) +
+            " rows in place (scales applied to scores and weights)";
   } else if (is_quantized(shape_.type)) {
     name += std::string(", over f32 blocks of ") + std::to_string(kDequantKeys) +
             " keys dequantized from " + dtype_name(shape_.type);
@@ -79,7 +80,7 @@ void DecodeAttention::run(const float* q, int n, const std::int32_t* slots,
                           (slots[i] * view.v_slot_stride + part0 * view.v_token_stride) * bytes;
     const int part_keys = std::min(sp.part_keys, keys - p * sp.part_keys);
     const auto attend = avx512_ ? attend_keys_avx512 : attend_keys;
-    if (!is_quantized(type) || in_place_int8()) {  // the rows where they are
+    if (!is_quantized(type) || in_place_quantized()) {  // the rows where they are
       const KeyRows k{k_first, view.token_stride, view.head_stride, type,
                       static_cast<std::int64_t>(view.layout.k_scale_offset)};
       const KeyRows v{v_first, view.v_token_stride, view.v_head_stride, type,

@@ -1,5 +1,5 @@
 // Decode attention on the host, reading a cache's K/V rows in place (f32, f16, bf16, and int8
-// where the CPU has AVX-512, through the view's strides; fp8 rows, and int8 rows elsewhere,
+// and fp8 where the CPU has AVX-512, through the view's strides; int8 and fp8 rows elsewhere
 // dequantized block by block into f32 scratch), all query heads of a GQA group per K/V pass. The
 // host path's decode (model/host/host_attention.hpp) and split attention's host part through the C
 // ABI (kvo_host_attention_run) are this one code.
@@ -100,8 +100,8 @@ class DecodeAttention {
   std::string kernel() const;
 
  private:
-  // int8 rows read in place (the AVX-512 kernel); fp8 rows, and int8 without it, dequantized.
-  bool in_place_int8() const { return avx512_ && shape_.type == DType::kInt8; }
+  // int8 and fp8 rows read in place (the AVX-512 kernel); dequantized without it.
+  bool in_place_quantized() const { return avx512_ && is_quantized(shape_.type); }
 
   DecodeShape shape_;
   ThreadPool& pool_;
