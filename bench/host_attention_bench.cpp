@@ -27,6 +27,7 @@
 #include <cstring>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -304,6 +305,7 @@ int main(int argc, char** argv) {
       const auto* at = std::find(std::begin(kRowTypes), std::end(kRowTypes), type);
       types.push_back(at - std::begin(kRowTypes));
     }
+    if (types.empty()) throw std::invalid_argument("--types names no row type");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvo_bench_host_attention: %s\n", e.what());
     return 2;

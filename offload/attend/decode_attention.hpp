@@ -54,7 +54,8 @@ struct KeyRange {
 struct DecodeScratch {
   struct Thread {
     float* q = nullptr;       // [heads][head_dim], scaled
-    float* kv = nullptr;      // [kKeyBlock][kv_heads][head_dim] (the portable kernel)
+    float* kv = nullptr;      // [kKeyBlock][kv_heads][head_dim]: the portable kernel's blocks;
+                              // the AVX-512 kernel's query (paired bf16, or int16 with VNNI)
     float* scores = nullptr;  // [heads][kKeyBlock]
     float* k = nullptr;       // quantized rows: [kDequantKeys][kv_heads][head_dim] each
     float* v = nullptr;
