@@ -46,19 +46,21 @@ bool have_avx512();
 bool have_avx512_vnni();
 
 // attend_keys_avx512 for int8 rows with AVX-512 VNNI (attend_keys_vnni.cpp), which
-// attend_keys_avx512 hands them to where avx512_vnni_rows holds and the CPU has it: the products
+// attend_keys_avx512 hands them to where avx512_vnni_rows holds: the products
 // in 16-bit integers, summed exactly in int32 lanes. The query is rounded to 16 bits per row (steps
 // of its largest element / 32767) and the weights to 16 bits per row and block of kKeyBlock keys
 // (steps of the block's largest / 32767): each error at most half a step, 2^-16 of the largest
 // where the rows' own rounding to int8 is 2^-8 of theirs. The query's 16-bit copy is kept in the kv
-// scratch, the scales in `scores`. REQUIRES: have_avx512_vnni(), avx512_vnni_rows(k.type, ...).
+// scratch, the scales in `scores`. REQUIRES: avx512_vnni_rows(k.type, ...).
 void attend_keys_int8_vnni(const float* q, int kv_heads, int group, int head_dim, KeyRows k,
                            KeyRows v, int keys, SoftmaxState* state, float* acc, float* kv,
                            float* scores, float softcap);
-// int8 rows whose head_dim is a multiple of 32 and at most 256 (the int32 sums of 16-bit products
-// stay below 2^31), q's 16-bit rows fitting the kv scratch.
+// Whether attend_keys_avx512 takes attend_keys_int8_vnni for these rows on this CPU: int8 rows
+// whose head_dim is a multiple of 32 and at most 256 (the int32 sums of 16-bit products stay below
+// 2^31), q's 16-bit rows fitting the kv scratch, and a CPU with VNNI.
 inline bool avx512_vnni_rows(DType type, int head_dim, int group) {
-  return type == DType::kInt8 && head_dim % 32 == 0 && head_dim <= 256 && group <= 2 * kKeyBlock;
+  return type == DType::kInt8 && head_dim % 32 == 0 && head_dim <= 256 && group <= 2 * kKeyBlock &&
+         have_avx512_vnni();
 }
 // Whether attend_keys_avx512 reads rows of `type` as even and odd halves (bf16 rows of whole 64s,
 // a group of at most kKeyBlock rows: q's rows then fit the kv scratch).

@@ -14,7 +14,7 @@ KVO_KERNEL void attend_keys_avx512(const float* q, int kv_heads, int group, int 
                                    KeyRows v, int keys, SoftmaxState* state, float* acc, float* kv,
                                    float* scores, float softcap) {
   const int rows = kv_heads * group;
-  if (avx512_vnni_rows(k.type, d, group) && have_avx512_vnni()) {
+  if (avx512_vnni_rows(k.type, d, group)) {
     attend_keys_int8_vnni(q, kv_heads, group, d, k, v, keys, state, acc, kv, scores, softcap);
     return;
   }

@@ -18,8 +18,7 @@ std::string DecodeAttention::kernel() const {
   if (avx512_ && avx512_pairs(shape_.type, shape_.head_dim, group_)) {
     name += ", bf16 rows as even and odd halves";
   }
-  if (in_place_quantized() && avx512_vnni_rows(shape_.type, shape_.head_dim, group_) &&
-      have_avx512_vnni()) {
+  if (in_place_quantized() && avx512_vnni_rows(shape_.type, shape_.head_dim, group_)) {
     name += ", int8 rows in place with VNNI (16-bit query and weights, exact integer sums)";
   } else if (in_place_quantized()) {
     name += std::string(", ") + dtype_name(shape_.type) +

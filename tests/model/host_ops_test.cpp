@@ -816,8 +816,7 @@ void expect_near(const float* got, const Attended& want, const std::string& what
 
 // Whether decode attends rows of `type` with attend_keys_int8_vnni on this CPU.
 bool vnni_decode(const ModelConfig& c, DType type) {
-  return kvo::attend::have_avx512_vnni() &&
-         kvo::attend::avx512_vnni_rows(type, c.head_dim, c.heads / c.kv_heads);
+  return kvo::attend::avx512_vnni_rows(type, c.head_dim, c.heads / c.kv_heads);
 }
 
 // Several query and key blocks, a chunk that starts after rows already held, GQA groups of 3,
@@ -1093,8 +1092,7 @@ TEST(HostAttention, DecodeKernelReadsQuantizedRowsInPlace) {
     for (const int group : {3, 5})
       for (const int d : {32, 96, 128})
         for (const float cap : {0.0f, 2.0f}) {
-          const bool vnni =
-              kvo::attend::have_avx512_vnni() && kvo::attend::avx512_vnni_rows(type, d, group);
+          const bool vnni = kvo::attend::avx512_vnni_rows(type, d, group);
           const auto row_bytes = static_cast<std::int64_t>(quant_row_bytes(kv_heads, d));
           const auto scale_offset = static_cast<std::int64_t>(quant_scale_offset(kv_heads, d));
           std::vector<std::uint8_t> k(static_cast<std::size_t>(keys * row_bytes));
