@@ -29,7 +29,6 @@
 #include <vector>
 
 #include "kvoffload/kvoffload.hpp"
-#include "model/checkpoint/gguf.hpp"
 #include "model/decoder/decoder.hpp"
 #include "model/text/chat_format.hpp"
 #include "model/text/tokenizer.hpp"

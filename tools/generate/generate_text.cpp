@@ -7,7 +7,6 @@
 
 #include "kvoffload/error.hpp"
 #include "model/checkpoint/fingerprint.hpp"
-#include "model/checkpoint/gguf.hpp"
 #include "model/checkpoint/weights.hpp"
 #include "model/text/chat_format.hpp"
 #include "model/text/tokenizer.hpp"
