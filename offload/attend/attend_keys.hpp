@@ -37,7 +37,8 @@ void attend_keys(const float* q, int kv_heads, int group, int head_dim, KeyRows 
 
 // attend_keys with AVX-512 intrinsics (attend_keys_avx512.cpp), the same results up
 // to rounding; it also reads int8 and fp8 rows in place (each key's scale applied to its score,
-// each value's to its weight; fp8 through f16, exactly; int8 with VNNI: attend_keys_int8_vnni).
+// each value's to its weight; fp8 through f16, exactly, or with VBMI attend_keys_fp8_vbmi; int8
+// with VNNI: attend_keys_int8_vnni).
 // REQUIRES: have_avx512(), head_dim a multiple of 16.
 void attend_keys_avx512(const float* q, int kv_heads, int group, int head_dim, KeyRows k, KeyRows v,
                         int keys, SoftmaxState* state, float* acc, float* kv, float* scores,
@@ -61,6 +62,17 @@ void attend_keys_int8_vnni(const float* q, int kv_heads, int group, int head_dim
 inline bool avx512_vnni_rows(DType type, int head_dim, int group) {
   return type == DType::kInt8 && head_dim % 32 == 0 && head_dim <= 256 && group <= 2 * kKeyBlock &&
          have_avx512_vnni();
+}
+// attend_keys_avx512 for fp8 (e4m3) rows with AVX-512 VBMI (attend_keys_vbmi.cpp), which
+// attend_keys_avx512 hands them to where avx512_vbmi_rows holds: each byte becomes the f32 of its
+// code through two byte-table permutes (its bf16's high and low bytes) and one more placing them,
+// 32 elements at a time; exact for every code, NaN's included. Scratch unused.
+void attend_keys_fp8_vbmi(const float* q, int kv_heads, int group, int head_dim, KeyRows k,
+                          KeyRows v, int keys, SoftmaxState* state, float* acc, float* kv,
+                          float* scores, float softcap);
+bool have_avx512_vbmi();
+inline bool avx512_vbmi_rows(DType type) {
+  return type == DType::kFP8E4M3 && have_avx512_vbmi();
 }
 // Whether attend_keys_avx512 reads rows of `type` as even and odd halves (bf16 rows of whole 64s,
 // a group of at most kKeyBlock rows: q's rows then fit the kv scratch).

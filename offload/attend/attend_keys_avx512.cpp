@@ -18,6 +18,10 @@ KVO_KERNEL void attend_keys_avx512(const float* q, int kv_heads, int group, int 
     attend_keys_int8_vnni(q, kv_heads, group, d, k, v, keys, state, acc, kv, scores, softcap);
     return;
   }
+  if (avx512_vbmi_rows(k.type)) {
+    attend_keys_fp8_vbmi(q, kv_heads, group, d, k, v, keys, state, acc, kv, scores, softcap);
+    return;
+  }
   // bf16 rows of whole 64s, with q's rows fitting kv's scratch: paired (q and acc laid out so
   // for the call; acc back in order at its end).
   if (avx512_pairs(k.type, d, group)) {

@@ -20,6 +20,8 @@ std::string DecodeAttention::kernel() const {
   }
   if (in_place_quantized() && avx512_vnni_rows(shape_.type, shape_.head_dim, group_)) {
     name += ", int8 rows in place with VNNI (16-bit query and weights, exact integer sums)";
+  } else if (in_place_quantized() && avx512_vbmi_rows(shape_.type)) {
+    name += ", fp8 rows in place through byte tables with VBMI (exact)";
   } else if (in_place_quantized()) {
     name += std::string(", ") + dtype_name(shape_.type) +
             " rows in place (scales applied to scores and weights)";

@@ -1179,6 +1179,13 @@ TEST(HostAttention, DecodeKernelReadsQuantizedRowsInPlace) {
                   << "tiny values, " << i << " d " << d;
             }
           }
+          if (type == DType::kFP8E4M3 && kvo::attend::avx512_vbmi_rows(type)) {
+            // the dispatch took the byte tables (VBMI): the same bits as calling them
+            ASSERT_EQ(
+                run(kvo::attend::attend_keys_fp8_vbmi, q, k.data(), v.data(), row_bytes, type, 1),
+                got)
+                << "d " << d << " group " << group;
+          }
           // A NaN in query row 1: that row NaN, the others unchanged.
           q[static_cast<std::size_t>(d) + 3] = NAN;
           const std::vector<float> with_nan =
@@ -1202,6 +1209,44 @@ TEST(HostAttention, DecodeKernelReadsQuantizedRowsInPlace) {
             }
           }
         }
+}
+
+// Every e4m3 code read by the AVX-512 kernel (through the byte tables where the CPU has VBMI, else
+// through f16) as its exact value: one key, whose weight is exp(0) = 1 and whose value scales are
+// 1, so the output is the value row itself. Its 256 codes fill the first kv heads' rows; head_dim
+// 128 reads them 32 at a time, 96 the last 32 columns 16 at a time; 0x7f and 0xff give NaN.
+TEST(HostAttention, DecodeKernelReadsEveryFp8Code) {
+  if (!kernels::have_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
+  for (const auto& [kv_heads, d] : {std::pair{2, 128}, std::pair{3, 96}}) {
+    const auto row_bytes = static_cast<std::int64_t>(quant_row_bytes(kv_heads, d));
+    const auto scale_offset = static_cast<std::int64_t>(quant_scale_offset(kv_heads, d));
+    std::vector<std::uint8_t> k(static_cast<std::size_t>(row_bytes), 0), v(k.size(), 0);
+    for (int e = 0; e < kv_heads * d; ++e)
+      v[static_cast<std::size_t>(e)] = static_cast<std::uint8_t>(e % 256);
+    for (int g = 0; g < kv_heads; ++g) {
+      const float one = 1.0f;
+      std::memcpy(&k[static_cast<std::size_t>(scale_offset + 4 * g)], &one, 4);
+      std::memcpy(&v[static_cast<std::size_t>(scale_offset + 4 * g)], &one, 4);
+    }
+    const int group = 1;
+    std::vector<float> q(static_cast<std::size_t>(kv_heads) * d, 0.25f), acc(q.size(), 0.0f);
+    std::vector<float> kv(kernels::kKeyBlock * kv_heads * d), scores(kv_heads * group * 16);
+    std::vector<SoftmaxState> state(kv_heads);
+    const kernels::KeyRows kr{k.data(), row_bytes, d, DType::kFP8E4M3, scale_offset};
+    const kernels::KeyRows vr{v.data(), row_bytes, d, DType::kFP8E4M3, scale_offset};
+    kernels::attend_keys_avx512(q.data(), kv_heads, group, d, kr, vr, 1, state.data(), acc.data(),
+                                kv.data(), scores.data(), 0.0f);
+    for (int e = 0; e < kv_heads * d; ++e) {
+      const float want = quant::e4m3_to_float(static_cast<std::uint8_t>(e % 256));
+      const float got = acc[static_cast<std::size_t>(e)] / state[e / d].sum;
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << "code " << e % 256;
+      } else {
+        EXPECT_EQ(got, want) << "code " << e % 256 << " d " << d
+                             << (kvo::attend::avx512_vbmi_rows(DType::kFP8E4M3) ? " (VBMI)" : "");
+      }
+    }
+  }
 }
 
 // The portable kernel and the AVX-512 one (where the CPU has it) on the same keys, continuing a
