@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvoffload/error.hpp"
+#include "offload/util/host_pages.hpp"
 
 namespace kvo::prefetch {
 
@@ -187,7 +188,7 @@ void* HostBackend::alloc_device(std::size_t bytes) {
                                              format_bytes(device_capacity_) + " arena (" +
                                              format_bytes(in_use) + " in use)");
   }
-  void* ptr = std::aligned_alloc(256, rounded);
+  void* ptr = allocate_host_pages(rounded, 256);
   if (ptr == nullptr) {
     throw Error(ErrorCode::kOutOfMemory,
                 "host backend: could not allocate " + format_bytes(rounded) + " of device memory");
@@ -206,7 +207,7 @@ void HostBackend::free_device(void* ptr) noexcept {
 
 void* HostBackend::alloc_host(std::size_t bytes) {
   const std::size_t rounded = round_up(bytes == 0 ? 1 : bytes, 4096);
-  void* ptr = std::aligned_alloc(4096, rounded);
+  void* ptr = allocate_host_pages(rounded, 4096);
   if (ptr == nullptr) {
     throw Error(ErrorCode::kOutOfMemory,
                 "could not allocate " + format_bytes(rounded) +
