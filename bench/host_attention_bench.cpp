@@ -10,7 +10,13 @@
 // touched (a quarter of the bytes at 32K), and the comparison favours whichever runs second.
 //
 //   kvo_bench_host_attention [--threads=N] [--contexts=4096,32768,131072]
-//                            [--types=bf16,int8,f16,f32,fp8] [Google Benchmark flags]
+//                            [--types=bf16,int8,f16,f32,fp8] [--pages=2m|4k]
+//                            [Google Benchmark flags]
+//
+// K and V lie where the host store puts them (offload/util/host_pages.hpp): on 2 MiB pages where
+// the kernel grants them (--pages=2m, the default), or on 4 KiB pages (--pages=4k, advised
+// MADV_NOHUGEPAGE; what every run before the host store took huge pages measured). The label
+// says which. Both the attention and the streaming read see the same pages.
 //
 // Split attention's host side too: BM_SplitHostPart (the rows before a split of 32K and 128K
 // rows, on 1 thread and on --threads, 0: every core) and BM_SplitFixedCost (what splitting a
@@ -20,6 +26,7 @@
 // (the streaming read), fraction_of_read (their ratio; the target is >= 0.85 from 32K up).
 #include <benchmark/benchmark.h>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,11 +44,13 @@
 #include "model/host/host_attention.hpp"
 #include "model/host/host_ops.hpp"
 #include "model/host/thread_pool.hpp"
+#include "offload/util/host_pages.hpp"
 
 namespace kvo::bench {
 namespace {
 
 int g_threads = 0;
+bool g_huge_pages = true;  // --pages
 // The row types, in the order of the `rows` argument (bf16 and int8 first, as earlier runs named
 // them 0 and 1).
 constexpr DType kRowTypes[] = {DType::kBF16, DType::kInt8, DType::kF16, DType::kF32,
@@ -94,26 +103,67 @@ std::uint64_t streaming_read(model::ThreadPool& pool, const std::vector<const vo
   return total;
 }
 
+// Zeroed bytes on the pages --pages names.
+class PageBuffer {
+ public:
+  explicit PageBuffer(std::size_t bytes) : bytes_(bytes) {
+    void* p = nullptr;
+    if (g_huge_pages) {
+      p = allocate_host_pages(bytes, 64);
+    } else if (posix_memalign(&p, 4096, bytes) == 0) {
+#ifdef MADV_NOHUGEPAGE
+      static_cast<void>(::madvise(p, bytes, MADV_NOHUGEPAGE));
+#endif
+    } else {
+      p = nullptr;
+    }
+    if (p == nullptr) throw std::bad_alloc();
+    data_ = static_cast<std::byte*>(p);
+    std::memset(data_, 0, bytes);
+  }
+  ~PageBuffer() {
+    std::free(data_);
+  }
+  PageBuffer(const PageBuffer&) = delete;
+  PageBuffer& operator=(const PageBuffer&) = delete;
+  std::byte* data() const {
+    return data_;
+  }
+  std::size_t size() const {
+    return bytes_;
+  }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::size_t bytes_;
+};
+
+std::string pages_label() {
+  return g_huge_pages ? ", 2 MiB pages" : ", 4 KiB pages";
+}
+
 // K and V of one slot, [context][kv_heads][head_dim] rows of `type` (f32, f16 and bf16 rows
 // rounded from, int8 and fp8 rows quantized from, the same random values); their view.
 struct TypedLayer {
-  std::vector<std::byte> k, v;
+  KvLayout layout;
+  PageBuffer k, v;
   LayerView view;
-  TypedLayer(const model::ModelConfig& c, int context, DType type) {
+  static KvLayout layout_of(const model::ModelConfig& c, int context, DType type) {
     CacheConfig cache;
     cache.layers = 1;
     cache.max_seq = context;
     cache.kv_heads = c.kv_heads;
     cache.head_dim = c.head_dim;
     cache.dtype = type;
-    const KvLayout layout = kv_layout(cache);
-    k.resize(layout.k_tensor_bytes);
-    v.resize(layout.v_tensor_bytes);
+    return kv_layout(cache);
+  }
+  TypedLayer(const model::ModelConfig& c, int context, DType type)
+      : layout(layout_of(c, context, type)), k(layout.k_tensor_bytes), v(layout.v_tensor_bytes) {
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     const std::size_t row = static_cast<std::size_t>(c.kv_heads) * c.head_dim;
     std::vector<float> values(row);
-    for (std::vector<std::byte>* tensor : {&k, &v}) {
+    for (PageBuffer* tensor : {&k, &v}) {
       for (int t = 0; t < context; ++t) {
         for (auto& x : values) x = dist(rng);
         std::byte* at = tensor->data() + static_cast<std::size_t>(t) * layout.k_row_bytes;
@@ -178,32 +228,9 @@ void BM_HostDecodeAttention(benchmark::State& state) {
   state.counters["fraction_of_read"] = read_seconds / attention_seconds;
   state.counters["kv_bytes"] = static_cast<double>(bytes);
   state.counters["threads"] = pool.threads();
-  state.SetLabel(std::string(dtype_name(type)) + " rows, kernel " + attention.decode_kernel());
+  state.SetLabel(std::string(dtype_name(type)) + " rows, kernel " + attention.decode_kernel() +
+                 pages_label());
 }
-
-// K and V of one slot of a Llama-3-8B-shaped layer, bf16, random: [context][kv_heads][head_dim].
-struct RandomLayer {
-  std::vector<std::uint16_t> k, v;
-  LayerView view;
-  RandomLayer(const model::ModelConfig& c, int context) {
-    const std::size_t elements = static_cast<std::size_t>(context) * c.kv_heads * c.head_dim;
-    k.resize(elements);
-    v.resize(elements);
-    std::mt19937 rng(1);
-    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    for (std::size_t i = 0; i < elements; ++i) {
-      k[i] = model::float_to_bf16(dist(rng));
-      v[i] = model::float_to_bf16(dist(rng));
-    }
-    CacheConfig cache;
-    cache.layers = 1;
-    cache.max_seq = context;
-    cache.kv_heads = c.kv_heads;
-    cache.head_dim = c.head_dim;
-    view = LayerView::of(kv_layout(cache), k.data(), v.data());
-  }
-  std::size_t bytes() const { return 2 * k.size() * sizeof(std::uint16_t); }
-};
 
 // Split attention's host part (model/host/host_attention.hpp, KeyRange): one query row over the
 // rows before a split of `rows` rows, with its log-sum-exp, on 1 thread and on every core: the
@@ -215,7 +242,7 @@ void BM_SplitHostPart(benchmark::State& state) {
   const model::ModelConfig c = model::preset("llama3-8b");
   model::ThreadPool pool(threads);
   model::HostAttention attention(c, kvo::DType::kBF16, 1, pool);
-  const RandomLayer layer(c, rows + 1);
+  const TypedLayer layer(c, rows + 1, kvo::DType::kBF16);
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   std::vector<float> q(static_cast<std::size_t>(c.q_dim())), out(q.size());
@@ -241,6 +268,7 @@ void BM_SplitHostPart(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(total));
   state.counters["bytes_per_second_per_thread"] = total / seconds / threads;
   state.counters["threads"] = threads;
+  state.SetLabel("bf16 rows" + pages_label());
 }
 
 // The fixed cost of splitting one layer on the host backend: attention_decode_split against
@@ -258,7 +286,7 @@ void BM_SplitFixedCost(benchmark::State& state) {
   shape.max_seq = 257;
   shape.threads = g_threads > 0 ? g_threads : model::available_cores();
   model::HostOps ops(shape);
-  const RandomLayer layer(c, 257);
+  const TypedLayer layer(c, 257, kvo::DType::kBF16);
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   std::vector<float> q(static_cast<std::size_t>(c.q_dim())), out(q.size());
@@ -297,6 +325,9 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> contexts, types;
   try {
     g_threads = std::stoi(take_flag(&argc, argv, "threads", "0"));
+    const std::string pages = take_flag(&argc, argv, "pages", "2m");
+    if (pages != "2m" && pages != "4k") throw std::invalid_argument("--pages takes 2m or 4k");
+    g_huge_pages = pages == "2m";
     std::stringstream list(take_flag(&argc, argv, "contexts", "4096,32768,131072"));
     for (std::string item; std::getline(list, item, ',');) contexts.push_back(std::stoll(item));
     std::stringstream names(take_flag(&argc, argv, "types", "bf16,int8,f16,f32,fp8"));
