@@ -22,9 +22,10 @@ The memory floor (--read-bench, kvo_bench_host_attention): a decode step reads e
 multiplies by (the embedding table only when it is also the output head) and the K/V rows of
 every layer once, so no decode is faster than those bytes over the machine's streaming read rate
 on the same threads. The read rate is that benchmark's read_bytes_per_second over 128K keys of
-bf16 K/V (512 MiB, far past the caches), measured before the models and after them; each decode
-row gets floor_tokens_per_s (the bytes at the run's mean depth, depth + decode_tokens / 2) and
-both sides' ratio to it.
+bf16 K/V (512 MiB, far past the caches, on 2 MiB pages as the host store keeps K/V; runs before
+9258dcf read 4 KiB pages, 1.45x slower on the 2-core Xeon VM), measured before the models and
+after them; each decode row gets floor_tokens_per_s (the bytes at the run's mean depth, depth +
+decode_tokens / 2) and both sides' ratio to it.
 
     gguf_vs_llama_cpp.py --kvo-generate build/tools/kvo-generate --llama-bench PATH \\
         --read-bench build/bench/kvo_bench_host_attention \\
