@@ -1,14 +1,17 @@
 // The host backend's streams and events keep CUDA's ordering guarantees under random delays.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kvoffload/error.hpp"
+#include "offload/util/host_pages.hpp"
 #include "prefetch/backend/host_backend.hpp"
 
 namespace kvo::prefetch {
@@ -19,6 +22,49 @@ HostBackendOptions delays(std::uint32_t max_us, std::uint64_t seed) {
   options.max_delay_us = max_us;
   options.delay_seed = seed;
   return options;
+}
+
+// The flags of the mapping that holds `p` (/proc/self/smaps' VmFlags: "hg" is MADV_HUGEPAGE,
+// "nh" MADV_NOHUGEPAGE), or "" where the file does not say.
+std::string mapping_flags(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long long lo = 0, hi = 0;
+    char dash = 0;
+    if (std::sscanf(line.c_str(), "%llx%c%llx", &lo, &dash, &hi) == 3 && dash == '-') {
+      inside = lo <= at && at < hi;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line.substr(8) + " ";
+    }
+  }
+  return "";
+}
+
+// The K/V store and the arena's blocks of 2 MiB and more start on a 2 MiB boundary and are
+// advised as huge pages (the kernel's transparent huge pages then back them where it has them);
+// smaller blocks keep their alignment. The ledger counts the bytes asked for, rounded as before.
+TEST(HostBackend, LargeBlocksLieOnHugePages) {
+  HostBackend backend(HostBackendOptions{}, 0);
+  const std::size_t big = (std::size_t{5} << 20) + 4096 * 3;
+  void* host = backend.alloc_host(big);
+  void* device = backend.alloc_device(big);
+  void* small = backend.alloc_host(12345);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(host) % kHugePageBytes, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(device) % kHugePageBytes, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(small) % 4096, 0u);
+  EXPECT_EQ(backend.memory().host_bytes, big + 16384);  // 12345 rounded to 4096s
+  std::memset(host, 1, big);                            // all of it is there to write
+  const bool have_thp = std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled").good();
+  if (have_thp && !mapping_flags(host).empty()) {
+    EXPECT_NE(mapping_flags(host).find(" hg "), std::string::npos) << mapping_flags(host);
+    EXPECT_NE(mapping_flags(device).find(" hg "), std::string::npos) << mapping_flags(device);
+  }
+  backend.free_host(host);
+  backend.free_device(device);
+  backend.free_host(small);
+  EXPECT_EQ(backend.memory().host_bytes, 0u);
 }
 
 TEST(HostBackend, CopiesOnOneStreamRunInOrder) {
