@@ -57,6 +57,11 @@ bool have_avx512_vnni() {
   return yes;
 }
 
+bool have_avx512_vbmi() {
+  static const bool yes = have_avx512() && __builtin_cpu_supports("avx512vbmi");
+  return yes;
+}
+
 }  // namespace kvo::attend
 
 #else
@@ -72,6 +77,10 @@ bool have_avx512() {
 }
 
 bool have_avx512_vnni() {
+  return false;
+}
+
+bool have_avx512_vbmi() {
   return false;
 }
 

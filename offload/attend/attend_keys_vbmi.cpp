@@ -17,11 +17,6 @@ KVO_KERNEL void attend_keys_fp8_vbmi(const float* q, int kv_heads, int group, in
   attend<DType::kFP8E4M3, false>(q, kv_heads, group, d, k, v, keys, state, acc, softcap);
 }
 
-bool have_avx512_vbmi() {
-  static const bool yes = have_avx512() && __builtin_cpu_supports("avx512vbmi");
-  return yes;
-}
-
 }  // namespace kvo::attend
 
 #else
@@ -31,10 +26,6 @@ namespace kvo::attend {
 // Not built for this machine: have_avx512_vbmi() says so, and nothing calls the kernel.
 void attend_keys_fp8_vbmi(const float*, int, int, int, KeyRows, KeyRows, int, SoftmaxState*, float*,
                           float*, float*, float) {}
-
-bool have_avx512_vbmi() {
-  return false;
-}
 
 }  // namespace kvo::attend
 
