@@ -23,7 +23,7 @@ multiplies by (the embedding table only when it is also the output head) and the
 every layer once, so no decode is faster than those bytes over the machine's streaming read rate
 on the same threads. The read rate is that benchmark's read_bytes_per_second over 128K keys of
 bf16 K/V (512 MiB, far past the caches, on 2 MiB pages as the host store keeps K/V; runs before
-9258dcf read 4 KiB pages, 1.45x slower on the 2-core Xeon VM), measured before the models and
+9258dcf read 4 KiB pages, 1.5x slower on the 2-core Xeon VM), measured before the models and
 after them; each decode row gets floor_tokens_per_s (the bytes at the run's mean depth, depth +
 decode_tokens / 2) and both sides' ratio to it.
 

@@ -3,8 +3,9 @@
 // as transparent huge pages (MADV_HUGEPAGE; a kernel set to "madvise" grants them only so). Decode
 // attention over 4 KiB pages walks a page table for every 4 KiB of each of K and V, and once a
 // layer's GEMMs have pushed those tables out of the caches the walks go to memory: on a 2-core
-// Xeon VM the int8 host attention over 32K keys ran 1.27x as fast over 2 MiB pages
-// (docs/kvo-generate.md). Where huge pages are off, or refused, the memory is ordinary pages.
+// Xeon VM the int8 host attention over 32K keys ran 1.22x as fast over 2 MiB pages
+// (bench/results/host-attention-9258dcf-2m.json and -4k.json, docs/kvo-generate.md). Where huge
+// pages are off, or refused, the memory is ordinary pages.
 #pragma once
 
 #include <cstddef>

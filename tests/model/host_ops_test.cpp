@@ -1073,16 +1073,17 @@ TEST(HostOps, QuantizedCacheRowsAreQuantizeRowsBytes) {
 }
 
 // int8 and fp8 rows read in place by the AVX-512 kernel (each key's scale on its score, each
-// value's on its weight; fp8 through f16, exactly) against the portable kernel over the same rows
-// dequantized to f32, continuing a state across calls, groups of 3 and 5 (one and two passes of 4
-// rows, padded) and a short last block, head_dim 32, 96 (64 + 32 columns) and 128, with and without
-// a soft cap. Where the CPU has VNNI the dispatch takes attend_keys_int8_vnni for int8 rows (the
-// same bits as calling it) and multiplies in 16-bit integers: the portable kernel then takes the
-// query as rounded to 16 bits (each row's largest to 32767, to nearest even), and the weights
-// rounded to 16 bits per block move the output by at most 8 / 32767 of the largest |v| (16 keys a
-// block, half a step each); values near 1e-36 keep their sign and size. A query row holding a NaN
-// gives NaN, as the f32 path does, and leaves the other rows as they were; so does fp8's NaN code
-// in a key.
+// value's on its weight; fp8 exactly, through byte tables with VBMI, else through f16) against the
+// portable kernel over the same rows dequantized to f32, continuing a state across calls, groups of
+// 3 and 5 (one and two passes of 4 rows, padded) and a short last block, head_dim 32, 96 (64 + 32
+// columns) and 128, with and without a soft cap. Where the CPU has VNNI the dispatch takes
+// attend_keys_int8_vnni for int8 rows (the same bits as calling it) and multiplies in 16-bit
+// integers: the portable kernel then takes the query as rounded to 16 bits (each row's largest to
+// 32767, to nearest even), and the weights rounded to 16 bits per block move the output by at most
+// 8 / 32767 of the largest |v| (16 keys a block, half a step each); values near 1e-36 keep their
+// sign and size. Where the CPU has VBMI the dispatch takes attend_keys_fp8_vbmi for fp8 rows (the
+// same bits as calling it). A query row holding a NaN gives NaN, as the f32 path does, and leaves
+// the other rows as they were; so does fp8's NaN code in a key.
 TEST(HostAttention, DecodeKernelReadsQuantizedRowsInPlace) {
   if (!kernels::have_avx512()) GTEST_SKIP() << "no AVX-512 on this CPU";
   std::mt19937 rng(8);

@@ -1,4 +1,5 @@
-// The host backend's streams and events keep CUDA's ordering guarantees under random delays.
+// The host backend's streams and events keep CUDA's ordering guarantees under random delays; its
+// large blocks lie on huge pages.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -57,9 +58,10 @@ TEST(HostBackend, LargeBlocksLieOnHugePages) {
   EXPECT_EQ(backend.memory().host_bytes, big + 16384);  // 12345 rounded to 4096s
   std::memset(host, 1, big);                            // all of it is there to write
   const bool have_thp = std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled").good();
-  if (have_thp && !mapping_flags(host).empty()) {
-    EXPECT_NE(mapping_flags(host).find(" hg "), std::string::npos) << mapping_flags(host);
-    EXPECT_NE(mapping_flags(device).find(" hg "), std::string::npos) << mapping_flags(device);
+  const std::string host_flags = mapping_flags(host), device_flags = mapping_flags(device);
+  if (have_thp && !host_flags.empty()) {
+    EXPECT_NE(host_flags.find(" hg "), std::string::npos) << host_flags;
+    EXPECT_NE(device_flags.find(" hg "), std::string::npos) << device_flags;
   }
   backend.free_host(host);
   backend.free_device(device);
