@@ -202,7 +202,7 @@ def randomize(model, generator):
                 p.copy_(torch.randn(p.shape, generator=generator) / p.shape[1] ** 0.5)
 
 
-# GGUF files of random models, one per block type (and Qwen2's biases in two of them): the
+# GGUF files of random models, one per block type (and Qwen2's biases in three of them): the
 # tensors written as llama.cpp's converter writes them (names, q and k rows of a Llama interleaved
 # per head, 1-D tensors in F32), the matrices in the block type; then loaded by transformers' GGUF
 # loader (which dequantizes to float32 and puts the rows back), saved as safetensors beside the
@@ -212,7 +212,8 @@ GGUF_SHAPE = dict(vocab_size=384, hidden_size=256, intermediate_size=512, num_hi
                   max_position_embeddings=4096, hidden_act="silu")
 GGUF_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]
 GGUF_CASES = [f"gguf_llama_{t.lower()}" for t in GGUF_TYPES] + ["gguf_qwen2_q8_0",
-                                                                 "gguf_qwen2_q4_k"]
+                                                                 "gguf_qwen2_q4_k",
+                                                                 "gguf_qwen2_bf16"]
 GGUF_NAMES = {"input_layernorm.weight": "attn_norm.weight",
               "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
               "self_attn.v_proj.weight": "attn_v.weight", "self_attn.q_proj.bias": "attn_q.bias",

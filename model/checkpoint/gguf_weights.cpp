@@ -127,13 +127,18 @@ void check_gguf_weights(const WeightLayout& layout, const GgufFile& file) {
   }
 }
 
-std::map<std::string, std::uint32_t> gguf_block_matrices(const WeightLayout& layout,
-                                                         const GgufFile& file) {
+std::map<std::string, std::uint32_t> gguf_kept_matrices(const WeightLayout& layout,
+                                                        const GgufFile& file, bool half) {
+  const bool widen = half && layout.dtype() == DType::kF32;
   std::map<std::string, std::uint32_t> kept;
   for (const WeightEntry& e : layout.entries()) {
     if (e.kind != WeightKind::kMatrix) continue;
     const std::uint32_t type = file.tensor(gguf_tensor_name(e.name)).type->id;
-    if (blocks::block_elements(type) > 1) kept[e.name] = type;
+    const ElementType element = type_of_ggml(type);
+    if (is_block_type(element) ||
+        (widen && (element == ElementType::kF16 || element == ElementType::kBF16))) {
+      kept[e.name] = type;
+    }
   }
   return kept;
 }
@@ -160,7 +165,7 @@ void load_gguf_weights(const WeightLayout& layout, const GgufFile& file, const U
     const auto source_row = [&](std::int64_t r) {
       return interleaved ? file_row(r, layout.config().head_dim) : r;
     };
-    if (e.in_blocks()) {  // kept in blocks: the rows as they are, in the decoder's order
+    if (e.type != element_type(dtype)) {  // kept in the file's type: rows reordered, bytes kept
       const auto row_size = static_cast<std::size_t>(row_bytes);
       for (std::int64_t r0 = 0; r0 < rows; r0 += piece_rows) {
         const std::int64_t n = std::min(piece_rows, rows - r0);

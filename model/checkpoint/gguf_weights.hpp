@@ -34,15 +34,17 @@ std::string gguf_tensor_name(const std::string& hf_name);
 // Throws kvo::Error(kInvalidArgument) naming the file, the tensor and what differs.
 void check_gguf_weights(const WeightLayout& layout, const GgufFile& file);
 
-// The matrices of `layout` (a layout in the model dtype) that the file holds in quantized blocks
-// (every type read here but F32, F16 and BF16), by name, with their ggml types: what
-// WeightLayout keeps in blocks. REQUIRES: check_gguf_weights(layout, file) passed.
-std::map<std::string, std::uint32_t> gguf_block_matrices(const WeightLayout& layout,
-                                                         const GgufFile& file);
+// The matrices of `layout` (a layout in the model dtype) that WeightLayout keeps in the file's own
+// type, by name, with their ggml types: those the file holds in quantized blocks (every type read
+// here but F32, F16 and BF16), and with `half` (the host backend) where the layout is f32 those
+// in F16 or BF16 as well: the host multiplies them widened in registers, the bits of the
+// matrix expanded to f32, from half its bytes. REQUIRES: check_gguf_weights(layout, file) passed.
+std::map<std::string, std::uint32_t> gguf_kept_matrices(const WeightLayout& layout,
+                                                        const GgufFile& file, bool half);
 
 // Checks as check_gguf_weights does, then uploads every tensor the layout needs: the matrices it
-// keeps in blocks as they are (rows moved, blocks untouched), the others dequantized into the
-// layout's dtype, in pieces of at most a few MiB; `progress` (if set) hears
+// keeps in the file's type as they are (rows moved, blocks untouched), the others dequantized into
+// the layout's dtype, in pieces of at most a few MiB; `progress` (if set) hears
 // (tensors done, tensors) after each one.
 void load_gguf_weights(const WeightLayout& layout, const GgufFile& file, const UploadFn& upload,
                        const ProgressFn& progress = {});

@@ -31,8 +31,10 @@ ElementType type_of_ggml(std::uint32_t ggml) {
   return type;
 }
 
-void check_weights_type(const WeightRef& w, DType weights) {
-  if (!w.in_blocks() && w.type != element_type(weights)) {
+void check_weights_type(const WeightRef& w, DType weights, bool half_kept) {
+  const bool kept = half_kept && weights == DType::kF32 &&
+                    (w.type == ElementType::kF16 || w.type == ElementType::kBF16);
+  if (!w.in_blocks() && w.type != element_type(weights) && !kept) {
     throw Error(ErrorCode::kInternal, std::string("a matrix of ") + traits(w.type).name +
                                           " where the model's weights are " + dtype_name(weights));
   }
@@ -44,18 +46,18 @@ std::size_t matrix_bytes(ElementType type, std::int64_t rows, std::int64_t in) {
 }
 
 WeightLayout::WeightLayout(const ModelConfig& config, DType dtype,
-                           const std::map<std::string, std::uint32_t>& blocks)
+                           const std::map<std::string, std::uint32_t>& kept)
     : config_(config), dtype_(dtype) {
   const std::int64_t h = config.hidden_size;
   const std::vector<LayerTensor> layer = layer_tensors(config);
-  add("model.embed_tokens.weight", {config.vocab_size, h}, WeightKind::kMatrix, blocks);
+  add("model.embed_tokens.weight", {config.vocab_size, h}, WeightKind::kMatrix, kept);
   for (int l = 0; l < config.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    for (const LayerTensor& t : layer) add(p + t.name, t.shape, t.kind, blocks);
+    for (const LayerTensor& t : layer) add(p + t.name, t.shape, t.kind, kept);
   }
-  add("model.norm.weight", {h}, WeightKind::kNorm, blocks);
+  add("model.norm.weight", {h}, WeightKind::kNorm, kept);
   if (!config.tie_word_embeddings) {
-    add("lm_head.weight", {config.vocab_size, h}, WeightKind::kMatrix, blocks);
+    add("lm_head.weight", {config.vocab_size, h}, WeightKind::kMatrix, kept);
   }
 }
 
@@ -64,7 +66,7 @@ std::vector<LayerTensor> WeightLayout::layer_tensors(const ModelConfig& config) 
 }
 
 void WeightLayout::add(const std::string& name, std::vector<std::int64_t> shape, WeightKind kind,
-                       const std::map<std::string, std::uint32_t>& blocks) {
+                       const std::map<std::string, std::uint32_t>& kept) {
   WeightEntry e;
   e.name = name;
   e.type = element_type(dtype_);
@@ -76,9 +78,10 @@ void WeightLayout::add(const std::string& name, std::vector<std::int64_t> shape,
   e.scale = kind == WeightKind::kMatrix
                 ? static_cast<float>(std::sqrt(3.0 / static_cast<double>(e.shape[1])))
                 : 0.1f;
-  if (const auto it = blocks.find(name); it != blocks.end() && kind == WeightKind::kMatrix) {
+  if (const auto it = kept.find(name); it != kept.end() && kind == WeightKind::kMatrix) {
     e.type = type_of_ggml(it->second);
-    has_blocks_ = true;
+    has_blocks_ = has_blocks_ || e.in_blocks();
+    has_other_types_ = has_other_types_ || e.type != element_type(dtype_);
   }
   e.offset = bytes_;
   bytes_ += (entry_bytes(e) + 255) / 256 * 256;

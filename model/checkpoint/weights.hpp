@@ -21,8 +21,9 @@ class Checkpoint;
 struct LayerTensor;  // model/families/family.hpp
 
 // A matrix and its element type: the model dtype (every matrix of a safetensors checkpoint or a
-// synthetic model) or the blocks of a GGUF type (model/checkpoint/ggml_blocks.hpp: each row of
-// `in` elements is in / block elements blocks, rows one after another).
+// synthetic model), the blocks of a GGUF type (model/checkpoint/ggml_blocks.hpp: each row of
+// `in` elements is in / block elements blocks, rows one after another), or on the host backend a
+// GGUF file's f16 or bf16 matrix kept in its type in an f32 model (gguf_kept_matrices).
 struct WeightRef {
   const void* data = nullptr;
   ElementType type = ElementType::kF32;
@@ -33,9 +34,10 @@ struct WeightRef {
 // The element type of ggml's type `ggml`; throws for a number the element types' table lacks.
 ElementType type_of_ggml(std::uint32_t ggml);
 
-// Throws kvo::Error(kInternal) when `w` is neither in GGUF blocks nor in the weights' dtype: an op
-// must not read one dtype's bytes as another's.
-void check_weights_type(const WeightRef& w, DType weights);
+// Throws kvo::Error(kInternal) when `w` is neither in GGUF blocks nor in the weights' dtype (nor,
+// with `half_kept`, in f16 or bf16 in an f32 model: the host's kept matrices): an op must not read
+// one dtype's bytes as another's.
+void check_weights_type(const WeightRef& w, DType weights, bool half_kept = false);
 
 // Bytes of `rows` rows of `in` elements of a matrix of element type `type`.
 std::size_t matrix_bytes(ElementType type, std::int64_t rows, std::int64_t in);
@@ -53,7 +55,7 @@ struct WeightEntry {
   float scale = 1;           // synthetic values are scale * U(-1, 1) (+ 1 for norms)
   std::size_t offset = 0;    // bytes from the region start, 256-aligned
   std::int64_t elements = 0;
-  ElementType type = ElementType::kF32;  // the layout's dtype, or a matrix's GGUF block type
+  ElementType type = ElementType::kF32;  // the layout's dtype, or a matrix's kept GGUF type
   bool in_blocks() const { return is_block_type(type); }
 };
 
@@ -89,33 +91,39 @@ struct ModelWeights {
 
 class WeightLayout {
  public:
-  // `blocks`: the matrices kept in GGUF blocks (their names, as entries name them, and types);
-  // every other tensor is in `dtype`.
+  // `kept`: the matrices kept in a GGUF type of their own (their names, as entries name them, and
+  // ggml types: blocks, or f16 and bf16 in an f32 model; gguf_kept_matrices); every other tensor
+  // is in `dtype`.
   WeightLayout(const ModelConfig& config, DType dtype,
-               const std::map<std::string, std::uint32_t>& blocks = {});
+               const std::map<std::string, std::uint32_t>& kept = {});
 
   const std::vector<WeightEntry>& entries() const { return entries_; }
   std::size_t bytes() const { return bytes_; }
   DType dtype() const { return dtype_; }
   const ModelConfig& config() const { return config_; }
   std::size_t entry_bytes(const WeightEntry& e) const {
-    return e.in_blocks() ? matrix_bytes(e.type, e.shape[0], e.shape[1])
-                         : static_cast<std::size_t>(e.elements) * element_bytes(dtype_);
+    return e.kind == WeightKind::kMatrix
+               ? matrix_bytes(e.type, e.shape[0], e.shape[1])
+               : static_cast<std::size_t>(e.elements) * element_bytes(dtype_);
   }
   // Whether any matrix is kept in blocks.
   bool has_blocks() const { return has_blocks_; }
+  // Whether any matrix is in a type other than the dtype (blocks, or kept f16 or bf16): the ops
+  // convert such a matrix's GEMM tiles into f32 panels.
+  bool has_other_types() const { return has_other_types_; }
   ModelWeights bind(const void* region) const;
 
  private:
   // The family's tensors of one layer (model/families/family.hpp).
   static std::vector<LayerTensor> layer_tensors(const ModelConfig& config);
   void add(const std::string& name, std::vector<std::int64_t> shape, WeightKind kind,
-           const std::map<std::string, std::uint32_t>& blocks);
+           const std::map<std::string, std::uint32_t>& kept);
   ModelConfig config_;
   DType dtype_;
   std::vector<WeightEntry> entries_;
   std::size_t bytes_ = 0;
   bool has_blocks_ = false;
+  bool has_other_types_ = false;
 };
 
 // Writes the synthetic values of `entry` in the layout's dtype to `out` (host memory).

@@ -67,7 +67,8 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
     gguf = std::make_unique<GgufFile>(source.checkpoint);
     check_gguf_weights(layout_, *gguf);
     if (options_.keep_blocks) {
-      layout_ = WeightLayout(config_, layout_.dtype(), gguf_block_matrices(layout_, *gguf));
+      layout_ = WeightLayout(config_, layout_.dtype(),
+                             gguf_kept_matrices(layout_, *gguf, backend == BackendKind::kHost));
     }
   } else if (!source.checkpoint.empty()) {
     checkpoint = std::make_unique<Checkpoint>(source.checkpoint);
@@ -87,7 +88,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
   }
   DecoderOptions planned = options_;
   planned.weights_bytes = layout_.bytes();
-  planned.weights_in_blocks = layout_.has_blocks();
+  planned.weights_in_blocks = layout_.has_other_types();
   planned.weight_format.clear();  // the layout's own bytes, not the recipe's
   if (planned.fit_prompt && planned.device_budget == 0 && backend == BackendKind::kCuda) {
     // The piece fits the budget the cache will take: the device's free memory less headroom.
@@ -190,23 +191,34 @@ std::string Decoder::attention_kernels() const {
   return shape_.kernels.describe(config_, shape_.kv_dtype);
 }
 
-std::string Decoder::weights_text() const {
+std::string Decoder::weights_text(bool widened) const {
   std::string text = dtype_name(layout_.dtype());
   std::map<std::string, int> types;
+  std::map<std::string, int> halves;
   int kept = 0;
   for (const WeightEntry& e : layout_.entries()) {
-    if (!e.in_blocks()) continue;
-    ++types[traits(e.type).name];
-    ++kept;
+    if (e.in_blocks()) {
+      ++types[traits(e.type).name];
+      ++kept;
+    } else if (e.kind == WeightKind::kMatrix && e.type != element_type(layout_.dtype())) {
+      ++halves[traits(e.type).name];
+    }
   }
-  if (kept == 0) return text;
-  text += "; " + std::to_string(kept) + " matrices in GGUF blocks (";
-  bool first = true;
-  for (const auto& [name, count] : types) {
-    text += (first ? "" : ", ") + std::to_string(count) + " " + name;
-    first = false;
+  if (kept > 0) {
+    text += "; " + std::to_string(kept) + " matrices in GGUF blocks (";
+    bool first = true;
+    for (const auto& [name, count] : types) {
+      text += (first ? "" : ", ") + std::to_string(count) + " " + name;
+      first = false;
+    }
+    text += ")";
   }
-  return text + ")";
+  if (widened) {
+    for (const auto& [name, count] : halves) {
+      text += "; " + std::to_string(count) + " matrices in " + name + ", widened as read";
+    }
+  }
+  return text;
 }
 
 std::string Decoder::gemm_kernels() const {

@@ -80,8 +80,9 @@ struct DecoderOptions {
   // The weights' bytes when the checkpoint fixes them (a GGUF file's blocks): the decoder sets it
   // for the plan; 0: the config's tensors in the model dtype.
   std::size_t weights_bytes = 0;
-  // Some matrices stay in GGUF blocks (the decoder sets it for the plan): the CUDA workspace then
-  // holds a tile of their rows dequantized for prefill GEMMs (memory_plan.hpp).
+  // Some matrices are not in the model dtype: GGUF blocks, or on the host a GGUF file's f16 and
+  // bf16 matrices in an f32 model (the decoder sets it for the plan). The workspace then holds
+  // tiles of their rows expanded to f32 for prefill GEMMs (memory_plan.hpp).
   bool weights_in_blocks = false;
   HostBackendOptions host;
   int threads = 0;  // host path: threads computing a step; 0: the cores this process may use
@@ -188,8 +189,10 @@ class Decoder {
   // model/host/blas.hpp); on CUDA, "cuBLAS".
   std::string gemm_kernels() const;
   // How the weights are stored: the model dtype, and the matrices kept in GGUF blocks by type,
-  // e.g. "f32; 211 matrices in GGUF blocks (210 Q4_1, 1 Q8_0)".
-  std::string weights_text() const;
+  // e.g. "f32; 211 matrices in GGUF blocks (210 Q4_1, 1 Q8_0)"; with `widened`, also those kept
+  // in f16 or bf16 in an f32 model ("f32; 155 matrices in f16, widened as read"). Those multiply
+  // with the bits of the f32 they widen to, so a saved context's fingerprint leaves them out.
+  std::string weights_text(bool widened = true) const;
   // The blocking copies of window layers' row positions to the device so far: one a decode step
   // (all window layers share their rows), not one a window layer.
   std::int64_t window_position_copies() const { return window_copies_; }

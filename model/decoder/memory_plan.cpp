@@ -199,8 +199,8 @@ bool plan_fits(const DecoderMemory& m, std::uint64_t budget) {
 
 namespace {
 
-// Some matrices are kept in GGUF blocks: a GGUF file's (the decoder's flag) or a format
-// quantized at load.
+// Some matrices are not in the model dtype: a GGUF file's blocks or kept f16/bf16 matrices (the
+// decoder's flag), or a format quantized at load.
 bool weights_in_blocks(const DecoderOptions& options) {
   return options.weights_in_blocks || !options.weight_format.empty();
 }

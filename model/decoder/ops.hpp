@@ -127,7 +127,7 @@ struct OpsShape {
   // its workspace; the ops run what it says.
   AttentionKernels kernels;
   bool f32_gemm = false;        // host: bf16 weights multiplied in f32 (DecoderOptions)
-  bool weight_blocks = false;   // host: some matrices are kept in GGUF blocks
+  bool weight_blocks = false;   // some matrices are in GGUF blocks (host: or kept f16/bf16)
   bool q8_activations = false;  // host: decode rows of blocks multiply 8-bit activations
   // Split attention may run (DecoderOptions::split): CUDA sizes its workspace and host buffers
   // for attention_decode_split.

@@ -25,12 +25,15 @@ model::DecoderMemory decoder_memory(const MemoryQuery& q, const model::ModelConf
   if (model::has_gguf_magic(q.model)) model::check_weight_format_source(q.weights, q.model);
   if (q.weights.empty() && model::has_gguf_magic(q.model)) {
     // Both paths keep a GGUF file's quantized matrices in their blocks (the CUDA path with a
-    // tile of their rows dequantized for prefill GEMMs, in its workspace).
+    // tile of their rows dequantized for prefill GEMMs, in its workspace); the host keeps its
+    // F16 and BF16 matrices in their type too where the model is f32.
     const model::GgufFile file(q.model);
     const model::WeightLayout plain(config, q.override_dtype ? q.dtype : config.dtype);
-    const model::WeightLayout kept(config, plain.dtype(), model::gguf_block_matrices(plain, file));
+    const model::WeightLayout kept(
+        config, plain.dtype(),
+        model::gguf_kept_matrices(plain, file, q.backend == BackendKind::kHost));
     options.weights_bytes = kept.bytes();
-    options.weights_in_blocks = kept.has_blocks();
+    options.weights_in_blocks = kept.has_other_types();
   }
   return model::plan_decoder_memory(config, options, q.backend);
 }

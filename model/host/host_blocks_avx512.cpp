@@ -184,8 +184,8 @@ KVO_AVX512_INLINE __m512 widen16(const std::uint16_t* p) {
 // dot()'s order.
 template <DType kType, int kRows, int kOut>
 KVO_AVX512_INLINE void half_tile(const float* x, std::int64_t ldx, int in, const std::uint16_t* w,
-                                 const void* bias, int o, float* y, std::int64_t ldy,
-                                 bool accumulate) {
+                                 DType bias_type, const void* bias, int o, float* y,
+                                 std::int64_t ldy, bool accumulate) {
   __m512 acc[kOut][kRows];
   for (int c = 0; c < kOut; ++c) {
     for (int r = 0; r < kRows; ++r) acc[c][r] = _mm512_setzero_ps();
@@ -198,7 +198,7 @@ KVO_AVX512_INLINE void half_tile(const float* x, std::int64_t ldx, int in, const
     }
   }
   for (int c = 0; c < kOut; ++c) {
-    const float b = bias != nullptr ? load_elem(bias, o + c, kType) : 0.0f;
+    const float b = bias != nullptr ? load_elem(bias, o + c, bias_type) : 0.0f;
     for (int r = 0; r < kRows; ++r) {
       const float value = end_sum(acc[c][r], b);
       float& dst = y[r * ldy + o + c];
@@ -210,30 +210,33 @@ KVO_AVX512_INLINE void half_tile(const float* x, std::int64_t ldx, int in, const
 // kRows x rows against rows [o0, o1) of w: kOut rows of w at a time (about 8 chains in flight).
 template <DType kType, int kRows>
 KVO_AVX512 void half_rows(const float* x, std::int64_t ldx, int in, const std::uint16_t* w,
-                          const void* bias, int o0, int o1, float* y, std::int64_t ldy,
-                          bool accumulate) {
+                          DType bias_type, const void* bias, int o0, int o1, float* y,
+                          std::int64_t ldy, bool accumulate) {
   constexpr int kOut = kRows == 1 ? 8 : kRows == 2 ? 4 : kRows <= 4 ? 2 : 1;
   int o = o0;
   for (; o + kOut <= o1; o += kOut) {
-    half_tile<kType, kRows, kOut>(x, ldx, in, w, bias, o, y, ldy, accumulate);
+    half_tile<kType, kRows, kOut>(x, ldx, in, w, bias_type, bias, o, y, ldy, accumulate);
   }
-  for (; o < o1; ++o) half_tile<kType, kRows, 1>(x, ldx, in, w, bias, o, y, ldy, accumulate);
+  for (; o < o1; ++o) {
+    half_tile<kType, kRows, 1>(x, ldx, in, w, bias_type, bias, o, y, ldy, accumulate);
+  }
 }
 
 // Passes of kRows x rows over w (8 at most: 8 sums, a widened weight and an x load stay in
 // registers), then the rows left, fewer than kRows, with fewer rows a pass.
 template <DType kType, int kRows = 8>
 KVO_AVX512 void half_rows_any(const float* x, int rows, std::int64_t ldx, int in,
-                              const std::uint16_t* w, const void* bias, int o0, int o1, float* y,
-                              std::int64_t ldy, bool accumulate) {
+                              const std::uint16_t* w, DType bias_type, const void* bias, int o0,
+                              int o1, float* y, std::int64_t ldy, bool accumulate) {
   int t = 0;
   for (; t + kRows <= rows; t += kRows) {
-    half_rows<kType, kRows>(x + t * ldx, ldx, in, w, bias, o0, o1, y + t * ldy, ldy, accumulate);
+    half_rows<kType, kRows>(x + t * ldx, ldx, in, w, bias_type, bias, o0, o1, y + t * ldy, ldy,
+                            accumulate);
   }
   if constexpr (kRows > 1) {
     if (t < rows) {
-      half_rows_any<kType, kRows - 1>(x + t * ldx, rows - t, ldx, in, w, bias, o0, o1, y + t * ldy,
-                                      ldy, accumulate);
+      half_rows_any<kType, kRows - 1>(x + t * ldx, rows - t, ldx, in, w, bias_type, bias, o0, o1,
+                                      y + t * ldy, ldy, accumulate);
     }
   }
 }
@@ -241,16 +244,16 @@ KVO_AVX512 void half_rows_any(const float* x, int rows, std::int64_t ldx, int in
 }  // namespace
 
 bool linear_rows_avx512(const float* x, int rows, std::int64_t ldx, int in, const void* w,
-                        DType type, const void* bias, int o0, int o1, float* y, std::int64_t ldy,
-                        bool accumulate) {
+                        DType type, DType bias_type, const void* bias, int o0, int o1, float* y,
+                        std::int64_t ldy, bool accumulate) {
   if (in % 16 != 0) return false;  // dot()'s scalar tail: left to linear_rows
   const auto* h = static_cast<const std::uint16_t*>(w);
   if (type == DType::kBF16) {
-    half_rows_any<DType::kBF16>(x, rows, ldx, in, h, bias, o0, o1, y, ldy, accumulate);
+    half_rows_any<DType::kBF16>(x, rows, ldx, in, h, bias_type, bias, o0, o1, y, ldy, accumulate);
     return true;
   }
   if (type == DType::kF16) {
-    half_rows_any<DType::kF16>(x, rows, ldx, in, h, bias, o0, o1, y, ldy, accumulate);
+    half_rows_any<DType::kF16>(x, rows, ldx, in, h, bias_type, bias, o0, o1, y, ldy, accumulate);
     return true;
   }
   return false;
@@ -280,8 +283,8 @@ bool linear_row_blocks_avx512(const float* x, int in, const void* w, std::uint32
 
 namespace kvo::model::kernels {
 
-bool linear_rows_avx512(const float*, int, std::int64_t, int, const void*, DType, const void*, int,
-                        int, float*, std::int64_t, bool) {
+bool linear_rows_avx512(const float*, int, std::int64_t, int, const void*, DType, DType,
+                        const void*, int, int, float*, std::int64_t, bool) {
   return false;
 }
 

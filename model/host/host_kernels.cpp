@@ -85,10 +85,10 @@ void rms_norm_rows(const float* x, int rows, int h, const float* w, float eps, f
 
 KVO_VECTOR_CLONES
 void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void* w, DType type,
-                 const void* bias, int o0, int o1, float* y, std::int64_t ldy, bool accumulate,
-                 float* row) {
+                 DType bias_type, const void* bias, int o0, int o1, float* y, std::int64_t ldy,
+                 bool accumulate, float* row) {
   if (KVO_DOT_FUSES_ON_AVX512 && type != DType::kF32 && have_avx512() &&
-      linear_rows_avx512(x, rows, ldx, in, w, type, bias, o0, o1, y, ldy, accumulate)) {
+      linear_rows_avx512(x, rows, ldx, in, w, type, bias_type, bias, o0, o1, y, ldy, accumulate)) {
     return;
   }
   const std::size_t elem = element_bytes(type);
@@ -99,7 +99,7 @@ void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void*
       convert_row(wo, type, in, row);
       wf = row;
     }
-    const float b = bias != nullptr ? load_elem(bias, o, type) : 0.0f;
+    const float b = bias != nullptr ? load_elem(bias, o, bias_type) : 0.0f;
     for (int t = 0; t < rows; ++t) {
       const float value = dot(x + t * ldx, wf, in) + b;
       float& dst = y[t * ldy + o];

@@ -35,13 +35,13 @@ void soft_cap(float* x, std::int64_t count, float cap);
 void rms_norm_rows(const float* x, int rows, int h, const float* w, float eps, float* out);
 
 // y[t * ldy + o] = dot(x[t * ldx ...], row o of w) + bias[o] (added to y[...] when
-// `accumulate`) for t < rows, o in [o0, o1). w [out][in] and bias [out] (or null) are of
-// `type`; a row of w that is not f32 is converted into `row` [in] first. Each element of y is
-// computed the same way whatever rows, o0 and o1 are, so a decode batch gives each slot the bits
-// it gets alone.
+// `accumulate`) for t < rows, o in [o0, o1). w [out][in] is of `type`, bias [out] (or null) of
+// `bias_type` (the model dtype: an f32 model's kept f16 matrix has f32 biases); a row of w that
+// is not f32 is converted into `row` [in] first. Each element of y is computed the same way
+// whatever rows, o0 and o1 are, so a decode batch gives each slot the bits it gets alone.
 void linear_rows(const float* x, int rows, std::int64_t ldx, int in, const void* w, DType type,
-                 const void* bias, int o0, int o1, float* y, std::int64_t ldy, bool accumulate,
-                 float* row);
+                 DType bias_type, const void* bias, int o0, int o1, float* y, std::int64_t ldy,
+                 bool accumulate, float* row);
 
 // dst [rows][in] = rows of a matrix in GGUF blocks of ggml type `blocks`
 // (model/checkpoint/ggml_blocks.hpp), the first at `src`, each in / block elements blocks. The
@@ -62,8 +62,8 @@ void linear_rows_blocks(const float* x, int rows, std::int64_t ldx, int in, cons
 // per 8 rows instead of being converted into `row` and read again. Returns false, doing nothing,
 // for another type or `in` not a multiple of 16. REQUIRES: have_avx512().
 bool linear_rows_avx512(const float* x, int rows, std::int64_t ldx, int in, const void* w,
-                        DType type, const void* bias, int o0, int o1, float* y, std::int64_t ldy,
-                        bool accumulate);
+                        DType type, DType bias_type, const void* bias, int o0, int o1, float* y,
+                        std::int64_t ldy, bool accumulate);
 
 // linear_rows_blocks for one x row, with AVX-512 intrinsics (model/host/host_blocks_avx512.cpp):
 // the same bits where dot() is built in target clones (GCC; linear_rows_blocks uses it only

@@ -50,7 +50,7 @@ HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm, 
 
 void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const void* bias, int out,
                             float* y, bool accumulate) {
-  check_weights_type(w, type_);
+  check_weights_type(w, type_, true);
   if (n >= kGemmMinRows) {
     gemm(x, n, in, w, bias, out, y, accumulate);
     return;
@@ -83,8 +83,8 @@ void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const vo
                                   std::min(out, o0 + kDotColBlock), y, out, accumulate, row);
       return;
     }
-    kernels::linear_rows(x, n, in, in, w.data, type_, bias, o0, std::min(out, o0 + kDotColBlock), y,
-                         out, accumulate, row);
+    kernels::linear_rows(x, n, in, in, w.data, dtype_of(w.type), type_, bias, o0,
+                         std::min(out, o0 + kDotColBlock), y, out, accumulate, row);
   });
 }
 
@@ -103,13 +103,16 @@ void HostLinear::gemm(const float* x, int n, int in, WeightRef w, const void* bi
     const int cols = std::min(kGemmColBlock, out - c0);
     const void* w_block = static_cast<const char*>(w.data) + matrix_bytes(w.type, c0, in);
     const float* panel = static_cast<const float*>(w_block);
+    // bf16 weights in a bf16 model go to the bf16 kernel as they are; f16 and bf16 in an f32 model
+    // (a GGUF file's, kept) are widened into the panel, as f16 ones in an f16 model are.
+    const bool bf16_kernel = bf16_gemm_ && w.type == ElementType::kBF16;
     if (w.in_blocks()) {
       float* p = scratch_.panels[static_cast<std::size_t>(thread)].data();
       kernels::dequantize_rows(w.ggml(), w_block, cols, in, p);
       panel = p;
-    } else if (type_ != DType::kF32 && !bf16_gemm_) {
+    } else if (w.type != ElementType::kF32 && !bf16_kernel) {
       float* p = scratch_.panels[static_cast<std::size_t>(thread)].data();
-      kernels::to_f32(w_block, type_, static_cast<std::int64_t>(cols) * in, p);
+      kernels::to_f32(w_block, dtype_of(w.type), static_cast<std::int64_t>(cols) * in, p);
       panel = p;
     }
     float* y_block = y + static_cast<std::int64_t>(r0) * out + c0;
@@ -126,7 +129,7 @@ void HostLinear::gemm(const float* x, int n, int in, WeightRef w, const void* bi
       beta = 1.0f;
     }
     const float* x_block = x + static_cast<std::int64_t>(r0) * in;
-    if (bf16_gemm_ && !w.in_blocks()) {
+    if (bf16_kernel) {
       bf16_gemm::multiply(x_block, rows, in, in, static_cast<const std::uint16_t*>(w_block), cols,
                           beta != 0.0f, y_block, out,
                           scratch_.panels[static_cast<std::size_t>(thread)].data());

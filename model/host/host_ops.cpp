@@ -63,7 +63,7 @@ void HostOps::embed(const std::int32_t* tokens, int n, WeightRef table, float* o
       if (table.in_blocks()) {
         kernels::dequantize_rows(table.ggml(), row, 1, h, dst);
       } else {
-        kernels::to_f32(row, elem_, h, dst);
+        kernels::to_f32(row, dtype_of(table.type), h, dst);  // the model dtype, or kept f16/bf16
       }
       if (shape_.embed_scale != 1.0f) {
         for (int e = 0; e < h; ++e) dst[e] *= shape_.embed_scale;

@@ -141,6 +141,10 @@ KVO_ELEMENT_HD bool is_block_type(ElementType type) {
 KVO_ELEMENT_HD ElementType element_type(DType dtype) {
   return static_cast<ElementType>(static_cast<int>(dtype));
 }
+// The dtype of a scalar type: element_type's inverse. REQUIRES: !is_block_type(type).
+KVO_ELEMENT_HD DType dtype_of(ElementType type) {
+  return static_cast<DType>(static_cast<int>(type));
+}
 KVO_ELEMENT_HD ElementTraits traits(DType dtype) {
   return traits(element_type(dtype));
 }

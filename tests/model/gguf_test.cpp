@@ -423,19 +423,30 @@ TEST(GgufWeights, TensorsAreFoundCheckedAndRefusedByName) {
   };
   write(model);
   EXPECT_NO_THROW(check());
-  {  // the planner counts the blocks both paths keep, and on CUDA the tile their GEMMs dequantize
-     // into (the workspace of the same shape without blocks, plus that tile)
+  {  // the planner counts the blocks both paths keep (and the host's f16 and bf16 matrices), and
+     // on CUDA the tile their GEMMs dequantize into (the workspace of the same shape without
+     // blocks, plus that tile)
     const GgufFile file(path);
     const WeightLayout plain(gguf_model_config(file), DType::kF32);
-    const WeightLayout kept(plain.config(), DType::kF32, gguf_block_matrices(plain, file));
-    EXPECT_EQ(kept.entries()[0].type,
-              ElementType::kQ8_0);  // token_embd in Q8_0; attn_output (F16) expanded
-    EXPECT_EQ(kept.entries()[5].type, ElementType::kF32);
+    const WeightLayout kept(plain.config(), DType::kF32, gguf_kept_matrices(plain, file, false));
+    const WeightLayout host_kept(plain.config(), DType::kF32,
+                                 gguf_kept_matrices(plain, file, true));
+    EXPECT_EQ(kept.entries()[0].type, ElementType::kQ8_0);  // token_embd in Q8_0
+    EXPECT_EQ(kept.entries()[5].type, ElementType::kF32);   // attn_output (F16) expanded on CUDA,
+    EXPECT_EQ(host_kept.entries()[5].type, ElementType::kF16);   // kept on the host,
+    EXPECT_EQ(host_kept.entries()[7].type, ElementType::kBF16);  // as ffn_gate (BF16),
+    EXPECT_EQ(host_kept.entries()[8].type, ElementType::kF32);   // and ffn_up in F32
+    EXPECT_FALSE(host_kept.entries()[7].in_blocks());
+    EXPECT_EQ(host_kept.bytes(), kept.bytes() - 32 * 32 * 2 - 64 * 32 * 2);
+    EXPECT_TRUE(host_kept.has_other_types());
+    // In an f16 model the F16 and BF16 matrices are that model's: nothing more kept.
+    const WeightLayout half(plain.config(), DType::kF16);
+    EXPECT_EQ(gguf_kept_matrices(half, file, true), gguf_kept_matrices(half, file, false));
     MemoryQuery q;
     q.model = path;
     q.max_seq = 64;
     q.backend = BackendKind::kHost;
-    EXPECT_EQ(plan_memory(q).weights_bytes, kept.bytes());
+    EXPECT_EQ(plan_memory(q).weights_bytes, host_kept.bytes());
     // The host path's scratch: the GEMM tiles of the blocks' rows dequantized, among the rest.
     const MemoryPlan host = plan_memory(q);
     const DecoderOptions ho = decoder_options(q);

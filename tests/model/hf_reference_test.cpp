@@ -167,9 +167,9 @@ TEST_P(GgufReference, LogitsMatchTransformersReadingTheSameFile) {
   const WeightSource file{dir + "/model.gguf", 0};
   check_positions(GetParam(), c, file, model, ref);  // the quantized matrices kept in blocks
 
-  // Kept in blocks, the weights take the file's bytes, and every logit is the one the same
-  // weights expanded to f32 at load give: a row or a tile is dequantized into f32 and multiplied
-  // as an f32 row or panel is.
+  // Kept in blocks (or in f16 and bf16), the weights take the file's bytes, and every logit is
+  // the one the same weights expanded to f32 at load give: a row or a tile is dequantized (or
+  // widened) into f32 and multiplied as an f32 row or panel is; a bias stays f32.
   const int n = static_cast<int>(ref.ids.size());
   DecoderOptions keep = streamed_f32(n);
   keep.chunk = n;  // the prompt in one chunk: past HostLinear::kGemmMinRows, the GEMM tiles
@@ -177,9 +177,18 @@ TEST_P(GgufReference, LogitsMatchTransformersReadingTheSameFile) {
   expand.keep_blocks = false;
   Decoder kept(c, file, keep);
   Decoder expanded(c, file, expand);
-  const bool quantized = std::string(GetParam()).find("_q") != std::string::npos;
+  const std::string name = GetParam();
+  const bool quantized = name.find("_q") != std::string::npos;
+  const bool half = name.find("f16") != std::string::npos;  // f16 and bf16
   EXPECT_EQ(kept.weight_bytes() < expanded.weight_bytes() * 3 / 8, quantized)
       << kept.weight_bytes() << " bytes kept, " << expanded.weight_bytes() << " expanded";
+  EXPECT_EQ(kept.weight_bytes() < expanded.weight_bytes() * 5 / 8, quantized || half)
+      << kept.weight_bytes() << " bytes kept, " << expanded.weight_bytes() << " expanded";
+  EXPECT_EQ(kept.weights_text().find("widened as read") != std::string::npos, half)
+      << kept.weights_text();
+  if (half) {  // a saved context's format: the expanded load's, as the keys' bits are
+    EXPECT_EQ(kept.weights_text(false), expanded.weights_text(false));
+  }
   std::vector<float> a(static_cast<std::size_t>(c.vocab_size));
   std::vector<float> b(a.size());
   const std::vector<std::int32_t> prompt(ref.ids.begin(), ref.ids.end() - 4);
@@ -198,7 +207,8 @@ INSTANTIATE_TEST_SUITE_P(BlockTypes, GgufReference,
                          ::testing::Values("gguf_llama_f32", "gguf_llama_f16", "gguf_llama_bf16",
                                            "gguf_llama_q8_0", "gguf_llama_q4_0", "gguf_llama_q4_1",
                                            "gguf_llama_q4_k", "gguf_llama_q5_k", "gguf_llama_q6_k",
-                                           "gguf_qwen2_q8_0", "gguf_qwen2_q4_k"));
+                                           "gguf_qwen2_q8_0", "gguf_qwen2_q4_k",
+                                           "gguf_qwen2_bf16"));
 
 INSTANTIATE_TEST_SUITE_P(Architectures, HfReference,
                          ::testing::Values("llama31", "mistral", "qwen2", "llama_linear",

@@ -243,17 +243,18 @@ TEST(HostLinear, GgufBlocksDequantizeAndMultiplyAsTheirExpandedRows) {
       std::vector<float> y_rows(y_blocks), scratch(static_cast<std::size_t>(in) + 16 * rows);
       kernels::linear_rows_blocks(x.data(), rows, in, in, w.data(), type, DType::kF32, nullptr, 0,
                                   out, y_blocks.data(), out, true, scratch.data());
-      kernels::linear_rows(x.data(), rows, in, in, expected.data(), DType::kF32, nullptr, 0, out,
-                           y_rows.data(), out, true, scratch.data());
+      kernels::linear_rows(x.data(), rows, in, in, expected.data(), DType::kF32, DType::kF32,
+                           nullptr, 0, out, y_rows.data(), out, true, scratch.data());
       EXPECT_EQ(y_blocks, y_rows) << ggml_type(type)->name << ", " << rows << " rows";
     }
   }
 }
 
 // f16 and bf16 weights (random bits: subnormals, signed zeros and wide exponents among them, NaN
-// and infinity left out) and a bias of their type: decode-sized products (the AVX-512 kernel on a
-// CPU with it, up to 8 x rows per pass, strided x and y) give, bit for bit, linear_rows over the
-// same weights and bias expanded to f32; `in` not a multiple of 16 takes the portable loops.
+// and infinity left out) and a bias of their type or in f32 (an f32 model's kept matrix):
+// decode-sized products (the AVX-512 kernel on a CPU with it, up to 8 x rows per pass, strided x
+// and y) give, bit for bit, linear_rows over the same weights and bias expanded to f32; `in` not a
+// multiple of 16 takes the portable loops.
 TEST(HostLinear, HalfWeightRowsMultiplyAsTheirExpandedRows) {
   std::mt19937 rng(5);
   const int out = 37;
@@ -272,21 +273,25 @@ TEST(HostLinear, HalfWeightRowsMultiplyAsTheirExpandedRows) {
       for (std::size_t i = 0; i < w.size(); ++i) draw(w[i], wide[i]);
       for (std::size_t i = 0; i < bias.size(); ++i) draw(bias[i], wide_bias[i]);
       for (const int rows : {1, 3, 8, 9, 15}) {
+        // The bias in the weights' type, or (odd row counts) the same values in f32.
+        const DType bias_type = rows % 2 == 0 ? type : DType::kF32;
+        const void* b =
+            bias_type == type ? static_cast<const void*>(bias.data()) : wide_bias.data();
         const std::int64_t ldx = in + 16, ldy = out + 3;
         std::vector<float> x(static_cast<std::size_t>(rows * ldx));
         std::normal_distribution<float> normal;
         for (auto& v : x) v = normal(rng);
         std::vector<float> got(static_cast<std::size_t>(rows * ldy), 0.5f), want(got);
         std::vector<float> row(static_cast<std::size_t>(in));
-        kernels::linear_rows(x.data(), rows, ldx, in, w.data(), type, bias.data(), 0, out,
+        kernels::linear_rows(x.data(), rows, ldx, in, w.data(), type, bias_type, b, 0, out,
                              got.data(), ldy, true, row.data());
-        kernels::linear_rows(x.data(), rows, ldx, in, wide.data(), DType::kF32, wide_bias.data(), 0,
-                             out, want.data(), ldy, true, row.data());
+        kernels::linear_rows(x.data(), rows, ldx, in, wide.data(), DType::kF32, DType::kF32,
+                             wide_bias.data(), 0, out, want.data(), ldy, true, row.data());
         ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
             << rows << " rows";
         // Outputs [o0, o1) alone: the same bits, nothing else written.
         std::vector<float> part(got.size(), 0.5f);
-        kernels::linear_rows(x.data(), rows, ldx, in, w.data(), type, bias.data(), 5, 21,
+        kernels::linear_rows(x.data(), rows, ldx, in, w.data(), type, bias_type, b, 5, 21,
                              part.data(), ldy, true, row.data());
         for (int t = 0; t < rows; ++t) {
           for (int o = 0; o < out; ++o) {

@@ -66,8 +66,9 @@ void declare_model_options(CLI::App& app, GenerateArgs& a) {
              "Q8_0 blocks (a scale per 32 weights); int8, one scale per output channel (kept in "
              "Q8_0 blocks, multiplied by the same kernels); either about 1/4 of f32's bytes");
   add_flag(app, "--expand-weights", a.expand_weights,
-           "a GGUF file: dequantize its quantized matrices into the model dtype at load instead "
-           "of keeping them in their blocks");
+           "a GGUF file: dequantize its quantized matrices (and on the host, in an f32 model, "
+           "its f16 and bf16 ones) into the model dtype at load instead of keeping them in "
+           "their type");
   add_choice(app, "--activations", a.activations, {"auto", "f32", "q8"},
              "host backend, weights in GGUF blocks: what they multiply: f32 (the same bits as the "
              "weights expanded to f32), q8 (the activations quantized to 8 bits per 32, integer "

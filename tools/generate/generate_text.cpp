@@ -258,7 +258,7 @@ std::string TextSession::fingerprint(const model::Decoder& decoder,
   const model::DecoderOptions& o = decoder.options();
   return model::model_fingerprint(
       decoder.config(), source.checkpoint, source.seed,
-      {decoder.weights_text(), o.weight_format == "int8", o.q8_activations});
+      {decoder.weights_text(false), o.weight_format == "int8", o.q8_activations});
 }
 
 }  // namespace kvo::tools
