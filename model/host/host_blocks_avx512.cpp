@@ -259,6 +259,18 @@ bool linear_rows_avx512(const float* x, int rows, std::int64_t ldx, int in, cons
   return false;
 }
 
+KVO_AVX512 bool f16_to_f32_avx512(const void* src, std::int64_t count, float* dst) {
+  const auto* h = static_cast<const std::uint16_t*>(src);
+  std::int64_t i = 0;
+  for (; i + 16 <= count; i += 16) _mm512_storeu_ps(dst + i, widen16<DType::kF16>(h + i));
+  if (i < count) {  // the last few through a masked load: the same conversion
+    const auto mask = static_cast<__mmask16>((1u << (count - i)) - 1u);
+    const __m256i part = _mm256_maskz_loadu_epi16(mask, h + i);
+    _mm512_mask_storeu_ps(dst + i, mask, _mm512_cvtph_ps(part));
+  }
+  return true;
+}
+
 bool linear_row_blocks_avx512(const float* x, int in, const void* w, std::uint32_t type,
                               DType bias_type, const void* bias, int o0, int o1, float* y,
                               bool accumulate) {
@@ -285,6 +297,10 @@ namespace kvo::model::kernels {
 
 bool linear_rows_avx512(const float*, int, std::int64_t, int, const void*, DType, DType,
                         const void*, int, int, float*, std::int64_t, bool) {
+  return false;
+}
+
+bool f16_to_f32_avx512(const void*, std::int64_t, float*) {
   return false;
 }
 

@@ -65,6 +65,11 @@ bool linear_rows_avx512(const float* x, int rows, std::int64_t ldx, int in, cons
                         DType type, DType bias_type, const void* bias, int o0, int o1, float* y,
                         std::int64_t ldy, bool accumulate);
 
+// to_f32 for f16 with vcvtph2ps (model/host/host_blocks_avx512.cpp): the same values (a NaN
+// stays a NaN, quieted). Returns false, doing nothing, where the build has no AVX-512 kernels.
+// REQUIRES: have_avx512().
+bool f16_to_f32_avx512(const void* src, std::int64_t count, float* dst);
+
 // linear_rows_blocks for one x row, with AVX-512 intrinsics (model/host/host_blocks_avx512.cpp):
 // the same bits where dot() is built in target clones (GCC; linear_rows_blocks uses it only
 // there), each block dequantized in registers. Returns false, doing nothing, for a type it does

@@ -466,6 +466,66 @@ TEST(HostLinear, AMatrixOfAnotherDtypeIsRefused) {
   EXPECT_EQ(y[0], in * bf16_to_float(0x3c00));
 }
 
+// A GGUF file's f16 and bf16 matrices kept in an f32 model (the host's WeightLayout): decode rows
+// and GEMM tiles (a partial tile of outputs, a partial block of rows) give the bits of the same
+// matrix expanded to f32, the bias in f32; a matrix of a K/V-only type is refused.
+TEST(HostLinear, KeptHalfMatricesInAnF32ModelMultiplyAsExpanded) {
+  std::mt19937 rng(11);
+  ThreadPool pool(2);
+  const int in = 208, out = 300;
+  HostLinear linear(pool, DType::kF32, in, false, /*blocks=*/true, false, 64);
+  std::normal_distribution<float> normal;
+  std::vector<float> bias(out);
+  for (auto& b : bias) b = normal(rng);
+  for (const ElementType type : {ElementType::kF16, ElementType::kBF16}) {
+    SCOPED_TRACE(traits(type).name);
+    std::vector<std::uint16_t> w(static_cast<std::size_t>(out) * in);
+    std::vector<float> wide(w.size());
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      const float v = normal(rng) * 0.05f;
+      w[i] = type == ElementType::kF16 ? float_to_f16(v) : float_to_bf16(v);
+      wide[i] = type == ElementType::kF16 ? f16_to_float(w[i]) : bf16_to_float(w[i]);
+    }
+    for (const int n : {1, 7, 40}) {  // decode rows; 40: GEMM tiles (kGemmMinRows is 16)
+      std::vector<float> x(static_cast<std::size_t>(n) * in);
+      for (auto& v : x) v = normal(rng);
+      std::vector<float> got(static_cast<std::size_t>(n) * out, 0.25f), want(got);
+      linear(x.data(), n, in, WeightRef{w.data(), type}, bias.data(), out, got.data(), true);
+      linear(x.data(), n, in, WeightRef{wide.data(), ElementType::kF32}, bias.data(), out,
+             want.data(), true);
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << n;
+    }
+  }
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(out) * in);
+  std::vector<float> x(in), y(out, 7.0f);
+  for (const ElementType wrong : {ElementType::kInt8, ElementType::kFP8E4M3}) {
+    kvo::testing::expect_error(
+        [&] {
+          linear(x.data(), 1, in, WeightRef{bytes.data(), wrong}, nullptr, out, y.data(), false);
+        },
+        ErrorCode::kInternal, std::string(traits(wrong).name) + " where");
+  }
+  EXPECT_EQ(y, std::vector<float>(out, 7.0f));
+}
+
+// to_f32 over every f16 code (vcvtph2ps on an AVX-512 CPU, a masked tail of 15): the value
+// f16_to_float gives, bit for bit, NaN codes NaN.
+TEST(HostKernels, EveryF16CodeWidensExactly) {
+  std::vector<std::uint16_t> codes(65535);
+  for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint16_t>(i + 1);
+  std::vector<float> got(codes.size() + 1, 3.0f);
+  kernels::to_f32(codes.data(), DType::kF16, static_cast<std::int64_t>(codes.size()), got.data());
+  for (std::size_t i = 0; i < codes.size(); ++i) {
+    const float want = f16_to_float(codes[i]);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(got[i])) << codes[i];
+    } else {
+      ASSERT_EQ(std::memcmp(&got[i], &want, sizeof(float)), 0) << codes[i];
+    }
+  }
+  EXPECT_EQ(got.back(), 3.0f);  // nothing past count written
+}
+
 // The q8 GEMM (model/host/host_gemm_q8.hpp) for every type it serves: each block's codes, scales
 // and offsets give dequantize_part's bits; the rows quantize as documented (VNNI and plain loops
 // write the same bytes); each output is the product of the weights with the quantized rows within
