@@ -60,8 +60,8 @@ def parse_args(argv):
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--activations", default="f32,q8",
                    help="kvo-generate's activations to measure (prefill and decode), each "
-                        "against llama.cpp (files of f16 or bf16 matrices: f32, and --dtype of "
-                        "their type)")
+                        "against llama.cpp (files of f16 or bf16 matrices: f32, expanded, and "
+                        "--dtype of their type)")
     p.add_argument("--kvo-args", default="",
                    help="more kvo-generate options for every run (e.g. '--kv-dtype bf16', K/V in "
                         "llama.cpp's default bytes)")
@@ -225,8 +225,11 @@ def llama_bench(args, model, prompt_lens, depths):
 
 
 def kvo(args, model, prompt_len, max_new, key, mode="f32"):
-    """mode: f32 or q8 (--activations), or f16 / bf16 (--dtype: weights and K/V kept so)."""
-    option = ["--dtype", mode] if mode in ("f16", "bf16") else ["--activations", mode]
+    """mode: f32 or q8 (--activations), f16 / bf16 (--dtype: weights and K/V kept so), or
+    expanded (--expand-weights: a file's blocks, or f16/bf16 matrices, widened to f32 at load)."""
+    option = (["--dtype", mode] if mode in ("f16", "bf16") else
+              ["--activations", "f32", "--expand-weights"] if mode == "expanded" else
+              ["--activations", mode])
     cmd = [args.kvo_generate, "--model", model, "--backend", "host", "--resident", "all",
            "--threads", str(args.threads), "--prompt-len", str(prompt_len), "--max-new",
            str(max_new), *option, *args.kvo_args.split(), "--quiet", "--json"]
@@ -261,10 +264,12 @@ def main(argv):
               "llama_cpp_source": args.llama_source, "models": []}
     for model in models:
         # A file of f16 or bf16 matrices has no blocks for 8-bit activations: its modes are the
-        # default (weights expanded to f32) and its own type kept (--dtype).
+        # default (an f32 model, the matrices kept in their type and widened as read), the
+        # matrices widened to f32 at load (--expand-weights), and the model in their type
+        # (--dtype: K/V too).
         facts = file_facts(model)
         half = facts["half"]
-        activations = ["f32", half.lower()] if half else args.activations.split(",")
+        activations = ["f32", "expanded", half.lower()] if half else args.activations.split(",")
         # Depths the model's context holds (with the decoded tokens after them).
         depths = [d for d in all_depths if d + args.decode_tokens + 1 <= facts["context"]]
         ours, theirs = {}, {}
