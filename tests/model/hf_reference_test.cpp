@@ -178,8 +178,12 @@ TEST_P(GgufReference, LogitsMatchTransformersReadingTheSameFile) {
   Decoder kept(c, file, keep);
   Decoder expanded(c, file, expand);
   const std::string name = GetParam();
-  const bool quantized = name.find("_q") != std::string::npos;
-  const bool half = name.find("f16") != std::string::npos;  // f16 and bf16
+  const auto ends_with = [&](const std::string& end) {
+    return name.size() >= end.size() &&
+           name.compare(name.size() - end.size(), end.size(), end) == 0;
+  };
+  const bool half = ends_with("f16");  // f16 and bf16
+  const bool quantized = !half && !ends_with("f32");
   EXPECT_EQ(kept.weight_bytes() < expanded.weight_bytes() * 3 / 8, quantized)
       << kept.weight_bytes() << " bytes kept, " << expanded.weight_bytes() << " expanded";
   EXPECT_EQ(kept.weight_bytes() < expanded.weight_bytes() * 5 / 8, quantized || half)
