@@ -20,7 +20,8 @@ namespace kvo {
 struct MemoryQuery {
   // A preset name (tiny, llama3-8b, mistral-7b, qwen2.5-7b), a directory with a config.json,
   // the path of a config.json, or a GGUF file (its quantized matrices counted in their blocks,
-  // as both paths keep them; on CUDA with the tile their prefill GEMMs dequantize into).
+  // as both paths keep them, and on the host its f16/bf16 matrices in their type where the model
+  // is f32; on CUDA with the tile their prefill GEMMs dequantize into).
   std::string model = "llama3-8b";
   bool override_dtype = false;     // else the model's own dtype
   DType dtype = DType::kBF16;      // weights (f32, f16, bf16), and K/V unless override_kv_dtype

@@ -53,7 +53,8 @@ void add_config(const ModelConfig& config, Fingerprint& fingerprint);
 // How the weights were loaded, as far as it changes the keys.
 struct LoadedWeights {
   // The format the matrices multiply in: the model dtype ("bf16"), or that and the GGUF blocks
-  // kept ("f32; 211 matrices in GGUF blocks (210 Q4_1, 1 Q8_0)"); Decoder::weights_text().
+  // kept ("f32; 211 matrices in GGUF blocks (210 Q4_1, 1 Q8_0)"); Decoder::weights_text(false),
+  // which leaves out f16/bf16 matrices kept in an f32 model (they give the expanded load's bits).
   std::string format;
   bool per_row_scales = false;  // --weights int8: Q8_0 blocks sharing a scale per row
   bool q8_activations = false;  // the blocks multiply activations quantized to 8 bits

@@ -16,7 +16,7 @@ namespace kvo::model::kernels {
 
 using attend::rows::kLanes;
 
-// dst [count] = src [count] of `type`, exactly.
+// dst [count] = src [count] of `type`, exactly (an f16 NaN stays a NaN, quieted on AVX-512).
 void to_f32(const void* src, DType type, std::int64_t count, float* dst);
 // dst [count] of `type` = src [count], rounded to nearest even (as store_elem).
 void from_f32(const float* src, std::int64_t count, DType type, void* dst);

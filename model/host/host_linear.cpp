@@ -32,6 +32,7 @@ HostLinear::HostLinear(ThreadPool& pool, DType type, bool f32_gemm, bool blocks,
     : pool_(pool),
       type_(type),
       bf16_gemm_(uses_bf16_gemm(type, f32_gemm)),
+      blocks_(blocks),
       q8_activations_(q8_activations && blocks),
       scratch_(std::move(scratch)) {
   static_assert(kGemmColBlock == bf16_gemm::kCols, "a tile is one panel of the bf16 kernel");
@@ -51,6 +52,11 @@ HostLinear::HostLinear(ThreadPool& pool, DType type, int max_in, bool f32_gemm, 
 void HostLinear::operator()(const float* x, int n, int in, WeightRef w, const void* bias, int out,
                             float* y, bool accumulate) {
   check_weights_type(w, type_, true);
+  if (w.type != element_type(type_) && !blocks_) {  // its tiles would overflow the panel
+    throw Error(ErrorCode::kInternal, std::string("a matrix of ") + traits(w.type).name +
+                                          " in an op planned for " + dtype_name(type_) +
+                                          " weights alone");
+  }
   if (n >= kGemmMinRows) {
     gemm(x, n, in, w, bias, out, y, accumulate);
     return;

@@ -11,7 +11,9 @@
 //
 // W may also be kept in GGUF blocks (model/checkpoint/ggml_blocks.hpp): a GEMM tile then
 // dequantizes its kGemmColBlock rows into the thread's f32 panel, as f16 weights are converted,
-// and a decode-sized call dequantizes one row at a time (kernels::linear_rows_blocks). Asked for
+// and a decode-sized call dequantizes one row at a time (kernels::linear_rows_blocks). In an f32
+// model W may be a GGUF file's f16 or bf16 matrix kept in its type: widened into the panel, or
+// in registers row by row, the bits of the matrix expanded to f32. Asked for
 // (q8 activations), both quantize x to 8 bits and multiply in integers instead: decode rows with
 // kernels::linear_row_blocks_q8, GEMMs with model/host/host_gemm_q8.hpp where the CPU has
 // AVX512-VNNI (elsewhere a GEMM keeps the f32 panel, faster than integer loops without it).
@@ -53,7 +55,8 @@ class HostLinear {
 
   // max_in: the widest input of any call. Loads OpenBLAS (single-threaded) if need be.
   // f32_gemm: bf16 weights multiply in f32 even where the CPU has AVX512_BF16. blocks: some
-  // matrices come in GGUF blocks (their panels are sized for them).
+  // matrices come in GGUF blocks or, in an f32 model, kept f16/bf16 (their panels are sized for
+  // them; without it such a matrix is refused).
   // q8_activations: decode-sized calls on blocks kernels::q8_activations_serve() serves quantize
   // x to 8 bits and multiply with kernels::linear_row_blocks_q8.
   // max_rows: the most rows a call multiplies (the q8 GEMM's quantized rows are sized for it; a
@@ -81,6 +84,7 @@ class HostLinear {
   ThreadPool& pool_;
   DType type_;
   bool bf16_gemm_;
+  bool blocks_;  // matrices of other types may come (GGUF blocks, kept f16/bf16): wide panels
   bool q8_activations_;
   std::unique_ptr<HostRegion> own_;  // the region without a given scratch
   HostLinearScratch scratch_;

@@ -90,7 +90,8 @@ struct HostLinearScratch {
   int q8_gemm_max_rows = 0;
 
   // type: the weights' dtype; max_in: the widest input; f32_gemm: bf16 weights multiply in f32;
-  // blocks: some matrices in GGUF blocks; max_rows: the most rows a call multiplies. The bf16
+  // blocks: some matrices in GGUF blocks or kept f16/bf16 in an f32 model (tiles widened into
+  // panels of kGemmColBlock rows); max_rows: the most rows a call multiplies. The bf16
   // GEMM's panel is sized for it where this CPU runs it (uses_bf16_gemm), as HostLinear runs it.
   static HostLinearScratch carve(HostCarver& carver, int threads, DType type, int max_in,
                                  bool f32_gemm, bool blocks, bool q8_activations, int max_rows);

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -22,9 +23,12 @@
 #include "model/checkpoint/gguf.hpp"
 #include "model/checkpoint/gguf_config.hpp"
 #include "model/checkpoint/gguf_weights.hpp"
+#include "model/common/numerics.hpp"
+#include "model/decoder/decoder.hpp"
 #include "model/decoder/memory_plan.hpp"
 #include "model/host/host_workspace.hpp"
 #include "model/text/tokenizer.hpp"
+#include "model_test_util.hpp"
 
 namespace kvo::model {
 namespace {
@@ -513,6 +517,108 @@ TEST(GgufWeights, TensorsAreFoundCheckedAndRefusedByName) {
   write(extra);
   expect_error(check, ErrorCode::kInvalidArgument,
                "tensor blk.1.attn_norm.weight is past the 1 layers of the model's metadata");
+  std::remove(path.c_str());
+}
+
+// A file of f16 and bf16 matrices with random values (norms and Qwen2's biases in F32): on the
+// host the decoder keeps the matrices in their type inside the f32 model, in about half the
+// bytes, and gives the logits of the same file expanded to f32 at load bit for bit, over a prompt
+// past the GEMM threshold (tiles widened into the panel) and decode steps (rows widened in
+// registers): a Llama with its own output matrix, a Qwen2 with biases and the embedding as head.
+TEST(GgufWeights, HalfMatricesKeptOnTheHostGiveTheExpandedLogits) {
+  const std::string path = ::testing::TempDir() + "gguf_half_test.gguf";
+  for (const std::string arch : {"llama", "qwen2"}) {
+    SCOPED_TRACE(arch);
+    const bool qwen = arch == "qwen2";
+    const auto metadata = [&](Writer& m) {
+      m.key("general.architecture", GgufValueType::kString).str(arch);
+      m.key(arch + ".block_count", GgufValueType::kUint32).put<std::uint32_t>(2);
+      m.key(arch + ".embedding_length", GgufValueType::kUint32).put<std::uint32_t>(64);
+      m.key(arch + ".feed_forward_length", GgufValueType::kUint32).put<std::uint32_t>(128);
+      m.key(arch + ".attention.head_count", GgufValueType::kUint32).put<std::uint32_t>(4);
+      m.key(arch + ".attention.head_count_kv", GgufValueType::kUint32).put<std::uint32_t>(2);
+      m.key(arch + ".attention.layer_norm_rms_epsilon", GgufValueType::kFloat32).put<float>(1e-5f);
+      m.key(arch + ".vocab_size", GgufValueType::kUint32).put<std::uint32_t>(48);
+      m.key(arch + ".context_length", GgufValueType::kUint32).put<std::uint32_t>(256);
+    };
+    constexpr std::uint32_t kF32 = 0, kF16 = 1, kBF16 = 30;
+    std::vector<Tensor> tensors;
+    std::uint64_t at = 0;
+    const auto add = [&](const std::string& name, std::vector<std::uint64_t> dims,
+                         std::uint32_t type) {
+      std::uint64_t elements = 1;
+      for (std::uint64_t d : dims) elements *= d;
+      tensors.push_back({name, std::move(dims), type, at});
+      at += (elements * (type == kF32 ? 4 : 2) + 31) / 32 * 32;
+    };
+    add("token_embd.weight", {64, 48}, kF16);
+    for (int l = 0; l < 2; ++l) {
+      const std::string b = "blk." + std::to_string(l) + ".";
+      add(b + "attn_norm.weight", {64}, kF32);
+      add(b + "attn_q.weight", {64, 64}, kBF16);
+      add(b + "attn_k.weight", {64, 32}, kF16);
+      add(b + "attn_v.weight", {64, 32}, kBF16);
+      if (qwen) {
+        add(b + "attn_q.bias", {64}, kF32);
+        add(b + "attn_k.bias", {32}, kF32);
+        add(b + "attn_v.bias", {32}, kF32);
+      }
+      add(b + "attn_output.weight", {64, 64}, kF16);
+      add(b + "ffn_norm.weight", {64}, kF32);
+      add(b + "ffn_gate.weight", {64, 128}, kBF16);
+      add(b + "ffn_up.weight", {64, 128}, kF16);
+      add(b + "ffn_down.weight", {128, 64}, kBF16);
+    }
+    add("output_norm.weight", {64}, kF32);
+    if (!qwen) add("output.weight", {64, 48}, kBF16);
+    std::string bytes = gguf(9, metadata, tensors, static_cast<std::size_t>(at));
+    const std::size_t data = bytes.size() - static_cast<std::size_t>(at);
+    std::mt19937 rng(arch.size());
+    std::normal_distribution<float> normal;
+    for (const Tensor& t : tensors) {
+      const bool vector = t.dims.size() == 1;
+      const bool norm = t.name.find("norm") != std::string::npos;
+      const float scale = vector ? 0.1f : 1.0f / std::sqrt(static_cast<float>(t.dims[0]));
+      std::uint64_t elements = 1;
+      for (std::uint64_t d : t.dims) elements *= d;
+      char* out = bytes.data() + data + t.offset;
+      for (std::uint64_t i = 0; i < elements; ++i) {
+        const float v = (norm ? 1.0f : 0.0f) + scale * normal(rng);
+        if (t.type == kF32) {
+          std::memcpy(out + i * 4, &v, 4);
+        } else {
+          const std::uint16_t h = t.type == kF16 ? float_to_f16(v) : float_to_bf16(v);
+          std::memcpy(out + i * 2, &h, 2);
+        }
+      }
+    }
+    write_file(path, bytes);
+    const ModelConfig c = gguf_model_config(GgufFile(path));
+    ASSERT_EQ(c.tie_word_embeddings, qwen);
+    DecoderOptions keep = testing::host_options(40);
+    keep.chunk = 24;
+    DecoderOptions expand = keep;
+    expand.keep_blocks = false;
+    Decoder kept(c, WeightSource{path, 0}, keep);
+    Decoder expanded(c, WeightSource{path, 0}, expand);
+    EXPECT_LT(kept.weight_bytes(), expanded.weight_bytes() * 5 / 8);
+    EXPECT_NE(kept.weights_text().find("matrices in bf16, widened as read"), std::string::npos)
+        << kept.weights_text();
+    EXPECT_EQ(kept.weights_text(false), "f32");  // a saved context's: as the expanded load's
+    EXPECT_EQ(expanded.weights_text(), "f32");
+    std::vector<float> a(48), b(48);
+    const std::vector<std::int32_t> prompt = testing::random_prompt(24, 48, 3);
+    kept.prefill(0, prompt, a.data());
+    expanded.prefill(0, prompt, b.data());
+    ASSERT_GT(*std::max_element(a.begin(), a.end()) - *std::min_element(a.begin(), a.end()), 0.1f);
+    EXPECT_EQ(a, b) << "prefill";
+    for (int t = 0; t < 4; ++t) {
+      const auto next = static_cast<std::int32_t>(std::max_element(a.begin(), a.end()) - a.begin());
+      kept.decode({next}, a.data());
+      expanded.decode({next}, b.data());
+      EXPECT_EQ(a, b) << "decode " << t;
+    }
+  }
   std::remove(path.c_str());
 }
 

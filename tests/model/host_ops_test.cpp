@@ -498,6 +498,14 @@ TEST(HostLinear, KeptHalfMatricesInAnF32ModelMultiplyAsExpanded) {
   }
   std::vector<std::uint8_t> bytes(static_cast<std::size_t>(out) * in);
   std::vector<float> x(in), y(out, 7.0f);
+  // Without `blocks` the panels are one row wide: a matrix not in the model dtype is refused.
+  HostLinear plain(pool, DType::kF32, in, false, /*blocks=*/false, false, 64);
+  kvo::testing::expect_error(
+      [&] {
+        plain(x.data(), 1, in, WeightRef{bytes.data(), ElementType::kF16}, nullptr, out, y.data(),
+              false);
+      },
+      ErrorCode::kInternal, "a matrix of f16 in an op planned for f32 weights alone");
   for (const ElementType wrong : {ElementType::kInt8, ElementType::kFP8E4M3}) {
     kvo::testing::expect_error(
         [&] {
