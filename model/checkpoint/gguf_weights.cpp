@@ -129,14 +129,12 @@ void check_gguf_weights(const WeightLayout& layout, const GgufFile& file) {
 
 std::map<std::string, std::uint32_t> gguf_kept_matrices(const WeightLayout& layout,
                                                         const GgufFile& file, bool half) {
-  const bool widen = half && layout.dtype() == DType::kF32;
   std::map<std::string, std::uint32_t> kept;
   for (const WeightEntry& e : layout.entries()) {
     if (e.kind != WeightKind::kMatrix) continue;
     const std::uint32_t type = file.tensor(gguf_tensor_name(e.name)).type->id;
     const ElementType element = type_of_ggml(type);
-    if (is_block_type(element) ||
-        (widen && (element == ElementType::kF16 || element == ElementType::kBF16))) {
+    if (is_block_type(element) || (half && widened_as_read(element, layout.dtype()))) {
       kept[e.name] = type;
     }
   }

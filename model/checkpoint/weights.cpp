@@ -32,8 +32,7 @@ ElementType type_of_ggml(std::uint32_t ggml) {
 }
 
 void check_weights_type(const WeightRef& w, DType weights, bool half_kept) {
-  const bool kept = half_kept && weights == DType::kF32 &&
-                    (w.type == ElementType::kF16 || w.type == ElementType::kBF16);
+  const bool kept = half_kept && widened_as_read(w.type, weights);
   if (!w.in_blocks() && w.type != element_type(weights) && !kept) {
     throw Error(ErrorCode::kInternal, std::string("a matrix of ") + traits(w.type).name +
                                           " where the model's weights are " + dtype_name(weights));

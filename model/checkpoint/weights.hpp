@@ -34,6 +34,12 @@ struct WeightRef {
 // The element type of ggml's type `ggml`; throws for a number the element types' table lacks.
 ElementType type_of_ggml(std::uint32_t ggml);
 
+// Whether a model of dtype `model` may keep a matrix of `type` as it is and widen it as read, with
+// the bits of the matrix expanded: f16 and bf16 in an f32 model (a GGUF file's, on the host).
+inline bool widened_as_read(ElementType type, DType model) {
+  return model == DType::kF32 && (type == ElementType::kF16 || type == ElementType::kBF16);
+}
+
 // Throws kvo::Error(kInternal) when `w` is neither in GGUF blocks nor in the weights' dtype (nor,
 // with `half_kept`, in f16 or bf16 in an f32 model: the host's kept matrices): an op must not read
 // one dtype's bytes as another's.
