@@ -97,6 +97,7 @@ struct Args {
   std::string dtype;
   std::string kv_dtype;
   std::string weights;
+  bool expand_weights = false;
   std::string backend = "cuda";
   std::string csv;
   std::string svg;
@@ -137,6 +138,9 @@ void declare_options(CLI::App& app, Args& a) {
   kvo::cli::add_choice(app, "--weights", a.weights, kvo::model::weight_format_names(),
                        "plan the weights in a quantized GGUF format, as llama.cpp lays it out "
                        "(default: --dtype's); planned only, not measured");
+  kvo::cli::add_flag(app, "--expand-weights", a.expand_weights,
+                     "a GGUF file: count its matrices expanded into the model dtype, as "
+                     "kvo-generate --expand-weights loads them, not kept in their blocks");
   kvo::cli::add_choice(app, "--backend", a.backend, {"cuda", "host"}, "whose workspaces to count");
   kvo::cli::add_integer(app, "--tp", a.tp, 1, 4096,
                         "tensor parallelism over N GPUs of one node: plan one rank (its shard of "
@@ -167,6 +171,7 @@ int run(const Args& a, const CLI::App& app) {
     q.kv_dtype = kvo::parse_dtype(a.kv_dtype);
   }
   q.weights = a.weights;
+  q.expand_weights = a.expand_weights;
   q.backend = kvo::parse_backend(a.backend);
   q.tp = a.tp;
   if (a.tp > 1 && a.measure) {
@@ -220,7 +225,9 @@ int run(const Args& a, const CLI::App& app) {
       "Device memory of %s against context, budget %s, %d slot(s), %s workspaces%s%s%s\n\n",
       q.model.c_str(), gib(q.budget).c_str(), q.slots, kvo::backend_name(q.backend),
       q.override_kv_dtype ? (std::string(", K/V ") + kvo::dtype_name(q.kv_dtype)).c_str() : "",
-      q.weights.empty() ? "" : (", weights " + q.weights).c_str(), ranks.c_str());
+      q.weights.empty() ? (q.expand_weights ? ", matrices expanded" : "")
+                        : (", weights " + q.weights).c_str(),
+      ranks.c_str());
   std::printf(
       "| context | strategy | weights_bytes | kv_device_bytes | of it windows | activation_bytes | "
       "workspace_bytes | total_bytes | host_bytes | fits |%s\n",

@@ -31,6 +31,9 @@ struct MemoryQuery {
   // "q5_k_m", or "int8" (per output channel, in Q8_0 blocks: q8_0's bytes); "" (default): in
   // `dtype`. The decoder runs q8_0 and int8 (quantized at load); the others are planned only.
   std::string weights;
+  // A GGUF file: its matrices planned expanded into the model dtype, as kvo-generate
+  // --expand-weights loads them, not kept in their blocks (or on the host in f16/bf16).
+  bool expand_weights = false;
   int max_seq = 4096;  // the context, tokens per slot
   int slots = 1;
   int chunk = 512;  // prefill rows per attention/MLP chunk

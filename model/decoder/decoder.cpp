@@ -79,13 +79,7 @@ Decoder::Decoder(const ModelConfig& config, const WeightSource& source,
                               layout_.has_blocks() && kernels::have_avx512_vnni();
     options_.auto_activations = false;
   }
-  if (options_.q8_activations && (backend != BackendKind::kHost || !layout_.has_blocks())) {
-    throw invalid(
-        "q8 activations multiply weights kept in GGUF blocks on the host backend (a GGUF file, "
-        "or --weights q8_0); " +
-        std::string(backend == BackendKind::kHost ? "these weights are not in blocks"
-                                                  : "the CUDA path multiplies f32 activations"));
-  }
+  check_q8_activations(options_.q8_activations, backend, layout_.has_blocks());
   DecoderOptions planned = options_;
   planned.weights_bytes = layout_.bytes();
   planned.weights_in_blocks = layout_.has_other_types();

@@ -310,4 +310,14 @@ DecoderMemory plan_decoder_memory(const ModelConfig& config, const DecoderOption
   return m;
 }
 
+void check_q8_activations(bool q8_activations, BackendKind backend, bool blocks) {
+  if (!q8_activations || (backend == BackendKind::kHost && blocks)) return;
+  throw Error(
+      ErrorCode::kInvalidArgument,
+      "q8 activations multiply weights kept in GGUF blocks on the host backend (a GGUF "
+      "file, or --weights q8_0); " +
+          std::string(backend == BackendKind::kHost ? "these weights are not in blocks"
+                                                    : "the CUDA path multiplies f32 activations"));
+}
+
 }  // namespace kvo::model

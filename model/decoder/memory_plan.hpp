@@ -171,4 +171,9 @@ ModelConfig resolve_model(const std::string& name);
 // The decoder options a MemoryQuery describes (backend left as the query's).
 DecoderOptions decoder_options(const MemoryQuery& query);
 
+// Throws kvo::Error(kInvalidArgument) where q8 activations are asked for and there is nothing they
+// could multiply: they multiply matrices kept in GGUF blocks (`blocks`: a GGUF file's, or
+// quantized at load) on the host backend. The decoder and the planner refuse alike.
+void check_q8_activations(bool q8_activations, BackendKind backend, bool blocks);
+
 }  // namespace kvo::model

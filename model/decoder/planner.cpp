@@ -22,8 +22,16 @@ model::DecoderMemory decoder_memory(const MemoryQuery& q, const model::ModelConf
   }
   model::DecoderOptions options = model::decoder_options(q);
   // What the decoder refuses, the planner does not plan.
-  if (model::has_gguf_magic(q.model)) model::check_weight_format_source(q.weights, q.model);
-  if (q.weights.empty() && model::has_gguf_magic(q.model)) {
+  const bool gguf = model::has_gguf_magic(q.model);
+  if (gguf) model::check_weight_format_source(q.weights, q.model);
+  if (q.expand_weights && !gguf) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "expanding the weights (--expand-weights) plans a GGUF file's matrices "
+                "expanded at load, and " +
+                    q.model + " is not a GGUF file");
+  }
+  bool blocks = !q.weights.empty();  // quantized at load
+  if (q.weights.empty() && gguf && !q.expand_weights) {
     // Both paths keep a GGUF file's quantized matrices in their blocks (the CUDA path with a
     // tile of their rows dequantized for prefill GEMMs, in its workspace); the host keeps its
     // F16 and BF16 matrices in their type too where the model is f32.
@@ -34,7 +42,9 @@ model::DecoderMemory decoder_memory(const MemoryQuery& q, const model::ModelConf
         model::gguf_kept_matrices(plain, file, q.backend == BackendKind::kHost));
     options.weights_bytes = kept.bytes();
     options.weights_in_blocks = kept.has_other_types();
+    blocks = kept.has_blocks();
   }
+  model::check_q8_activations(q.q8_activations, q.backend, blocks);
   return model::plan_decoder_memory(config, options, q.backend);
 }
 
@@ -238,6 +248,7 @@ DecoderOptions decoder_options(const MemoryQuery& q) {
   options.dtype = q.dtype;
   options.override_kv_dtype = q.override_kv_dtype;
   options.weight_format = q.weights;
+  options.keep_blocks = !q.expand_weights;
   options.kv_dtype = q.kv_dtype;
   options.backend = q.backend;
   options.threads = q.threads;

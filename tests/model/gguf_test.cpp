@@ -481,6 +481,50 @@ TEST(GgufWeights, TensorsAreFoundCheckedAndRefusedByName) {
         std::max({c.vocab_size, c.intermediate_size, static_cast<int>(c.q_dim()), c.hidden_size}));
     const std::uint64_t rows = (tallest + 127) / 128 * 128;
     EXPECT_EQ(with.workspace - without.workspace, (rows * widest * 4 + 255) / 256 * 256);
+    // expand_weights: every matrix planned in the model dtype, as kvo-generate --expand-weights
+    // loads them, on either path, with no tile of blocks in the workspace.
+    q.expand_weights = true;
+    for (const BackendKind backend : {BackendKind::kHost, BackendKind::kCuda}) {
+      q.backend = backend;
+      const MemoryPlan expanded = plan_memory(q);
+      EXPECT_EQ(expanded.weights_bytes, plain.bytes()) << backend_name(backend);
+      DecoderOptions eo = decoder_options(q);
+      EXPECT_FALSE(eo.keep_blocks);
+      EXPECT_EQ(expanded.workspace_bytes, plan_decoder_memory(c, eo, backend).workspace)
+          << backend_name(backend);
+    }
+    // q8 activations: planned where the decoder runs them (the host, blocks kept), refused as the
+    // decoder refuses them elsewhere.
+    q.q8_activations = true;
+    q.backend = BackendKind::kHost;
+    expect_error([&] { plan_memory(q); }, ErrorCode::kInvalidArgument,
+                 "q8 activations multiply weights kept in GGUF blocks on the host backend (a "
+                 "GGUF file, or --weights q8_0); these weights are not in blocks");
+    q.expand_weights = false;
+    EXPECT_GT(plan_memory(q).workspace_bytes, host.workspace_bytes);  // the 8-bit rows' scratch
+    q.backend = BackendKind::kCuda;
+    expect_error([&] { plan_memory(q); }, ErrorCode::kInvalidArgument,
+                 "the CUDA path multiplies f32 activations");
+    q.expand_weights = true;
+    EXPECT_THROW(plan_memory(q), Error);
+  }
+  {  // a file of F16 and BF16 matrices alone: kept on the host, but no blocks for q8 activations
+    auto halves = model;
+    for (Spec& spec : halves) {
+      if (spec.type != 0) spec.type = spec.type == 30 ? 30 : 1;
+    }
+    write(halves);
+    MemoryQuery q;
+    q.model = path;
+    q.max_seq = 64;
+    q.backend = BackendKind::kHost;
+    const GgufFile file(path);
+    const WeightLayout plain(gguf_model_config(file), DType::kF32);
+    EXPECT_LT(plan_memory(q).weights_bytes, plain.bytes());
+    q.q8_activations = true;
+    expect_error([&] { plan_memory(q); }, ErrorCode::kInvalidArgument,
+                 "these weights are not in blocks");
+    write(model);
   }
   {  // every element of a zero file reads as 0 (F32, F16, BF16, Q8_0, Q4_0 and Q4_1 blocks)
     const GgufFile file(path);
