@@ -31,10 +31,11 @@ model::DecoderMemory decoder_memory(const MemoryQuery& q, const model::ModelConf
                     q.model + " is not a GGUF file");
   }
   bool blocks = !q.weights.empty();  // quantized at load
-  if (q.weights.empty() && gguf && !q.expand_weights) {
-    // Both paths keep a GGUF file's quantized matrices in their blocks (the CUDA path with a
-    // tile of their rows dequantized for prefill GEMMs, in its workspace); the host keeps its
-    // F16 and BF16 matrices in their type too where the model is f32.
+  if (q.weights.empty() && gguf && options.keep_blocks) {
+    // As the decoder lays them out unless asked to expand them: both paths keep a GGUF file's
+    // quantized matrices in their blocks (the CUDA path with a tile of their rows dequantized for
+    // prefill GEMMs, in its workspace); the host keeps its F16 and BF16 matrices in their type too
+    // where the model is f32.
     const model::GgufFile file(q.model);
     const model::WeightLayout plain(config, q.override_dtype ? q.dtype : config.dtype);
     const model::WeightLayout kept(
